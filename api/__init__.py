@@ -1,0 +1,1 @@
+"""reckon's HTTP API (Falcon, WSGI)."""

@@ -1,0 +1,81 @@
+"""The Falcon app factory: wires routes, middleware and error handlers, nothing else.
+
+gunicorn serves ``api.app:create_app()`` (see ops/gunicorn.conf.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import falcon
+import falcon.media
+import orjson
+
+from pipeline.blobs import BlobStore
+from pipeline.errors import (
+    IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest, UnknownTenant,
+)
+from pipeline.jobs import Admitter
+from pipeline.settings import Settings
+from pipeline.store import Store, connect
+
+from . import resources
+from .auth import Authenticate
+from .metrics import Metrics
+from .openapi import SPEC
+from .problems import Problem, serialize
+
+
+def create_app(
+    settings: Settings | None = None, *, store: Store | None = None,
+    publish: Callable[[str, str], None] | None = None,
+) -> falcon.App:
+    settings = settings or Settings.from_env()
+    store = store or Store(connect(settings.redis_url))
+    if publish is None:
+        from pipeline.broker import Publisher, build_broker
+
+        publish = Publisher(build_broker(settings))
+    admitter = Admitter(store, publish, settings)
+
+    app = falcon.App(middleware=[Authenticate(store.redis)])
+    json = falcon.media.JSONHandler(dumps=orjson.dumps, loads=orjson.loads)
+    app.req_options.media_handlers[falcon.MEDIA_JSON] = json
+    app.resp_options.media_handlers[falcon.MEDIA_JSON] = json
+    app.set_error_serializer(serialize)
+    for exc_type, handler in _ERROR_HANDLERS.items():
+        app.add_error_handler(exc_type, handler)
+
+    app.add_route("/v1/jobs", resources.Jobs(admitter, store))
+    app.add_route("/v1/jobs/{job_id}", resources.Job(store))
+    app.add_route("/v1/jobs/{job_id}/attempts", resources.Attempts(store))
+    app.add_route("/v1/jobs/{job_id}/events", resources.Events(store))
+    app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, BlobStore(settings.blob_dir)))
+    app.add_route("/v1/usage", resources.Usage(store))
+    app.add_route("/healthz", resources.Health())
+    app.add_route("/readyz", resources.Ready(store))
+    app.add_route("/openapi.json", resources.Document(SPEC))
+    app.add_route("/metrics", Metrics(store))
+    return app
+
+
+def _problem(build: Callable[[Any], Problem]) -> Callable[..., None]:
+    def handler(req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict) -> None:
+        raise build(exc)
+
+    return handler
+
+
+_ERROR_HANDLERS = {
+    InvalidRequest: _problem(lambda e: Problem(422, e.problem, "Invalid job request", e.detail, field=e.field)),
+    IdempotencyKeyReused: _problem(lambda e: Problem(
+        422, "idempotency-key-reused", "Idempotency-Key reused",
+        "this key was used before with a different request body")),
+    IdempotencyConflict: _problem(lambda e: Problem(
+        409, "idempotency-request-in-progress", "Request in progress",
+        "the first request with this key is still being processed; retry shortly")),
+    InsufficientAllowance: _problem(lambda e: Problem(
+        402, "insufficient-allowance", "Insufficient allowance", str(e),
+        available=e.available, required=e.required)),
+    UnknownTenant: _problem(lambda e: Problem(401, "unauthorized", "Authentication required")),
+}

@@ -1,0 +1,156 @@
+"""The OpenAPI 3.1 document served at /openapi.json; tests check the app against it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.jobs import KINDS, MAX_DEADLINE_SECONDS, MAX_OUTPUTS, PRIORITIES
+
+STATES = ["queued", "running", "completed", "failed"]
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_AUTH_ERRORS = {"401": _problem("missing or unknown API key"), "404": _problem("no such job for this tenant")}
+_TIME = {"type": "string", "format": "date-time"}
+_NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
+
+SPEC: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "reckon", "version": "0.1.0",
+             "description": "Reliable execution of expensive AI jobs: one job per intent, exact cost."},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "Problem": {
+                "type": "object", "required": ["type", "title", "status"],
+                "properties": {"type": {"type": "string"}, "title": {"type": "string"},
+                               "status": {"type": "integer"}, "detail": {"type": "string"}},
+            },
+            "JobRequest": {
+                "type": "object", "additionalProperties": False, "required": ["kind", "workflow", "outputs"],
+                "properties": {
+                    "kind": {"enum": sorted(KINDS)},
+                    "workflow": {"type": "object", "minProperties": 1},
+                    "outputs": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUTS},
+                    "max_cost": {"type": "integer", "minimum": 1},
+                    "deadline_s": {"type": "integer", "minimum": 1, "maximum": MAX_DEADLINE_SECONDS},
+                    "priority": {"enum": list(PRIORITIES)},
+                },
+            },
+            "Job": {
+                "type": "object",
+                "required": ["id", "state", "kind", "priority", "outputs_requested", "outputs", "attempt_count",
+                             "cost", "deadline", "created_at", "updated_at", "error"],
+                "properties": {
+                    "id": {"type": "string"}, "state": {"enum": STATES}, "kind": {"type": "string"},
+                    "priority": {"enum": list(PRIORITIES)},
+                    "outputs_requested": {"type": "integer"},
+                    "outputs": {"type": "array", "items": {
+                        "type": "object", "required": ["index", "sha256", "bytes", "content_type", "href"],
+                        "properties": {"index": {"type": "integer"}, "sha256": {"type": "string"},
+                                       "bytes": {"type": "integer"}, "content_type": {"type": "string"},
+                                       "href": {"type": "string"}}}},
+                    "attempt_count": {"type": "integer"},
+                    "cost": {"type": "object", "required": ["ceiling", "reserved", "settled"],
+                             "properties": {k: {"type": "integer"} for k in ("ceiling", "reserved", "settled")}},
+                    "deadline": _TIME, "created_at": _TIME, "updated_at": _TIME,
+                    "error": {"oneOf": [{"type": "null"}, {
+                        "type": "object", "required": ["class", "reason"],
+                        "properties": {"class": {"type": "string"}, "reason": {"type": ["string", "null"]}}}]},
+                },
+            },
+        },
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/v1/jobs": {
+            "post": {
+                "summary": "Submit a job (idempotent per tenant and Idempotency-Key)",
+                "parameters": [{"name": "Idempotency-Key", "in": "header", "required": True,
+                                "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,255}$"}}],
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/JobRequest"}}}},
+                "responses": {
+                    "202": {**_json({"$ref": "#/components/schemas/Job"}, "accepted, or the first response replayed"),
+                            "headers": {"Location": {"schema": {"type": "string"}},
+                                        "Idempotent-Replayed": {"schema": {"type": "string"}}}},
+                    "400": _problem("malformed JSON or Idempotency-Key"),
+                    "401": _problem("missing or unknown API key"),
+                    "402": _problem("the cost ceiling exceeds the available allowance"),
+                    "409": _problem("the first request with this key is still being processed"),
+                    "413": _problem("request body too large"),
+                    "422": _problem("invalid job, or the key was used with a different request"),
+                },
+            },
+            "get": {
+                "summary": "List the tenant's jobs, newest first",
+                "parameters": [
+                    {"name": "state", "in": "query", "schema": {"enum": STATES}},
+                    {"name": "cursor", "in": "query", "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
+                ],
+                "responses": {
+                    "200": _json({"type": "object", "required": ["jobs", "next_cursor"], "properties": {
+                        "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}},
+                        "next_cursor": {"type": ["string", "null"]}}}),
+                    "400": _problem("invalid query parameter"),
+                    "401": _problem("missing or unknown API key"),
+                },
+            },
+        },
+        "/v1/jobs/{job_id}": {"get": {
+            "summary": "One job", "parameters": [_JOB_ID],
+            "responses": {"200": _json({"$ref": "#/components/schemas/Job"}), **_AUTH_ERRORS}}},
+        "/v1/jobs/{job_id}/attempts": {"get": {
+            "summary": "The job's append-only attempt records", "parameters": [_JOB_ID],
+            "responses": {"200": _json({"type": "object", "required": ["attempts"], "properties": {
+                "attempts": {"type": "array", "items": {"type": "object", "required": [
+                    "number", "worker", "generation", "provider", "operation_id", "state", "started_at"],
+                    "properties": {"number": {"type": "integer"}, "worker": {"type": "string"},
+                                   "generation": {"type": "integer"}, "provider": {"type": "string"},
+                                   "operation_id": {"type": "string"}, "state": {"type": "string"},
+                                   "started_at": _TIME, "ended_at": _NULLABLE_TIME,
+                                   "error_class": {"type": ["string", "null"]}}}}}}),
+                          **_AUTH_ERRORS}}},
+        "/v1/jobs/{job_id}/events": {"get": {
+            "summary": "The job's state-change log", "parameters": [_JOB_ID],
+            "responses": {"200": _json({"type": "object", "required": ["events"], "properties": {
+                "events": {"type": "array", "items": {"type": "object", "required": ["seq", "at", "to", "reason"],
+                           "properties": {"seq": {"type": "integer"}, "at": _TIME,
+                                          "from": {"type": ["string", "null"]}, "to": {"type": "string"},
+                                          "reason": {"type": "string"}}}}}}),
+                          **_AUTH_ERRORS}}},
+        "/v1/jobs/{job_id}/outputs/{index}": {"get": {
+            "summary": "One stored output's bytes; ETag is its sha256",
+            "parameters": [_JOB_ID, {"name": "index", "in": "path", "required": True,
+                                     "schema": {"type": "integer", "minimum": 0}}],
+            "responses": {"200": {"description": "the bytes", "headers": {"ETag": {"schema": {"type": "string"}}},
+                                  "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}},
+                          "304": {"description": "not modified"}, **_AUTH_ERRORS}}},
+        "/v1/usage": {"get": {
+            "summary": "The tenant's ledger",
+            "responses": {"200": _json({"type": "object", "required": [
+                "allowance", "reserved", "uncertain", "settled", "available"],
+                "properties": {k: {"type": "integer"} for k in (
+                    "allowance", "reserved", "uncertain", "settled", "available")}}),
+                "401": _problem("missing or unknown API key")}}},
+        "/healthz": {"get": {"summary": "Process up", "security": [],
+                             "responses": {"200": _json({"type": "object"})}}},
+        "/readyz": {"get": {"summary": "Redis reachable and scripts loaded", "security": [],
+                            "responses": {"200": _json({"type": "object"}), "503": _problem("not ready")}}},
+        "/openapi.json": {"get": {"summary": "This document", "security": [],
+                                  "responses": {"200": _json({"type": "object"})}}},
+        "/metrics": {"get": {"summary": "Prometheus exposition", "security": [],
+                             "responses": {"200": {"description": "text exposition",
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+    },
+}

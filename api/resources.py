@@ -1,0 +1,192 @@
+"""Thin Falcon resources: parse, call the pipeline, set the response."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import falcon
+import orjson
+import redis
+
+from pipeline.blobs import BlobStore
+from pipeline.jobs import Admitter, State, iso, job_view
+from pipeline.keys import tenant_of
+from pipeline.store import Store
+
+from .problems import Problem
+
+IDEMPOTENCY_KEY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
+DEFAULT_PAGE = 50
+MAX_PAGE = 200
+#: Index rows a filtered listing reads at most per page before it hands back a cursor.
+MAX_SCAN = 1000
+
+
+def read_json(req: falcon.Request, limit: int) -> Any:
+    if (req.content_length or 0) > limit:
+        raise Problem(413, "payload-too-large", "Request body too large", f"the limit is {limit} bytes")
+    data = req.bounded_stream.read(limit + 1)
+    if len(data) > limit:
+        raise Problem(413, "payload-too-large", "Request body too large", f"the limit is {limit} bytes")
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise Problem(400, "malformed-json", "Malformed JSON", "the request body is not valid JSON") from None
+
+
+def owned_job(store: Store, tenant: str, job_id: str) -> dict[str, str]:
+    """The job record if it belongs to ``tenant``; otherwise 404 (never 403)."""
+    try:
+        owner = tenant_of(job_id)
+    except ValueError:
+        owner = None
+    record = store.job(job_id) if owner == tenant else None
+    if not record:
+        raise Problem(404, "job-not-found", "Job not found")
+    return record
+
+
+def _int_param(req: falcon.Request, name: str, default: int, high: int) -> int:
+    raw = req.get_param(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= high:
+        raise Problem(400, "invalid-parameter", "Invalid query parameter", f"{name} must be 1..{high}", field=name)
+    return int(raw)
+
+
+class Jobs:
+    def __init__(self, admitter: Admitter, store: Store) -> None:
+        self.admitter, self.store = admitter, store
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        key = req.get_header("Idempotency-Key")
+        if key is None or not IDEMPOTENCY_KEY_RE.match(key):
+            raise Problem(
+                400, "idempotency-key-invalid", "Idempotency-Key required",
+                "send an Idempotency-Key header of 1 to 255 characters from A-Za-z0-9_.:-",
+            )
+        body = read_json(req, self.admitter.settings.max_body_bytes)
+        submitted = self.admitter.submit(req.context.tenant, key, body)
+        resp.status = submitted.status
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = submitted.body
+        resp.location = f"/v1/jobs/{submitted.job_id}"
+        if submitted.replayed:
+            resp.set_header("Idempotent-Replayed", "true")
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        state = req.get_param("state")
+        if state is not None and state not in {s.value for s in State}:
+            raise Problem(400, "invalid-parameter", "Invalid query parameter", "unknown state", field="state")
+        cursor = req.get_param("cursor")
+        if cursor is not None and not cursor.isdigit():
+            raise Problem(400, "invalid-parameter", "Invalid query parameter", "malformed cursor", field="cursor")
+        limit = _int_param(req, "limit", DEFAULT_PAGE, MAX_PAGE)
+        before = int(cursor) if cursor else None
+        jobs: list[dict[str, Any]] = []
+        rows = self.store.job_page(req.context.tenant, before=before, limit=limit if state is None else MAX_SCAN)
+        for job_id, seq in rows:
+            before = seq
+            record = self.store.job(job_id)
+            if record and (state is None or record["state"] == state):
+                jobs.append(job_view(record, self.store.outputs(job_id)))
+                if len(jobs) == limit:
+                    break
+        exhausted = len(rows) < (limit if state is None else MAX_SCAN) and len(jobs) < limit
+        resp.media = {"jobs": jobs, "next_cursor": None if exhausted or before is None else str(before)}
+
+
+class Job:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
+        record = owned_job(self.store, req.context.tenant, job_id)
+        resp.media = job_view(record, self.store.outputs(job_id))
+
+
+class Attempts:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
+        owned_job(self.store, req.context.tenant, job_id)
+        attempts = self.store.attempts(job_id)
+        for attempt in attempts:
+            attempt["started_at"], attempt["ended_at"] = iso(attempt["started_at"]), iso(attempt.get("ended_at"))
+        resp.media = {"attempts": attempts}
+
+
+class Events:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
+        owned_job(self.store, req.context.tenant, job_id)
+        events = self.store.events(job_id)
+        for event in events:
+            event["at"] = iso(event["at"])
+        resp.media = {"events": events}
+
+
+class Output:
+    def __init__(self, store: Store, blobs: BlobStore) -> None:
+        self.store, self.blobs = store, blobs
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str, index: int) -> None:
+        owned_job(self.store, req.context.tenant, job_id)
+        output = self.store.outputs(job_id).get(index)
+        if output is None:
+            raise Problem(404, "output-not-found", "Output not found", f"no stored output {index}")
+        etag = f'"{output["sha256"]}"'
+        resp.set_header("ETag", etag)
+        if req.get_header("If-None-Match") == etag:
+            resp.status = falcon.HTTP_304
+            return
+        resp.content_type = output["content_type"]
+        resp.data = self.blobs.read(output["sha256"])
+
+
+class Usage:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = self.store.ledger(req.context.tenant)
+
+
+class Health:
+    public = True
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = {"status": "ok"}
+
+
+class Ready:
+    public = True
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        try:
+            self.store.redis.ping()
+            self.store.scripts.load()
+        except redis.RedisError:
+            raise Problem(503, "not-ready", "Not ready", "Redis is not reachable") from None
+        resp.media = {"status": "ready", "scripts": self.store.scripts.verbs}
+
+
+class Document:
+    """Serves a fixed document (the OpenAPI spec)."""
+
+    public = True
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.data = orjson.dumps(document)
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = self.data

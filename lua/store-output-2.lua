@@ -1,0 +1,19 @@
+-- store-output: records one durably stored output on the job, fenced.
+--
+-- Guarantees: only the current lease generation writes; an index already
+-- recorded (say by an earlier attempt) keeps its first record.
+--
+-- KEYS[1] job record (hash)
+-- KEYS[2] job's outputs (hash: index -> JSON)
+--
+-- ARGV[1] lease generation held by the caller
+-- ARGV[2] now (ms)
+-- ARGV[3] output index (0-based)
+-- ARGV[4] output record (JSON: sha256, bytes, content_type)
+--
+-- Returns {0 OK, 1 if recorded now or 0 if it was already there} | {9 STALE_LEASE}
+
+if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
+local added = redis.call('HSETNX', KEYS[2], ARGV[3], ARGV[4])
+redis.call('HSET', KEYS[1], 'updated_at', ARGV[2])
+return {0, added}

@@ -1,0 +1,1 @@
+"""reckon's domain: settings, Redis keys and scripts, jobs, workers, providers, sweeper."""

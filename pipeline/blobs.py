@@ -1,0 +1,45 @@
+"""Durable, content-addressed output storage: ``<root>/<aa>/<bb>/<sha256>``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+
+class BlobStore:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path(self, digest: str) -> Path:
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError("not a sha256 digest")
+        return self.root / digest[:2] / digest[2:4] / digest
+
+    def put(self, data: bytes) -> str:
+        """Store ``data`` durably (temp file, fsync, rename, fsync dir); return its sha256."""
+        digest = hashlib.sha256(data).hexdigest()
+        target = self.path(digest)
+        if target.exists():
+            return digest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return digest
+
+    def read(self, digest: str) -> bytes:
+        return self.path(digest).read_bytes()

@@ -1,0 +1,41 @@
+"""Dramatiq's Redis broker, kept in its own logical database, and how jobs are published.
+
+Dramatiq's maintenance runs ``KEYS`` over its database, so it never shares one
+with reckon's state (``RECKON_BROKER_URL``, by default database 1).
+"""
+
+from __future__ import annotations
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import Retries
+
+from .settings import Settings
+
+#: priority -> (queue, actor name). Workers take interactive work first.
+ROUTES = {
+    "interactive": ("reckon-interactive", "run_interactive"),
+    "batch": ("reckon-batch", "run_batch"),
+}
+
+
+def build_broker(settings: Settings) -> RedisBroker:
+    """A Redis broker without Dramatiq's Retries: reckon's own state decides every retry."""
+    broker = RedisBroker(url=settings.broker_url, namespace="dramatiq")
+    for middleware in list(broker.middleware):
+        if isinstance(middleware, Retries):
+            broker.middleware.remove(middleware)
+    return broker
+
+
+class Publisher:
+    """Sends a job's message (its id, nothing else) to the queue for its priority."""
+
+    def __init__(self, broker: dramatiq.Broker) -> None:
+        self.broker = broker
+
+    def __call__(self, job_id: str, priority: str) -> None:
+        queue_name, actor_name = ROUTES[priority]
+        self.broker.enqueue(
+            dramatiq.Message(queue_name=queue_name, actor_name=actor_name, args=(job_id,), kwargs={}, options={})
+        )

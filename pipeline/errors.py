@@ -1,0 +1,113 @@
+"""One exception tree for everything reckon raises on purpose.
+
+Provider errors carry an ``error_class``: the stable name that routes a failure
+(terminal, retry, reconcile) and that clients see in a job's ``error.class``.
+"""
+
+from __future__ import annotations
+
+
+class ReckonError(Exception):
+    """Root of reckon's exceptions."""
+
+
+class ScriptError(ReckonError):
+    """A Lua script answered with a code its caller did not expect."""
+
+
+class UnknownTenant(ReckonError):
+    pass
+
+
+class StaleLease(ReckonError):
+    """This worker no longer holds the job's lease: stop writing, do nothing else."""
+
+    error_class = "stale_lease"
+
+
+class IncompleteOutputs(ReckonError):
+    """Completion was asked for before every output was stored."""
+
+
+class ProviderError(ReckonError):
+    """A provider call failed; the subclass says what is known about its effect."""
+
+    error_class = "provider_error"
+    #: True when the provider may have executed (and charged for) the request.
+    may_have_executed = False
+
+    def __init__(self, reason: str, *, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class InvalidInput(ProviderError):
+    """The provider refused the input itself: terminal, the request must change."""
+
+    error_class = "invalid_input"
+
+
+class PolicyRejected(ProviderError):
+    """The provider refused on policy: terminal, never tried elsewhere."""
+
+    error_class = "policy_rejected"
+
+
+class ProviderAuthFailed(ProviderError):
+    """Our credentials were refused: an operator problem, not the user's."""
+
+    error_class = "provider_auth"
+
+
+class RateLimited(ProviderError):
+    """The provider asked us to slow down (Retry-After in ``retry_after``)."""
+
+    error_class = "rate_limited"
+
+
+class Transient(ProviderError):
+    """Failed with evidence that nothing executed (nothing sent, or refused before work)."""
+
+    error_class = "transient"
+
+
+class UnknownOutcome(ProviderError):
+    """The request may have been accepted: only the provider can say what happened."""
+
+    error_class = "unknown_outcome"
+    may_have_executed = True
+
+
+class OperationFailed(ProviderError):
+    """The provider ran the operation and reported that it failed."""
+
+    error_class = "provider_failed"
+    may_have_executed = True
+
+
+class InvalidRequest(ReckonError):
+    """A well-formed job request that cannot be accepted as it is (HTTP 422)."""
+
+    def __init__(self, field: str, detail: str, *, problem: str = "invalid-job") -> None:
+        super().__init__(detail)
+        self.field = field
+        self.detail = detail
+        self.problem = problem
+
+
+class IdempotencyConflict(ReckonError):
+    """The key's first request is still being processed (HTTP 409)."""
+
+
+class IdempotencyKeyReused(ReckonError):
+    """The key was used before with a different request (HTTP 422)."""
+
+
+class InsufficientAllowance(ReckonError):
+    """The job's cost ceiling does not fit the tenant's available allowance (HTTP 402)."""
+
+    def __init__(self, available: int, required: int) -> None:
+        super().__init__(f"requires {required} cost units, {available} available")
+        self.available = available
+        self.required = required

@@ -1,0 +1,191 @@
+"""Job requests: validation, fingerprint, cost ceiling, admission, and the job's public view."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any, Callable
+
+import orjson
+
+from . import keys
+from .errors import IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest
+from .scripts import Code
+from .settings import Settings
+from .store import Store
+
+KINDS = frozenset({"image"})
+PRIORITIES = ("interactive", "batch")
+MAX_OUTPUTS = 16
+MAX_DEADLINE_SECONDS = 24 * 3600
+_FIELDS = frozenset({"kind", "workflow", "outputs", "max_cost", "deadline_s", "priority"})
+
+
+class State(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    kind: str
+    workflow: dict[str, Any]
+    outputs: int
+    max_cost: int | None
+    deadline_s: int
+    priority: str
+
+
+def parse_request(body: Any, settings: Settings) -> JobRequest:
+    """Validate a decoded request body; InvalidRequest names the first bad field."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("body", "the request body must be a JSON object")
+    unknown = sorted(set(body) - _FIELDS)
+    if unknown:
+        raise InvalidRequest(unknown[0], "unknown field")
+    kind = body.get("kind")
+    if kind not in KINDS:
+        raise InvalidRequest("kind", f"must be one of: {', '.join(sorted(KINDS))}")
+    workflow = body.get("workflow")
+    if not isinstance(workflow, dict) or not workflow:
+        raise InvalidRequest("workflow", "must be a non-empty JSON object")
+    if len(orjson.dumps(workflow)) > settings.max_workflow_bytes:
+        raise InvalidRequest("workflow", f"must encode to at most {settings.max_workflow_bytes} bytes")
+    return JobRequest(
+        kind=kind,
+        workflow=workflow,
+        outputs=_integer(body, "outputs", 1, MAX_OUTPUTS, None),
+        max_cost=_integer(body, "max_cost", 1, 2**53, None) if "max_cost" in body else None,
+        deadline_s=_integer(body, "deadline_s", 1, MAX_DEADLINE_SECONDS, settings.default_deadline_seconds),
+        priority=_choice(body, "priority", PRIORITIES),
+    )
+
+
+def _integer(body: dict[str, Any], field: str, low: int, high: int, default: int | None) -> int:
+    value = body.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidRequest(field, f"must be an integer from {low} to {high}")
+    return value
+
+
+def _choice(body: dict[str, Any], field: str, choices: tuple[str, ...]) -> str:
+    value = body.get(field, choices[0])
+    if value not in choices:
+        raise InvalidRequest(field, f"must be one of: {', '.join(choices)}")
+    return value
+
+
+def fingerprint(body: Any) -> str:
+    """sha256 of the canonical body (sorted keys, no white space)."""
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def cost_plan(request: JobRequest, settings: Settings) -> tuple[int, int, int]:
+    """(price of one attempt, attempts covered, ceiling) for a request.
+
+    The ceiling pays for every permitted attempt; a client ``max_cost`` lowers
+    it, and then only as many attempts as it covers are allowed.
+    """
+    per_attempt = request.outputs * settings.price_per_output
+    ceiling = per_attempt * settings.max_attempts
+    if request.max_cost is not None:
+        if request.max_cost < per_attempt:
+            raise InvalidRequest(
+                "max_cost", f"must cover at least one attempt ({per_attempt} cost units)",
+                problem="max-cost-too-low",
+            )
+        ceiling = min(ceiling, request.max_cost)
+    return per_attempt, ceiling // per_attempt, ceiling
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    status: int
+    body: bytes
+    replayed: bool
+
+
+class Admitter:
+    """Turns an authenticated job request into exactly one job per idempotency key."""
+
+    def __init__(
+        self, store: Store, publish: Callable[[str, str], None], settings: Settings, *,
+        clock: Callable[[], float] = time.time, new_job_id: Callable[[str], str] = keys.new_job_id,
+    ) -> None:
+        self.store = store
+        self.publish = publish
+        self.settings = settings
+        self.clock = clock
+        self.new_job_id = new_job_id
+
+    def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
+        request = parse_request(body, self.settings)
+        per_attempt, attempts, ceiling = cost_plan(request, self.settings)
+        now_ms = int(self.clock() * 1000)
+        job_id = self.new_job_id(tenant)
+        record = {
+            "id": job_id, "tenant": tenant, "state": State.QUEUED.value, "kind": request.kind,
+            "priority": request.priority, "workflow": orjson.dumps(request.workflow).decode(),
+            "outputs_requested": request.outputs, "ceiling": ceiling, "reserved": ceiling, "settled": 0,
+            "per_attempt": per_attempt, "attempts_allowed": attempts, "attempt_count": 0, "lease_gen": 0,
+            "deadline": now_ms + request.deadline_s * 1000, "created_at": now_ms, "updated_at": now_ms,
+            "idem_key": idem_key,
+        }
+        first = orjson.dumps(job_view(record, {}))
+        admission = self.store.admit(
+            tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,
+            fields={k: str(v) for k, v in record.items()}, body=first, status=202, now_ms=now_ms,
+            idem_ttl_s=self.settings.idempotency_ttl_seconds,
+            outbox_due_ms=now_ms + int(self.settings.outbox_grace_seconds * 1000),
+        )
+        if admission.code is Code.REPLAYED:
+            return Submitted(admission.job_id, admission.status, admission.body.encode(), True)
+        if admission.code is Code.IN_PROGRESS:
+            raise IdempotencyConflict(admission.job_id)
+        if admission.code is Code.FINGERPRINT_MISMATCH:
+            raise IdempotencyKeyReused(admission.job_id)
+        if admission.code is Code.INSUFFICIENT_ALLOWANCE:
+            raise InsufficientAllowance(admission.available, admission.ceiling)
+        self.publish(job_id, request.priority)
+        self.store.confirm_published(job_id, idem_key)
+        return Submitted(job_id, 202, first, False)
+
+
+def iso(ms: int | str | None) -> str | None:
+    if ms in (None, ""):
+        return None
+    moment = datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The job as clients see it: never the workflow, never provider text."""
+    job_id = record["id"]
+    error_class = record.get("error_class") or None
+    return {
+        "id": job_id,
+        "state": record["state"],
+        "kind": record["kind"],
+        "priority": record["priority"],
+        "outputs_requested": int(record["outputs_requested"]),
+        "outputs": [
+            {"index": index, **output, "href": f"/v1/jobs/{job_id}/outputs/{index}"}
+            for index, output in sorted(outputs.items())
+        ],
+        "attempt_count": int(record["attempt_count"]),
+        "cost": {
+            "ceiling": int(record["ceiling"]),
+            "reserved": int(record["reserved"]),
+            "settled": int(record["settled"]),
+        },
+        "deadline": iso(record["deadline"]),
+        "created_at": iso(record["created_at"]),
+        "updated_at": iso(record["updated_at"]),
+        "error": {"class": error_class, "reason": record.get("error_reason") or None} if error_class else None,
+    }

@@ -1,0 +1,112 @@
+"""Every Redis key reckon uses is built here.
+
+Everything that belongs to one tenant carries the hash tag ``{t:<tenant>}``, so
+each Lua script touches keys of a single cluster slot. Job ids embed the tenant
+(``<tenant>.<hex>``), so a worker that only has a job id finds every key.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+
+PREFIX = "reckon"
+#: Set of every tenant name (the sweeper walks it).
+TENANTS = f"{PREFIX}:tenants"
+#: Counters of process-level events (e.g. rejected stale writes), a hash.
+STATS = f"{PREFIX}:stats"
+
+TENANT_RE = re.compile(r"^[a-z0-9_]{1,40}$")
+JOB_ID_RE = re.compile(r"^([a-z0-9_]{1,40})\.([0-9a-f]{20})$")
+
+
+def api_key(key_hash: str) -> str:
+    """String key: sha256 of an API key -> tenant name."""
+    return f"{PREFIX}:apikey:{key_hash}"
+
+
+def new_job_id(tenant: str) -> str:
+    return f"{tenant}.{secrets.token_hex(10)}"
+
+
+def tenant_of(job_id: str) -> str:
+    """The tenant a job id belongs to; ValueError for anything that is not a job id."""
+    match = JOB_ID_RE.match(job_id)
+    if not match:
+        raise ValueError("not a job id")
+    return match.group(1)
+
+
+@dataclass(frozen=True)
+class TenantKeys:
+    name: str
+
+    def _k(self, suffix: str) -> str:
+        return f"{PREFIX}:{{t:{self.name}}}:{suffix}"
+
+    @property
+    def ledger(self) -> str:
+        """Hash: allowance, reserved, settled, uncertain, job_seq."""
+        return self._k("ledger")
+
+    @property
+    def counts(self) -> str:
+        """Hash: state -> number of this tenant's jobs in it."""
+        return self._k("counts")
+
+    @property
+    def jobs(self) -> str:
+        """Sorted set: job id scored by admission sequence (newest = highest)."""
+        return self._k("jobs")
+
+    @property
+    def queued(self) -> str:
+        """Sorted set: queued job id scored by the time it was queued (ms)."""
+        return self._k("queued")
+
+    @property
+    def leases(self) -> str:
+        """Sorted set: running job id scored by lease expiry (ms)."""
+        return self._k("leases")
+
+    @property
+    def outbox(self) -> str:
+        """Sorted set: job id not yet known to be in the broker, scored by republish time (ms)."""
+        return self._k("outbox")
+
+    def idempotency(self, key: str) -> str:
+        """Hash: fingerprint, job_id, state (pending|done), status, body; expires."""
+        return self._k(f"idem:{key}")
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    job_id: str
+
+    @property
+    def tenant(self) -> TenantKeys:
+        return TenantKeys(tenant_of(self.job_id))
+
+    def _k(self, suffix: str) -> str:
+        return f"{PREFIX}:{{t:{tenant_of(self.job_id)}}}:job:{self.job_id}{suffix}"
+
+    @property
+    def record(self) -> str:
+        """Hash: the job record (``HGETALL`` shows it)."""
+        return self._k("")
+
+    @property
+    def attempts(self) -> str:
+        """Hash: attempt number -> JSON attempt record; fields are only added."""
+        return self._k(":attempts")
+
+    @property
+    def events(self) -> str:
+        """List: JSON state-change events, appended only."""
+        return self._k(":events")
+
+    @property
+    def outputs(self) -> str:
+        """Hash: output index -> JSON {sha256, bytes, content_type}."""
+        return self._k(":outputs")

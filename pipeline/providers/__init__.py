@@ -1,0 +1,1 @@
+"""Providers: the interface reckon needs, a ComfyUI adapter, and a simulated ComfyUI."""

@@ -1,0 +1,44 @@
+"""What reckon needs from a provider: submit under our own operation id, then ask by it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class OutputRef:
+    """Where one produced output can be fetched; ``index`` is the job's output index."""
+
+    index: int
+    filename: str
+    subfolder: str = ""
+    folder_type: str = "output"
+    content_type: str = "image/png"
+
+
+@dataclass(frozen=True)
+class OperationStatus:
+    """What the provider says of one operation id.
+
+    ``state``: ``pending`` (queued), ``running``, ``completed``, ``failed``, or
+    ``unknown`` (the provider has no record of it).
+    """
+
+    state: str
+    outputs: list[OutputRef] = field(default_factory=list)
+    error: str | None = None
+
+
+class Provider(Protocol):
+    name: str
+    price_per_output: int
+
+    def submit(self, operation_id: str, workflow: dict[str, Any], indices: list[int]) -> None:
+        """Start producing the outputs ``indices`` under ``operation_id`` (chosen by us)."""
+
+    def status(self, operation_id: str) -> OperationStatus:
+        """Look the operation up by its id."""
+
+    def fetch(self, ref: OutputRef) -> bytes:
+        """The bytes of one produced output."""

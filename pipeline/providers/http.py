@@ -1,0 +1,89 @@
+"""A small HTTP client for providers that never retries and classifies every failure.
+
+The routing middleware is the one layer that retries; this client only says
+what is known: nothing was sent (transient), or the request went out and its
+answer was lost (unknown outcome, for requests that are not safe to repeat).
+"""
+
+from __future__ import annotations
+
+import http.client
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
+
+from ..errors import InvalidInput, PolicyRejected, ProviderAuthFailed, RateLimited, Transient, UnknownOutcome
+
+#: Seconds to wait for connect and for each read.
+DEFAULT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class HttpTransport:
+    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        parts = urlsplit(base_url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.https = parts.scheme == "https"
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> Response:
+        """One request; raises a classified ProviderError for anything but a 2xx."""
+        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        conn = cls(self.host, self.port, timeout=self.timeout)
+        try:
+            try:
+                conn.connect()
+            except OSError as exc:
+                raise Transient("connect_failed") from exc
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                raw = conn.getresponse()
+                response = Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw.read())
+            except (OSError, http.client.HTTPException) as exc:
+                if method == "GET":
+                    raise Transient("response_lost") from exc
+                raise UnknownOutcome("response_lost") from exc
+        finally:
+            conn.close()
+        raise_for_status(method, response)
+        return response
+
+
+def raise_for_status(method: str, response: Response) -> None:
+    status = response.status
+    if status < 300:
+        return
+    if status == 429:
+        raise RateLimited("rate_limited", retry_after=retry_after(response.headers.get("retry-after")))
+    if status == 401:
+        raise ProviderAuthFailed("credentials_refused")
+    if status == 403:
+        raise PolicyRejected("policy_rejected")
+    if status < 500:
+        raise InvalidInput(f"provider_http_{status}")
+    if method == "GET" or response.headers.get("x-reckon-not-executed") == "1":
+        raise Transient(f"provider_http_{status}")
+    raise UnknownOutcome(f"provider_http_{status}")
+
+
+def retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delay-seconds or HTTP-date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        moment = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, moment - (time.time() if now is None else now))

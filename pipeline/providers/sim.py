@@ -1,0 +1,200 @@
+"""A simulated ComfyUI: the same HTTP API, real PNG outputs, and a charge ledger.
+
+Like ComfyUI it keeps its queue and history in memory and executes one prompt
+at a time; unlike ComfyUI it records every execution it charges for, so tests
+can prove that nothing was paid for twice (``GET /sim/charges``).
+
+Run it: ``python -m pipeline.providers.sim --port 8188 --delay 0.5``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import struct
+import threading
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+DEFAULT_PORT = 8188
+DEFAULT_PRICE_PER_OUTPUT = 10
+
+
+def png(seed: str, size: int = 8) -> bytes:
+    """A small, valid RGB PNG whose colour and text chunk derive from ``seed``."""
+    r, g, b = hashlib.sha256(seed.encode()).digest()[:3]
+    rows = b"".join(b"\x00" + bytes((r, g, b)) * size for _ in range(size))
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    header = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"tEXt", b"seed\x00" + seed.encode())
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+class SimComfy:
+    """The provider's in-memory state and its single executor thread."""
+
+    def __init__(self, *, delay: float = 0.0, price_per_output: int = DEFAULT_PRICE_PER_OUTPUT) -> None:
+        self.delay = delay
+        self.price_per_output = price_per_output
+        self.cond = threading.Condition()
+        self.pending: list[list[Any]] = []
+        self.running: list[Any] | None = None
+        self.history: dict[str, dict[str, Any]] = {}
+        self.files: dict[str, bytes] = {}
+        self.charges: list[dict[str, Any]] = []
+        self.number = 0
+        self.stopped = False
+        self.thread = threading.Thread(target=self._work, name="sim-executor", daemon=True)
+        self.thread.start()
+
+    def enqueue(self, payload: dict[str, Any]) -> dict[str, Any]:
+        prompt = payload.get("prompt")
+        if not isinstance(prompt, dict) or not prompt:
+            raise ValueError("prompt_no_outputs")
+        with self.cond:
+            self.number += 1
+            prompt_id = str(payload.get("prompt_id") or hashlib.sha1(str(self.number).encode()).hexdigest())
+            extra = dict(payload.get("extra_data") or {})
+            self.pending.append([self.number, prompt_id, prompt, extra, []])
+            self.cond.notify_all()
+            return {"prompt_id": prompt_id, "number": self.number, "node_errors": {}}
+
+    def queue(self) -> dict[str, Any]:
+        with self.cond:
+            return {"queue_running": [self.running] if self.running else [], "queue_pending": list(self.pending)}
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+        self.thread.join(timeout=5)
+
+    def _work(self) -> None:
+        while True:
+            with self.cond:
+                while not self.pending and not self.stopped:
+                    self.cond.wait()
+                if self.stopped:
+                    return
+                self.running = self.pending.pop(0)
+            time.sleep(self.delay)
+            with self.cond:
+                self._execute(self.running)
+                self.running = None
+
+    def _execute(self, item: list[Any]) -> None:
+        number, prompt_id, _prompt, extra, _ = item
+        indices = extra.get("reckon_outputs") or [0]
+        images = []
+        for index in indices:
+            filename = f"reckon_{prompt_id}_{index}_{number}.png"
+            self.files[filename] = png(f"{prompt_id}:{index}:{number}")
+            images.append({"filename": filename, "subfolder": "", "type": "output"})
+        self.history[prompt_id] = {
+            "prompt": item,
+            "outputs": {"9": {"images": images}},
+            "status": {"status_str": "success", "completed": True, "messages": []},
+        }
+        self.charges.append(
+            {"prompt_id": prompt_id, "outputs": len(indices), "units": len(indices) * self.price_per_output}
+        )
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: SimServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - never log prompts
+        pass
+
+    def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else orjson.dumps(body)
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        sim, url = self.server.sim, urlsplit(self.path)
+        if url.path == "/queue":
+            return self._send(200, sim.queue())
+        if url.path.startswith("/history/"):
+            prompt_id = url.path.removeprefix("/history/")
+            with sim.cond:
+                entry = sim.history.get(prompt_id)
+            return self._send(200, {prompt_id: entry} if entry else {})
+        if url.path == "/view":
+            name = parse_qs(url.query).get("filename", [""])[0]
+            data = sim.files.get(name)
+            return self._send(200, data, "image/png") if data else self._send(404, {"error": "not_found"})
+        if url.path == "/sim/charges":
+            with sim.cond:
+                charges = list(sim.charges)
+            return self._send(200, {"charges": charges, "total_units": sum(c["units"] for c in charges)})
+        return self._send(404, {"error": "not_found"})
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        if urlsplit(self.path).path != "/prompt":
+            return self._send(404, {"error": "not_found"})
+        try:
+            return self._send(200, self.server.sim.enqueue(orjson.loads(body)))
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            error = {"type": str(exc), "message": "Prompt has no outputs", "details": "", "extra_info": {}}
+            return self._send(400, {"error": error, "node_errors": {}})
+
+
+class SimServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], sim: SimComfy) -> None:
+        super().__init__(address, Handler)
+        self.sim = sim
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self.sim.stop()
+
+
+def start(host: str = "127.0.0.1", port: int = 0, **options: Any) -> SimServer:
+    """Start a simulated provider in a background thread (port 0: any free port)."""
+    server = SimServer((host, port), SimComfy(**options))
+    threading.Thread(target=server.serve_forever, name="sim-http", daemon=True).start()
+    return server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--delay", type=float, default=0.5, help="seconds each prompt takes")
+    parser.add_argument("--price", type=int, default=DEFAULT_PRICE_PER_OUTPUT, help="cost units per output")
+    args = parser.parse_args()
+    server = SimServer((args.host, args.port), SimComfy(delay=args.delay, price_per_output=args.price))
+    print(f"simulated ComfyUI on {server.url}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()

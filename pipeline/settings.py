@@ -1,0 +1,79 @@
+"""The one place that reads reckon's environment into a frozen settings object."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+from urllib.parse import urlsplit
+
+#: State and broker live in one redis-server, in two logical databases (see README).
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6390/0"
+DEFAULT_BROKER_URL = "redis://127.0.0.1:6390/1"
+#: The simulated provider speaks ComfyUI's HTTP API on ComfyUI's default port.
+DEFAULT_PROVIDER_URL = "http://127.0.0.1:8188"
+DEFAULT_BLOB_DIR = "var/blobs"
+#: Cost units charged per output image; must match the provider's real price.
+DEFAULT_PRICE_PER_OUTPUT = 10
+#: Attempts a job may make; the reservation covers all of them unless max_cost lowers it.
+DEFAULT_MAX_ATTEMPTS = 3
+#: How long a claim lives without a heartbeat (heartbeats come every third of it).
+DEFAULT_LEASE_SECONDS = 30.0
+#: How long an idempotency record is kept; after that the key may create a new job.
+DEFAULT_IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+#: Largest request body accepted (413 above it) and largest workflow inside it (422).
+DEFAULT_MAX_BODY_BYTES = 512 * 1024
+DEFAULT_MAX_WORKFLOW_BYTES = 256 * 1024
+DEFAULT_DEADLINE_SECONDS = 3600
+#: An admitted job not known to be in the broker after this long is published again.
+DEFAULT_OUTBOX_GRACE_SECONDS = 10.0
+DEFAULT_SWEEP_INTERVAL_SECONDS = 1.0
+DEFAULT_POLL_INTERVAL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = DEFAULT_REDIS_URL
+    broker_url: str = DEFAULT_BROKER_URL
+    provider_url: str = DEFAULT_PROVIDER_URL
+    blob_dir: str = DEFAULT_BLOB_DIR
+    price_per_output: int = DEFAULT_PRICE_PER_OUTPUT
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    idempotency_ttl_seconds: int = DEFAULT_IDEMPOTENCY_TTL_SECONDS
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_workflow_bytes: int = DEFAULT_MAX_WORKFLOW_BYTES
+    default_deadline_seconds: int = DEFAULT_DEADLINE_SECONDS
+    outbox_grace_seconds: float = DEFAULT_OUTBOX_GRACE_SECONDS
+    sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
+    poll_interval_seconds: float = DEFAULT_POLL_INTERVAL_SECONDS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from ``RECKON_*`` variables; unset ones keep their defaults."""
+        env = os.environ if env is None else env
+        fields = {
+            "redis_url": ("RECKON_REDIS_URL", str),
+            "broker_url": ("RECKON_BROKER_URL", str),
+            "provider_url": ("RECKON_PROVIDER_URL", str),
+            "blob_dir": ("RECKON_BLOB_DIR", str),
+            "price_per_output": ("RECKON_PRICE_PER_OUTPUT", int),
+            "max_attempts": ("RECKON_MAX_ATTEMPTS", int),
+            "lease_seconds": ("RECKON_LEASE_SECONDS", float),
+            "idempotency_ttl_seconds": ("RECKON_IDEMPOTENCY_TTL_SECONDS", int),
+            "max_body_bytes": ("RECKON_MAX_BODY_BYTES", int),
+            "max_workflow_bytes": ("RECKON_MAX_WORKFLOW_BYTES", int),
+            "default_deadline_seconds": ("RECKON_DEFAULT_DEADLINE_SECONDS", int),
+            "outbox_grace_seconds": ("RECKON_OUTBOX_GRACE_SECONDS", float),
+            "sweep_interval_seconds": ("RECKON_SWEEP_INTERVAL_SECONDS", float),
+            "poll_interval_seconds": ("RECKON_POLL_INTERVAL_SECONDS", float),
+        }
+        values = {name: parse(env[var]) for name, (var, parse) in fields.items() if var in env}
+        if "RECKON_REDIS_URL" in env and "RECKON_BROKER_URL" not in env:
+            values["broker_url"] = with_db(env["RECKON_REDIS_URL"], 1)
+        return cls(**values)
+
+
+def with_db(url: str, db: int) -> str:
+    """The same server URL pointing at logical database ``db``."""
+    return urlsplit(url)._replace(path=f"/{db}").geturl()

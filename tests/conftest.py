@@ -1,0 +1,109 @@
+"""Shared fixtures: a real redis-server on a free loopback port, flushed for every test.
+
+The port is chosen at import, before any test module imports pipeline.actors
+(which reads RECKON_REDIS_URL once), so every process and thread agrees on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from pipeline.providers import sim as simulated
+from pipeline.settings import Settings
+from pipeline.store import Store, connect
+from pipeline.tenants import create_key, create_tenant
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+REDIS_PORT = free_port()
+REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
+os.environ["RECKON_REDIS_URL"] = REDIS_URL
+os.environ["RECKON_BROKER_URL"] = f"redis://127.0.0.1:{REDIS_PORT}/1"
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server is not installed (make test installs it)")
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [exe, "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=REDIS_PORT)
+    try:
+        wait_until(lambda: _pings(client))
+        yield REDIS_URL
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+@pytest.fixture
+def redis_client(redis_server: str) -> Iterator[redis.Redis]:
+    client = connect(redis_server)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis) -> Store:
+    return Store(redis_client)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return dataclasses.replace(Settings.from_env(), blob_dir=str(tmp_path / "blobs"), lease_seconds=5.0,
+                               poll_interval_seconds=0.01)
+
+
+@pytest.fixture
+def tenant(redis_client: redis.Redis) -> Callable[..., str]:
+    """Factory: create a tenant and return a fresh API key for it."""
+
+    def make(name: str = "acme", allowance: int = 10_000) -> str:
+        create_tenant(redis_client, name, allowance)
+        return create_key(redis_client, name)
+
+    return make
+
+
+@pytest.fixture
+def sim() -> Iterator[simulated.SimServer]:
+    server = simulated.start(delay=0.0)
+    yield server
+    server.close()

@@ -1,0 +1,136 @@
+"""The Lua scripts, called through their typed wrappers against a real redis-server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipeline.errors import IncompleteOutputs, ScriptError, StaleLease
+from pipeline.keys import JobKeys, TenantKeys
+from pipeline.scripts import LUA_DIR, Code, Scripts
+from pipeline.store import Store
+from pipeline.tenants import create_tenant
+
+NOW = 1_700_000_000_000
+
+
+def admit(store: Store, key: str = "k1", job_id: str = "acme.00000000000000000001", ceiling: int = 30,
+          fingerprint: str = "fp", outputs: int = 1):
+    record = {"id": job_id, "tenant": "acme", "state": "queued", "kind": "image", "priority": "batch",
+              "workflow": "{}", "outputs_requested": str(outputs), "ceiling": str(ceiling),
+              "reserved": str(ceiling), "settled": "0", "attempt_count": "0", "lease_gen": "0",
+              "attempts_allowed": "3", "deadline": str(NOW + 60_000), "created_at": str(NOW),
+              "updated_at": str(NOW), "idem_key": key}
+    return store.admit("acme", key, job_id, fingerprint=fingerprint, ceiling=ceiling, fields=record,
+                       body=b'{"first":true}', status=202, now_ms=NOW, idem_ttl_s=60, outbox_due_ms=NOW + 10_000)
+
+
+def claim(store: Store, job_id: str = "acme.00000000000000000001", now: int = NOW, op: str = "op-1"):
+    return store.claim(job_id, worker="w1", now_ms=now, lease_ms=1000, operation_id=op, provider="sim")
+
+
+@pytest.fixture
+def acme(store: Store) -> Store:
+    create_tenant(store.redis, "acme", 100)
+    return store
+
+
+def test_every_script_declares_its_key_count_and_has_a_header() -> None:
+    for path in Path(LUA_DIR).glob("*-*.lua"):
+        text = path.read_text()
+        nkeys = int(path.stem.rsplit("-", 1)[1])
+        assert text.startswith("-- "), path.name
+        assert f"KEYS[{nkeys}]" in text and f"KEYS[{nkeys + 1}]" not in text, path.name
+        assert "redis.call('KEYS'" not in text and "SCAN" not in text, path.name
+
+
+def test_wrong_key_count_is_refused_before_redis(store: Store) -> None:
+    with pytest.raises(ScriptError):
+        Scripts(store.redis)("heartbeat", ["only-one"], [1, 2, 3])
+
+
+def test_admit_reserves_and_creates_then_replays(acme: Store) -> None:
+    first = admit(acme)
+    assert first.code is Code.CREATED
+    assert acme.ledger("acme") == {"allowance": 100, "reserved": 30, "uncertain": 0, "settled": 0, "available": 70}
+    replay = admit(acme, job_id="acme.00000000000000000002")
+    assert replay.code is Code.IN_PROGRESS  # not yet confirmed published
+    acme.confirm_published(first.job_id, "k1")
+    replay = admit(acme, job_id="acme.00000000000000000002")
+    assert (replay.code, replay.job_id, replay.status, replay.body) == (Code.REPLAYED, first.job_id, 202,
+                                                                          '{"first":true}')
+    assert admit(acme, fingerprint="other").code is Code.FINGERPRINT_MISMATCH
+    assert acme.ledger("acme")["reserved"] == 30
+    assert acme.redis.zcard(TenantKeys("acme").jobs) == 1
+    assert acme.state_counts("acme") == {"queued": 1}
+
+
+def test_admit_refuses_over_allowance_and_writes_nothing(acme: Store) -> None:
+    refused = admit(acme, ceiling=101)
+    assert (refused.code, refused.available, refused.ceiling) == (Code.INSUFFICIENT_ALLOWANCE, 100, 101)
+    assert acme.redis.exists(JobKeys("acme.00000000000000000001").record) == 0
+    assert acme.redis.exists(TenantKeys("acme").idempotency("k1")) == 0
+    assert acme.ledger("acme")["reserved"] == 0
+
+
+def test_claim_fences_and_only_once(acme: Store) -> None:
+    admit(acme)
+    first = claim(acme)
+    assert first is not None and (first.generation, first.attempt) == (1, 1)
+    assert claim(acme, op="op-2") is None  # running under a live lease: duplicate delivery is a no-op
+    attempts = acme.attempts(first.job_id)
+    assert [(a["number"], a["operation_id"], a["state"]) for a in attempts] == [(1, "op-1", "running")]
+    assert acme.redis.zscore(TenantKeys("acme").leases, first.job_id) == NOW + 1000
+    assert acme.redis.zcard(TenantKeys("acme").outbox) == 0
+
+
+def test_stale_generation_cannot_write(acme: Store) -> None:
+    admit(acme)
+    old = claim(acme)
+    assert acme.expire_lease(old.job_id, now_ms=NOW + 999) is None  # not yet due
+    assert acme.expire_lease(old.job_id, now_ms=NOW + 1000) == "queued"
+    new = claim(acme, now=NOW + 1001, op="op-2")
+    assert new.generation == 2 and new.attempt == 2
+    for write in (
+        lambda: acme.heartbeat(old, now_ms=NOW + 1002, lease_ms=1000),
+        lambda: acme.store_output(old, 0, {"sha256": "a" * 64}, now_ms=NOW + 1002),
+        lambda: acme.finish(old, "completed", cost=10, now_ms=NOW + 1002),
+    ):
+        with pytest.raises(StaleLease):
+            write()
+    assert acme.redis.hget("reckon:stats", "stale_writes_rejected") == "3"
+    assert acme.outputs(new.job_id) == {}
+    assert acme.job(new.job_id)["state"] == "running"
+    assert [a["state"] for a in acme.attempts(new.job_id)] == ["lease_expired", "running"]
+
+
+def test_finish_needs_all_outputs_and_settles_once(acme: Store) -> None:
+    admit(acme, outputs=2)
+    held = claim(acme)
+    acme.store_output(held, 0, {"sha256": "a" * 64}, now_ms=NOW)
+    with pytest.raises(IncompleteOutputs):
+        acme.finish(held, "completed", cost=20, now_ms=NOW)
+    assert acme.store_output(held, 1, {"sha256": "b" * 64}, now_ms=NOW) is True
+    assert acme.store_output(held, 1, {"sha256": "c" * 64}, now_ms=NOW) is False  # first record kept
+    acme.finish(held, "completed", cost=20, now_ms=NOW + 5)
+    with pytest.raises(StaleLease):  # the job is no longer running: a second finish changes nothing
+        acme.finish(held, "completed", cost=20, now_ms=NOW + 6)
+    assert acme.ledger("acme") == {"allowance": 100, "reserved": 0, "uncertain": 0, "settled": 20, "available": 80}
+    job = acme.job(held.job_id)
+    assert (job["state"], job["reserved"], job["settled"]) == ("completed", "0", "20")
+    assert acme.state_counts("acme") == {"queued": 0, "running": 0, "completed": 1}
+    assert [(e["from"], e["to"]) for e in acme.events(held.job_id)] == [
+        (None, "queued"), ("queued", "running"), ("running", "completed")]
+    assert orjson.loads(acme.redis.hget(JobKeys(held.job_id).outputs, "1"))["sha256"] == "b" * 64
+
+
+def test_lease_expiry_without_attempts_left_fails_and_releases(acme: Store) -> None:
+    admit(acme)
+    acme.redis.hset(JobKeys("acme.00000000000000000001").record, "attempts_allowed", 1)
+    held = claim(acme)
+    assert acme.expire_lease(held.job_id, now_ms=NOW + 2000) == "failed"
+    job = acme.job(held.job_id)
+    assert (job["state"], job["error_class"]) == ("failed", "attempts_exhausted")
+    assert acme.ledger("acme")["reserved"] == 0 and acme.ledger("acme")["settled"] == 0
