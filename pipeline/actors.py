@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import dramatiq
@@ -24,14 +23,25 @@ dramatiq.set_broker(broker)
 TIME_LIMIT_MS = 25 * 3600 * 1000
 
 
-@functools.cache
+_executor: Executor | None = None
+
+
+def use(executor: Executor | None) -> None:
+    """Run actors with this executor (tests, embedding); None: build one from settings."""
+    global _executor
+    _executor = executor
+
+
 def executor() -> Executor:
-    store = Store(connect(settings.redis_url))
-    provider = ComfyUI(HttpTransport(settings.provider_url), price_per_output=settings.price_per_output)
-    return Executor(
-        store, provider, BlobStore(settings.blob_dir),
-        lease_seconds=settings.lease_seconds, poll_interval=settings.poll_interval_seconds,
-    )
+    global _executor
+    if _executor is None:
+        store = Store(connect(settings.redis_url))
+        provider = ComfyUI(HttpTransport(settings.provider_url), price_per_output=settings.price_per_output)
+        _executor = Executor(
+            store, provider, BlobStore(settings.blob_dir),
+            lease_seconds=settings.lease_seconds, poll_interval=settings.poll_interval_seconds,
+        )
+    return _executor
 
 
 def run_job(job_id: str) -> None:

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pipeline.blobs import BlobStore
+from pipeline.broker import Publisher
+from pipeline.executor import Executor
+from pipeline.jobs import Admitter
+from pipeline.providers.comfyui import ComfyUI
+from pipeline.providers.http import HttpTransport
+from pipeline.providers.sim import SimServer
+from pipeline.settings import Settings
+from pipeline.store import Store
+
+WORKFLOW = {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}
+
+
+@pytest.fixture
+def broker(redis_server: str):
+    from pipeline import actors
+
+    return actors.broker
+
+
+@pytest.fixture
+def admit(store: Store, settings: Settings, broker, tenant) -> Callable[..., str]:
+    """Factory: admit a job for tenant acme through the real admission path; returns its id."""
+    tenant()
+    admitter = Admitter(store, Publisher(broker), settings)
+
+    def make(key: str = "intent-1", **body: Any) -> str:
+        return admitter.submit("acme", key, {"kind": "image", "workflow": WORKFLOW, "outputs": 1, **body}).job_id
+
+    return make
+
+
+@pytest.fixture
+def make_executor(store: Store, settings: Settings) -> Callable[..., Executor]:
+    def make(sim: SimServer, **options: Any) -> Executor:
+        provider = ComfyUI(HttpTransport(sim.url, timeout=5), price_per_output=sim.sim.price_per_output)
+        options = {"lease_seconds": settings.lease_seconds, "poll_interval": 0.01, **options}
+        return Executor(store, provider, BlobStore(settings.blob_dir), **options)
+
+    return make
