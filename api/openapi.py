@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.jobs import KINDS, MAX_DEADLINE_SECONDS, MAX_OUTPUTS, PRIORITIES
+from pipeline.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_OUTPUTS, PRIORITIES
 
 STATES = ["queued", "running", "completed", "failed"]
 
@@ -41,7 +41,8 @@ SPEC: dict[str, Any] = {
                     "kind": {"enum": sorted(KINDS)},
                     "workflow": {"type": "object", "minProperties": 1},
                     "outputs": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUTS},
-                    "max_cost": {"type": "integer", "minimum": 1},
+                    "max_cost": {"type": "integer", "minimum": 1, "maximum": MAX_COST,
+                                 "description": "at least outputs x price per output, else 422"},
                     "deadline_s": {"type": "integer", "minimum": 1, "maximum": MAX_DEADLINE_SECONDS},
                     "priority": {"enum": list(PRIORITIES)},
                 },

@@ -21,6 +21,7 @@ KINDS = frozenset({"image"})
 PRIORITIES = ("interactive", "batch")
 MAX_OUTPUTS = 16
 MAX_DEADLINE_SECONDS = 24 * 3600
+MAX_COST = 2**53
 _FIELDS = frozenset({"kind", "workflow", "outputs", "max_cost", "deadline_s", "priority"})
 
 
@@ -60,7 +61,7 @@ def parse_request(body: Any, settings: Settings) -> JobRequest:
         kind=kind,
         workflow=workflow,
         outputs=_integer(body, "outputs", 1, MAX_OUTPUTS, None),
-        max_cost=_integer(body, "max_cost", 1, 2**53, None) if "max_cost" in body else None,
+        max_cost=_integer(body, "max_cost", 1, MAX_COST, None) if "max_cost" in body else None,
         deadline_s=_integer(body, "deadline_s", 1, MAX_DEADLINE_SECONDS, settings.default_deadline_seconds),
         priority=_choice(body, "priority", PRIORITIES),
     )
@@ -68,6 +69,8 @@ def parse_request(body: Any, settings: Settings) -> JobRequest:
 
 def _integer(body: dict[str, Any], field: str, low: int, high: int, default: int | None) -> int:
     value = body.get(field, default)
+    if isinstance(value, float) and value.is_integer():  # JSON Schema counts 16.0 as an integer
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidRequest(field, f"must be an integer from {low} to {high}")
     return value

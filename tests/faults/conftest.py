@@ -1,0 +1,111 @@
+"""A real stack for crash and end-to-end tests: simulated provider, gunicorn, Dramatiq, sweeper.
+
+Every process a test starts is stopped (SIGTERM, then SIGKILL) when the test ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.error import HTTPError
+from urllib.request import Request, urlopen
+
+import orjson
+import pytest
+
+from tests.conftest import REDIS_URL, free_port, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+class Stack:
+    def __init__(self, tmp_path: Path, **env: str) -> None:
+        self.web_port, self.sim_port = free_port(), free_port()
+        self.logs = tmp_path / "logs"
+        self.logs.mkdir()
+        self.env = os.environ | {
+            "RECKON_REDIS_URL": REDIS_URL,
+            "RECKON_BROKER_URL": REDIS_URL[:-1] + "1",
+            "RECKON_PROVIDER_URL": f"http://127.0.0.1:{self.sim_port}",
+            "RECKON_BLOB_DIR": str(tmp_path / "blobs"),
+            "RECKON_SWEEP_INTERVAL_SECONDS": "0.2",
+            "RECKON_POLL_INTERVAL_SECONDS": "0.02",
+            "PORT": str(self.web_port),
+            **env,
+        }
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *argv: str) -> None:
+        log = open(self.logs / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        log.close()
+
+    def start_provider(self, delay: float = 0.0) -> None:
+        self.start("provider", str(BIN / "python"), "-m", "pipeline.providers.sim",
+                   "--port", str(self.sim_port), "--delay", str(delay))
+        wait_until(lambda: self._up(f"http://127.0.0.1:{self.sim_port}/queue"))
+
+    def start_web(self) -> None:
+        self.start("web", str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "api.app:create_app()")
+        wait_until(lambda: self._up(f"http://127.0.0.1:{self.web_port}/readyz"), timeout=20)
+
+    def start_worker(self) -> None:
+        self.start("worker", str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1", "--threads", "2")
+
+    def start_sweeper(self) -> None:
+        self.start("sweeper", str(BIN / "python"), "-m", "pipeline.sweeper")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=20)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            proc = self.procs[name]
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            self.procs.pop(name)
+
+    @staticmethod
+    def _up(url: str) -> bool:
+        try:
+            with urlopen(url, timeout=1) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def api(self, method: str, path: str, body: Any = None, **headers: str) -> tuple[int, dict[str, str], bytes]:
+        data = orjson.dumps(body) if body is not None else None
+        req = Request(f"http://127.0.0.1:{self.web_port}{path}", data=data, method=method,
+                      headers={"Content-Type": "application/json", **headers})
+        try:
+            with urlopen(req, timeout=10) as resp:
+                return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+        except HTTPError as err:
+            return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
+
+    def charges(self) -> dict[str, Any]:
+        with urlopen(f"http://127.0.0.1:{self.sim_port}/sim/charges", timeout=5) as resp:
+            return orjson.loads(resp.read())
+
+
+@pytest.fixture
+def stack(redis_client, tmp_path: Path) -> Iterator[Stack]:
+    running = Stack(tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop()
