@@ -34,15 +34,21 @@ class ComfyUI:
         self.transport.request("POST", "/prompt", orjson.dumps(payload))
 
     def status(self, operation_id: str) -> OperationStatus:
-        history = orjson.loads(self.transport.request("GET", f"/history/{quote(operation_id)}").body)
-        entry = history.get(operation_id)
+        """History, then the queue, then history again: a prompt that finishes between the
+        first two reads is in the history by the third, so it is never taken for unknown."""
+        entry = self._history(operation_id)
         if entry:
             return _from_history(entry)
         queue = orjson.loads(self.transport.request("GET", "/queue").body)
         for state, items in (("running", queue.get("queue_running", [])), ("pending", queue.get("queue_pending", []))):
             if any(len(item) > 1 and item[1] == operation_id for item in items):
                 return OperationStatus(state)
-        return OperationStatus("unknown")
+        entry = self._history(operation_id)
+        return _from_history(entry) if entry else OperationStatus("unknown")
+
+    def _history(self, operation_id: str) -> dict[str, Any] | None:
+        history = orjson.loads(self.transport.request("GET", f"/history/{quote(operation_id)}").body)
+        return history.get(operation_id)
 
     def fetch(self, ref: OutputRef) -> bytes:
         query = urlencode({"filename": ref.filename, "subfolder": ref.subfolder, "type": ref.folder_type})

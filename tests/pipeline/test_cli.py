@@ -1,0 +1,38 @@
+"""The operator's ``reckon`` command against a real redis-server."""
+
+from __future__ import annotations
+
+import orjson
+
+from pipeline import cli
+from pipeline.tenants import tenant_for_key
+
+
+def run(store, capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv), store=store)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_tenant_and_key_lifecycle(store, capsys) -> None:
+    code, out, _ = run(store, capsys, "tenant", "create", "acme", "--allowance", "500")
+    assert code == 0 and orjson.loads(out)["available"] == 500
+    assert run(store, capsys, "tenant", "create", "acme", "--allowance", "9")[0] == 1
+    assert run(store, capsys, "tenant", "create", "Bad Name", "--allowance", "9")[0] == 1
+    code, out, _ = run(store, capsys, "key", "create", "acme")
+    api_key = out.strip()
+    assert code == 0 and tenant_for_key(store.redis, api_key) == "acme"
+    assert api_key not in str(store.redis.keys("*"))  # only the hash is stored
+    assert run(store, capsys, "key", "create", "nobody")[0] == 1
+
+
+def test_job_show_and_status_never_print_the_workflow(store, capsys, admit) -> None:
+    job_id = admit(outputs=2)
+    code, out, _ = run(store, capsys, "job", "show", job_id)
+    shown = orjson.loads(out)
+    assert code == 0 and shown["job"]["state"] == "queued" and "workflow" not in shown["job"]
+    assert "KSampler" not in out
+    assert [e["to"] for e in shown["events"]] == ["queued"]
+    code, out, _ = run(store, capsys, "status")
+    assert orjson.loads(out)["jobs"] == {"queued": 1}
+    assert run(store, capsys, "job", "show", "acme.nope")[0] == 1
