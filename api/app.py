@@ -48,6 +48,7 @@ def create_app(
 
     app.add_route("/v1/jobs", resources.Jobs(admitter, store))
     app.add_route("/v1/jobs/{job_id}", resources.Job(store))
+    app.add_route("/v1/jobs/{job_id}/cancel", resources.Cancel(store))
     app.add_route("/v1/jobs/{job_id}/attempts", resources.Attempts(store))
     app.add_route("/v1/jobs/{job_id}/events", resources.Events(store))
     app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, BlobStore(settings.blob_dir)))

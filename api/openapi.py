@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.keys import JOB_ID_RE
 from pipeline.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_OUTPUTS, PRIORITIES
 
-STATES = ["queued", "running", "completed", "failed"]
+STATES = ["queued", "running", "retry_wait", "reconciling", "needs_review", "completed", "failed", "cancelled"]
 
 
 def _problem(description: str) -> dict[str, Any]:
@@ -45,6 +46,8 @@ SPEC: dict[str, Any] = {
                                  "description": "at least outputs x price per output, else 422"},
                     "deadline_s": {"type": "integer", "minimum": 1, "maximum": MAX_DEADLINE_SECONDS},
                     "priority": {"enum": list(PRIORITIES)},
+                    "supersedes": {"type": "string", "pattern": JOB_ID_RE.pattern,
+                                   "description": "id of an older job this one replaces"},
                 },
             },
             "Job": {
@@ -61,8 +64,12 @@ SPEC: dict[str, Any] = {
                                        "bytes": {"type": "integer"}, "content_type": {"type": "string"},
                                        "href": {"type": "string"}}}},
                     "attempt_count": {"type": "integer"},
-                    "cost": {"type": "object", "required": ["ceiling", "reserved", "settled"],
-                             "properties": {k: {"type": "integer"} for k in ("ceiling", "reserved", "settled")}},
+                    "cost": {"type": "object", "required": ["ceiling", "reserved", "uncertain", "settled"],
+                             "properties": {k: {"type": "integer"}
+                                            for k in ("ceiling", "reserved", "uncertain", "settled")}},
+                    "cancel_requested": {"type": "boolean"},
+                    "obsolete": {"type": "boolean"},
+                    "external_effect": {"enum": [None, "none", "possible", "occurred"]},
                     "deadline": _TIME, "created_at": _TIME, "updated_at": _TIME,
                     "error": {"oneOf": [{"type": "null"}, {
                         "type": "object", "required": ["class", "reason"],
@@ -111,12 +118,18 @@ SPEC: dict[str, Any] = {
         "/v1/jobs/{job_id}": {"get": {
             "summary": "One job", "parameters": [_JOB_ID],
             "responses": {"200": _json({"$ref": "#/components/schemas/Job"}), **_AUTH_ERRORS}}},
+        "/v1/jobs/{job_id}/cancel": {"post": {
+            "summary": "Cancel a job (at once if not running; else a cancel request)", "parameters": [_JOB_ID],
+            "responses": {"200": _json({"$ref": "#/components/schemas/Job"}, "cancelled"),
+                          "202": _json({"$ref": "#/components/schemas/Job"}, "cancel requested while running"),
+                          "409": _problem("the job already completed or failed"), **_AUTH_ERRORS}}},
         "/v1/jobs/{job_id}/attempts": {"get": {
             "summary": "The job's append-only attempt records", "parameters": [_JOB_ID],
             "responses": {"200": _json({"type": "object", "required": ["attempts"], "properties": {
                 "attempts": {"type": "array", "items": {"type": "object", "required": [
                     "number", "worker", "generation", "provider", "operation_id", "state", "started_at"],
                     "properties": {"number": {"type": "integer"}, "worker": {"type": "string"},
+                                   "submitted_at": _NULLABLE_TIME,
                                    "generation": {"type": "integer"}, "provider": {"type": "string"},
                                    "operation_id": {"type": "string"}, "state": {"type": "string"},
                                    "started_at": _TIME, "ended_at": _NULLABLE_TIME,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import falcon
@@ -107,6 +108,20 @@ class Job:
         resp.media = job_view(record, self.store.outputs(job_id))
 
 
+class Cancel:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
+        owned_job(self.store, req.context.tenant, job_id)
+        state, _ = self.store.cancel(job_id, now_ms=int(time.time() * 1000))
+        if state in (State.COMPLETED, State.FAILED):
+            raise Problem(409, "job-finished", "Job already finished", f"the job is {state}", state=state)
+        record = owned_job(self.store, req.context.tenant, job_id)
+        resp.status = falcon.HTTP_200 if state == State.CANCELLED else falcon.HTTP_202
+        resp.media = job_view(record, self.store.outputs(job_id))
+
+
 class Attempts:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -115,7 +130,8 @@ class Attempts:
         owned_job(self.store, req.context.tenant, job_id)
         attempts = self.store.attempts(job_id)
         for attempt in attempts:
-            attempt["started_at"], attempt["ended_at"] = iso(attempt["started_at"]), iso(attempt.get("ended_at"))
+            for moment in ("started_at", "submitted_at", "ended_at"):
+                attempt[moment] = iso(attempt.get(moment))
         resp.media = {"attempts": attempts}
 
 

@@ -1,5 +1,10 @@
 -- Shared helpers, prepended to every script by pipeline/scripts.py.
 -- They only touch keys their caller passes in; the caller's KEYS hold all of them.
+--
+-- Money: a job holds `reserved` (R, not yet spent), `charged` (C, known spent, not yet
+-- settled) and `uncertain` (U, an attempt whose outcome is unknown). The tenant ledger
+-- holds reserved = sum(R + C), uncertain = sum(U) and settled; so
+-- allowance = available + reserved + uncertain + settled at every step.
 
 -- Appends one state-change event to the job's event list (seq counts from 1).
 local function append_event(job, events, now, from, to, reason)
@@ -16,31 +21,55 @@ local function move(job, counts, events, now, from, to, reason)
   append_event(job, events, now, from, to, reason)
 end
 
--- True when the job is running under lease generation `gen` (a string).
+-- True when the job is running or reconciling under lease generation `gen` (a string).
 local function holds_lease(job, gen)
   local f = redis.call('HMGET', job, 'state', 'lease_gen')
-  return f[1] == 'running' and f[2] == gen
+  return (f[1] == 'running' or f[1] == 'reconciling') and f[2] == gen
 end
 
--- Closes the job's current attempt record with a final state.
+-- Closes the job's current attempt record with a final state. A closed attempt stays
+-- closed, except an `unknown` one, which reconciliation resolves (and marks reconciled).
 local function end_attempt(job, attempts, now, state, error_class)
   local n = redis.call('HGET', job, 'attempt_count')
   local raw = redis.call('HGET', attempts, n)
   if not raw then return end
   local attempt = cjson.decode(raw)
+  if attempt.state == 'unknown' then
+    attempt.reconciled = true
+  elseif attempt.state ~= 'running' then
+    return
+  end
   attempt.state = state
   attempt.ended_at = tonumber(now)
   attempt.error_class = (error_class ~= '' and error_class) or cjson.null
   redis.call('HSET', attempts, n, cjson.encode(attempt))
 end
 
--- Settles the job once: its whole reservation leaves the tenant's `reserved`,
--- `cost` is booked as settled. A job already settled is left alone (returns 0).
-local function settle(job, ledger, now, cost)
-  if redis.call('HEXISTS', job, 'settled_at') == 1 then return 0 end
-  local reserved = tonumber(redis.call('HGET', job, 'reserved') or '0')
-  redis.call('HINCRBY', ledger, 'reserved', -reserved)
-  redis.call('HINCRBY', ledger, 'settled', cost)
-  redis.call('HSET', job, 'reserved', 0, 'settled', cost, 'settled_at', now)
-  return 1
+local LEDGER_FIELD = {reserved = 'reserved', charged = 'reserved', uncertain = 'uncertain'}
+
+-- Moves `amount` cost units between a job's buckets (reserved, charged, uncertain),
+-- keeping the tenant ledger in step. Never moves more than the source holds.
+local function shift(job, ledger, from, to, amount)
+  amount = math.min(tonumber(amount), tonumber(redis.call('HGET', job, from) or '0'))
+  if amount <= 0 then return 0 end
+  redis.call('HINCRBY', job, from, -amount)
+  redis.call('HINCRBY', job, to, amount)
+  if LEDGER_FIELD[from] ~= LEDGER_FIELD[to] then
+    redis.call('HINCRBY', ledger, LEDGER_FIELD[from], -amount)
+    redis.call('HINCRBY', ledger, LEDGER_FIELD[to], amount)
+  end
+  return amount
+end
+
+-- Settles a job that is ending: what it was charged becomes settled, the rest of its
+-- reservation is released. Anything still uncertain is taken as charged: releasing it
+-- would understate what may be owed. Called only on a transition into a terminal state.
+local function settle(job, ledger, now)
+  shift(job, ledger, 'uncertain', 'charged', redis.call('HGET', job, 'uncertain') or '0')
+  local f = redis.call('HMGET', job, 'reserved', 'charged')
+  local reserved, charged = tonumber(f[1] or '0'), tonumber(f[2] or '0')
+  redis.call('HINCRBY', ledger, 'reserved', -(reserved + charged))
+  redis.call('HINCRBY', ledger, 'settled', charged)
+  redis.call('HINCRBY', job, 'settled', charged)
+  redis.call('HSET', job, 'reserved', 0, 'charged', 0, 'settled_at', now)
 end

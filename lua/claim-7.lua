@@ -28,13 +28,13 @@ local expires = now + tonumber(ARGV[3])
 local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
 local n = redis.call('HINCRBY', job, 'attempt_count', 1)
 redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires,
-  'operation_id', ARGV[4], 'provider', ARGV[5])
+  'operation_id', ARGV[4], 'provider', ARGV[5], 'submitted', 0, 'submit_epoch', '')
 redis.call('ZADD', KEYS[2], expires, job_id)
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZREM', KEYS[4], job_id)
 redis.call('HSET', KEYS[5], n, cjson.encode({
   number = n, worker = ARGV[2], generation = gen, provider = ARGV[5],
   operation_id = ARGV[4], state = 'running', started_at = now,
-  ended_at = cjson.null, error_class = cjson.null}))
+  submitted_at = cjson.null, ended_at = cjson.null, error_class = cjson.null}))
 move(job, KEYS[7], KEYS[6], ARGV[1], 'queued', 'running', 'claimed')
 return {0, gen, n}

@@ -2,34 +2,31 @@
 
 from __future__ import annotations
 
-import logging
-
 import dramatiq
 
 from .blobs import BlobStore
 from .broker import ROUTES, build_broker
-from .errors import StaleLease
 from .executor import Executor
 from .providers.comfyui import ComfyUI
 from .providers.http import HttpTransport
+from .routing import FailureRouter, Router
 from .settings import Settings
 from .store import Store, connect
 
-log = logging.getLogger(__name__)
 settings = Settings.from_env()
 broker = build_broker(settings)
 dramatiq.set_broker(broker)
 #: An attempt may not outlive the longest deadline a job can have, plus a margin.
 TIME_LIMIT_MS = 25 * 3600 * 1000
 
-
 _executor: Executor | None = None
+_router: Router | None = None
 
 
-def use(executor: Executor | None) -> None:
-    """Run actors with this executor (tests, embedding); None: build one from settings."""
-    global _executor
-    _executor = executor
+def use(executor: Executor | None, router: Router | None = None) -> None:
+    """Run actors with these parts (tests, embedding); None: build them from settings."""
+    global _executor, _router
+    _executor, _router = executor, router
 
 
 def executor() -> Executor:
@@ -37,27 +34,35 @@ def executor() -> Executor:
     if _executor is None:
         store = Store(connect(settings.redis_url))
         provider = ComfyUI(HttpTransport(settings.provider_url), price_per_output=settings.price_per_output)
-        _executor = Executor(
-            store, provider, BlobStore(settings.blob_dir),
-            lease_seconds=settings.lease_seconds, poll_interval=settings.poll_interval_seconds,
-        )
+        _executor = Executor(store, provider, BlobStore(settings.blob_dir), settings)
     return _executor
 
 
+def router() -> Router:
+    global _router
+    if _router is None:
+        current = executor()
+        _router = Router(current.store, settings, current.provider.name)
+    return _router
+
+
+broker.add_middleware(FailureRouter(router))
+
+
 def run_job(job_id: str) -> None:
-    try:
-        executor().run(job_id)
-    except StaleLease:
-        log.warning("job %s: lease lost to a newer claim; this worker stopped writing", job_id)
+    executor().run(job_id)
 
 
-def _declare(priority: str, order: int) -> dramatiq.Actor:
-    queue_name, actor_name = ROUTES[priority]
-    return dramatiq.actor(
-        run_job, actor_name=actor_name, queue_name=queue_name, priority=order, max_retries=0,
-        time_limit=TIME_LIMIT_MS,
-    )
+def reconcile_job(job_id: str) -> None:
+    executor().reconcile(job_id)
 
 
-run_interactive = _declare("interactive", 0)
-run_batch = _declare("batch", 10)
+def _declare(fn: object, route: str, order: int) -> dramatiq.Actor:
+    queue_name, actor_name = ROUTES[route]
+    return dramatiq.actor(fn, actor_name=actor_name, queue_name=queue_name, priority=order, max_retries=0,
+                          time_limit=TIME_LIMIT_MS)
+
+
+run_interactive = _declare(run_job, "interactive", 0)
+run_batch = _declare(run_job, "batch", 10)
+reconcile = _declare(reconcile_job, "reconcile", 0)

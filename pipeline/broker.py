@@ -12,10 +12,11 @@ from dramatiq.middleware import Retries
 
 from .settings import Settings
 
-#: priority -> (queue, actor name). Workers take interactive work first.
+#: priority (or "reconcile") -> (queue, actor name). Workers take interactive work first.
 ROUTES = {
     "interactive": ("reckon-interactive", "run_interactive"),
     "batch": ("reckon-batch", "run_batch"),
+    "reconcile": ("reckon-reconcile", "reconcile_job"),
 }
 
 
@@ -29,7 +30,8 @@ def build_broker(settings: Settings) -> RedisBroker:
 
 
 class Publisher:
-    """Sends a job's message (its id, nothing else) to the queue for its priority."""
+    """Sends a job's message (its id, nothing else) to the queue for its priority,
+    or to the reconcile queue (``publish(job_id, "reconcile")``)."""
 
     def __init__(self, broker: dramatiq.Broker) -> None:
         self.broker = broker

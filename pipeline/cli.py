@@ -1,14 +1,17 @@
-"""``reckon``: the operator's command line (tenants, keys, jobs, status)."""
+"""``reckon``: the operator's command line (tenants, keys, jobs, status, dead letters, reviews, providers)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 import orjson
 
+from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed
 from .jobs import iso
+from .keys import ProviderKeys, TenantKeys
 from .settings import Settings
 from .tenants import TenantError, create_key, create_tenant
 from .store import Store, connect
@@ -58,6 +61,55 @@ def status(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _listing(store: Store, index: str) -> list[dict[str, Any]]:
+    rows = []
+    for tenant in store.tenants():
+        for job_id, score in store.redis.zrange(getattr(TenantKeys(tenant), index), 0, -1, withscores=True):
+            record = store.job(job_id) or {}
+            rows.append({"id": job_id, "state": record.get("state"), "since": iso(int(score)),
+                         "error": {"class": record.get("error_class"), "reason": record.get("error_reason")},
+                         "uncertain": int(record.get("uncertain", 0))})
+    return rows
+
+
+def dlq_list(store: Store, args: argparse.Namespace) -> int:
+    _print(_listing(store, "dead"))
+    return 0
+
+
+def dlq_replay(store: Store, args: argparse.Namespace) -> int:
+    store.replay(args.id, now_ms=_now_ms())
+    _print({"id": args.id, "state": store.job(args.id)["state"]})
+    return 0
+
+
+def review_list(store: Store, args: argparse.Namespace) -> int:
+    _print(_listing(store, "review"))
+    return 0
+
+
+def review_resolve(store: Store, args: argparse.Namespace) -> int:
+    state = store.resolve_review(args.id, args.decision, now_ms=_now_ms(), reason=f"operator_{args.decision}")
+    _print({"id": args.id, "state": state})
+    return 0
+
+
+def provider_clear(store: Store, args: argparse.Namespace) -> int:
+    cleared = store.clear_provider(args.name)
+    _print({"provider": args.name, "cleared": cleared})
+    return 0
+
+
+def provider_status(store: Store, args: argparse.Namespace) -> int:
+    _print({"provider": args.name, "blocked": store.provider_blocked(args.name),
+            "retry_budget": store.redis.hgetall(ProviderKeys(args.name).budget)})
+    return 0
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="reckon", description=__doc__)
     verbs = root.add_subparsers(dest="noun", required=True)
@@ -75,6 +127,25 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("id")
     show.set_defaults(run=job_show)
     verbs.add_parser("status", help="jobs per state and ledgers per tenant").set_defaults(run=status)
+    dlq = verbs.add_parser("dlq").add_subparsers(dest="verb", required=True)
+    dlq.add_parser("list", help="failed (dead-lettered) jobs").set_defaults(run=dlq_list)
+    replay = dlq.add_parser("replay", help="run a failed job again (reserves its ceiling again)")
+    replay.add_argument("id")
+    replay.set_defaults(run=dlq_replay)
+    review = verbs.add_parser("review").add_subparsers(dest="verb", required=True)
+    review.add_parser("list", help="jobs whose outcome needs an operator").set_defaults(run=review_list)
+    resolve = review.add_parser("resolve", help="decide a needs_review job")
+    resolve.add_argument("id")
+    decision = resolve.add_mutually_exclusive_group(required=True)
+    for name in ("completed", "failed", "retry"):
+        decision.add_argument(f"--{name}", dest="decision", action="store_const", const=name)
+    resolve.set_defaults(run=review_resolve)
+    provider = verbs.add_parser("provider").add_subparsers(dest="verb", required=True)
+    for verb, run, text in (("status", provider_status, "credential mark and retry budget"),
+                            ("clear", provider_clear, "clear the credential-repair mark: dispatch resumes")):
+        sub = provider.add_parser(verb, help=text)
+        sub.add_argument("name", nargs="?", default="comfyui")
+        sub.set_defaults(run=run)
     return root
 
 
@@ -83,7 +154,7 @@ def main(argv: list[str] | None = None, store: Store | None = None) -> int:
     store = store or Store(connect(Settings.from_env().redis_url))
     try:
         return args.run(store, args)
-    except TenantError as exc:
+    except (TenantError, NotAllowed, InsufficientAllowance, IncompleteOutputs) as exc:
         print(f"reckon: {exc}", file=sys.stderr)
         return 1
 

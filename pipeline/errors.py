@@ -29,6 +29,14 @@ class IncompleteOutputs(ReckonError):
     """Completion was asked for before every output was stored."""
 
 
+class CancelRequested(ReckonError):
+    """The client cancelled the job before the provider was called."""
+
+
+class NotAllowed(ReckonError):
+    """An operator or client action does not apply to the job in its current state."""
+
+
 class ProviderError(ReckonError):
     """A provider call failed; the subclass says what is known about its effect."""
 
@@ -72,6 +80,12 @@ class Transient(ProviderError):
     error_class = "transient"
 
 
+class NotExecuted(Transient):
+    """Reconciliation proved the attempt never executed (same provider epoch, no record)."""
+
+    error_class = "not_executed"
+
+
 class UnknownOutcome(ProviderError):
     """The request may have been accepted: only the provider can say what happened."""
 
@@ -111,3 +125,17 @@ class InsufficientAllowance(ReckonError):
         super().__init__(f"requires {required} cost units, {available} available")
         self.available = available
         self.required = required
+
+
+class AttemptFailed(ReckonError):
+    """An attempt ended in a provider error; the routing middleware decides what comes next.
+
+    ``charged`` is what the provider is known to have charged for this attempt
+    (outputs it produced before failing).
+    """
+
+    def __init__(self, claim: object, cause: ProviderError, charged: int = 0) -> None:
+        super().__init__(cause.error_class)
+        self.claim = claim
+        self.cause = cause
+        self.charged = charged

@@ -1,4 +1,10 @@
-"""One attempt of one job: claim, submit, wait, store outputs, finish. Every write is fenced."""
+"""Attempts and reconciliations of jobs. Every write is fenced by the lease generation.
+
+``Executor.run`` makes one attempt: claim, mark the submission, submit, wait,
+store outputs, finish. ``Executor.reconcile`` asks the provider what became of
+an attempt whose outcome is unknown, before anything is paid for again. Provider
+errors leave as ``AttemptFailed`` for the routing middleware to decide.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +14,20 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
 import redis
 
 from .blobs import BlobStore
-from .errors import OperationFailed, ProviderError, StaleLease, UnknownOutcome
+from .errors import (
+    AttemptFailed, CancelRequested, NotExecuted, OperationFailed, ProviderError, RateLimited, StaleLease,
+    Transient, UnknownOutcome,
+)
 from .providers.base import OperationStatus, OutputRef, Provider
-from .store import Claim, Store
+from .settings import Settings
+from .store import Claim, Reconcile, Store
 
 log = logging.getLogger(__name__)
 
@@ -57,73 +68,146 @@ class Heartbeat:
                 log.warning("heartbeat failed for %s; retrying", self.claim.job_id)
 
 
+@dataclass
+class Progress:
+    """What one attempt is known to have cost so far (outputs the provider produced)."""
+
+    charged: int = 0
+
+
 class Executor:
     def __init__(
-        self, store: Store, provider: Provider, blobs: BlobStore, *, lease_seconds: float,
-        poll_interval: float, clock: Callable[[], float] = time.time,
+        self, store: Store, provider: Provider, blobs: BlobStore, settings: Settings, *,
+        clock: Callable[[], float] = time.time,
         new_operation_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.store, self.provider, self.blobs = store, provider, blobs
-        self.lease_ms = int(lease_seconds * 1000)
-        self.poll_interval = poll_interval
+        self.store, self.provider, self.blobs, self.settings = store, provider, blobs, settings
+        self.lease_ms = int(settings.lease_seconds * 1000)
         self.clock, self.new_operation_id, self.sleep = clock, new_operation_id, sleep
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
+    # -- attempts ---------------------------------------------------------------------
+
     def run(self, job_id: str, worker: str | None = None) -> bool:
-        """Run one attempt if the job is claimable; False for a duplicate or finished job."""
+        """Run one attempt if the job is claimable; False for a duplicate, finished or deferred job."""
+        now = self.now_ms()
+        if self.store.provider_blocked(self.provider.name):
+            due = now + int(self.settings.auth_recheck_seconds * 1000)
+            self.store.defer(job_id, now_ms=now, due_ms=due, reason="provider_credentials")
+            return False
         claim = self.store.claim(
-            job_id, worker=worker or worker_name(), now_ms=self.now_ms(), lease_ms=self.lease_ms,
+            job_id, worker=worker or worker_name(), now_ms=now, lease_ms=self.lease_ms,
             operation_id=self.new_operation_id(), provider=self.provider.name,
         )
         if claim is None:
             return False
+        progress = Progress()
         with Heartbeat(self.store, claim, lease_ms=self.lease_ms, clock=self.clock) as heartbeat:
             try:
-                cost = self._attempt(claim, heartbeat)
-            except ProviderError as exc:
-                self.store.finish(
-                    claim, "failed", cost=0, now_ms=self.now_ms(), error_class=exc.error_class, reason=exc.reason
-                )
+                self._attempt(claim, heartbeat, progress)
+            except CancelRequested:
+                self.store.finish(claim, "cancelled", now_ms=self.now_ms(), reason="cancelled")
                 return True
-            self.store.finish(claim, "completed", cost=cost, now_ms=self.now_ms())
+            except ProviderError as exc:
+                raise AttemptFailed(claim, exc, progress.charged) from exc
+            self._finish(claim, charge=progress.charged)
+        self.store.budget(self.provider.name, "refund", self.settings.retry_refund_tokens,
+                          self.settings.retry_budget_tokens)
         return True
 
-    def _attempt(self, claim: Claim, heartbeat: Heartbeat) -> int:
-        """Produce and store every missing output; return the cost to settle."""
+    def _attempt(self, claim: Claim, heartbeat: Heartbeat, progress: Progress) -> None:
+        """Ask the provider for every missing output and store what it produced."""
         job = self.store.job(claim.job_id)
         assert job is not None, "a claimed job exists"
-        requested = int(job["outputs_requested"])
         stored = self.store.outputs(claim.job_id)
-        missing = [index for index in range(requested) if index not in stored]
-        if missing:
-            self.provider.submit(claim.operation_id, orjson.loads(job["workflow"]), missing)
-            status = self._wait(claim, heartbeat, int(job["deadline"]))
-            if len(status.outputs) < len(missing):
-                raise OperationFailed("provider_outputs_missing")
-            for ref in status.outputs:
-                heartbeat.check()
-                self._store_output(claim, ref)
-        return requested * self.provider.price_per_output
+        missing = [index for index in range(int(job["outputs_requested"])) if index not in stored]
+        if not missing:
+            return
+        epoch = self.provider.epoch()
+        self.store.mark_submit(claim, now_ms=self.now_ms(), epoch=epoch)
+        self.provider.submit(claim.operation_id, orjson.loads(job["workflow"]), missing)
+        status = self._wait(claim, heartbeat, int(job["deadline"]))
+        progress.charged = len(status.outputs) * self.provider.price_per_output
+        self._store_outputs(claim, status.outputs, heartbeat)
+        if status.state == "failed" or len(status.outputs) < len(missing):
+            raise OperationFailed(status.error or "provider_outputs_missing")
 
     def _wait(self, claim: Claim, heartbeat: Heartbeat, deadline_ms: int) -> OperationStatus:
         while True:
             heartbeat.check()
             status = self.provider.status(claim.operation_id)
-            if status.state == "completed":
+            if status.state in ("completed", "failed"):
                 return status
-            if status.state == "failed":
-                raise OperationFailed(status.error or "provider_failed")
             if status.state == "unknown":
                 raise UnknownOutcome("operation_not_found")
             if self.now_ms() >= deadline_ms:
-                raise UnknownOutcome("deadline_exceeded")
-            self.sleep(self.poll_interval)
+                raise UnknownOutcome("deadline_passed_while_running")
+            self.sleep(self.settings.poll_interval_seconds)
 
-    def _store_output(self, claim: Claim, ref: OutputRef) -> None:
-        data = self.provider.fetch(ref)
-        digest = self.blobs.put(data)
-        record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": ref.content_type}
-        self.store.store_output(claim, ref.index, record, now_ms=self.now_ms())
+    def _store_outputs(self, claim: Claim, refs: list[OutputRef], heartbeat: Heartbeat) -> None:
+        for ref in refs:
+            heartbeat.check()
+            data = self.provider.fetch(ref)
+            digest = self.blobs.put(data)
+            record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": ref.content_type}
+            self.store.store_output(claim, ref.index, record, now_ms=self.now_ms())
+
+    def _finish(self, claim: Claim, *, charge: int) -> None:
+        """Complete, or end as cancelled when the client cancelled while the provider worked."""
+        job = self.store.job(claim.job_id) or {}
+        outcome = "cancelled" if job.get("cancel_requested") == "1" else "completed"
+        self.store.finish(claim, outcome, now_ms=self.now_ms(), charge=charge)
+
+    # -- reconciliation ---------------------------------------------------------------
+
+    def reconcile(self, job_id: str, worker: str | None = None) -> bool:
+        """Settle an unknown outcome with the provider's own record; False if not reconcilable now."""
+        rec = self.store.claim_reconcile(job_id, worker=worker or worker_name(), now_ms=self.now_ms(),
+                                         lease_ms=self.lease_ms)
+        if rec is None:
+            return False
+        with Heartbeat(self.store, rec.claim, lease_ms=self.lease_ms, clock=self.clock) as heartbeat:
+            self._reconcile(rec, heartbeat)
+        return True
+
+    def _reconcile(self, rec: Reconcile, heartbeat: Heartbeat) -> None:
+        claim = rec.claim
+        if not rec.submitted:
+            raise AttemptFailed(claim, NotExecuted("never_submitted"))
+        try:
+            status = self.provider.status(claim.operation_id)
+            if status.state in ("pending", "running"):
+                return self._later(claim)
+            if status.state == "unknown":
+                return self._unknowable(rec, self.provider.epoch())
+            self.store.resolve_uncertain(claim, executed=bool(status.outputs))
+            self._store_outputs(claim, status.outputs, heartbeat)
+        except (Transient, RateLimited):
+            return self._later(claim)
+        requested = int((self.store.job(claim.job_id) or {}).get("outputs_requested", 0))
+        if len(self.store.outputs(claim.job_id)) < requested:
+            raise AttemptFailed(claim, OperationFailed(status.error or "provider_outputs_missing"))
+        self._finish(claim, charge=0)
+
+    def _later(self, claim: Claim) -> None:
+        due = self.now_ms() + int(self.settings.reconcile_interval_seconds * 1000)
+        self.store.reconcile_later(claim, due_ms=due)
+
+    def _unknowable(self, rec: Reconcile, epoch: str) -> None:
+        """The provider has no record of the operation: proof of non-execution only if it
+        has not restarted since we submitted (same epoch); otherwise the policy decides."""
+        claim = rec.claim
+        if rec.epoch and epoch == rec.epoch:
+            self.store.resolve_uncertain(claim, executed=False)
+            raise AttemptFailed(claim, NotExecuted("not_found_same_epoch"))
+        uncertain = int((self.store.job(claim.job_id) or {}).get("uncertain", 0))
+        allowance = self.settings.duplicate_cost_allowance
+        if 0 < allowance and uncertain <= allowance:
+            self.store.resolve_uncertain(claim, executed=True)  # paid as if it ran: a possible duplicate
+            raise AttemptFailed(claim, NotExecuted("unknowable_retried_within_allowance"))
+        now = self.now_ms()
+        self.store.send_to_review(claim, now_ms=now, expires_ms=now + self.settings.review_expiry_seconds * 1000,
+                                  reason="outcome_unknowable")

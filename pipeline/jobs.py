@@ -22,14 +22,20 @@ PRIORITIES = ("interactive", "batch")
 MAX_OUTPUTS = 16
 MAX_DEADLINE_SECONDS = 24 * 3600
 MAX_COST = 2**53
-_FIELDS = frozenset({"kind", "workflow", "outputs", "max_cost", "deadline_s", "priority"})
+_FIELDS = frozenset({"kind", "workflow", "outputs", "max_cost", "deadline_s", "priority", "supersedes"})
 
 
 class State(str, Enum):
+    """Job states; see the state machine in the README. The last three are terminal."""
+
     QUEUED = "queued"
     RUNNING = "running"
+    RETRY_WAIT = "retry_wait"
+    RECONCILING = "reconciling"
+    NEEDS_REVIEW = "needs_review"
     COMPLETED = "completed"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class JobRequest:
     max_cost: int | None
     deadline_s: int
     priority: str
+    supersedes: str | None = None
 
 
 def parse_request(body: Any, settings: Settings) -> JobRequest:
@@ -64,7 +71,15 @@ def parse_request(body: Any, settings: Settings) -> JobRequest:
         max_cost=_integer(body, "max_cost", 1, MAX_COST, None) if "max_cost" in body else None,
         deadline_s=_integer(body, "deadline_s", 1, MAX_DEADLINE_SECONDS, settings.default_deadline_seconds),
         priority=_choice(body, "priority", PRIORITIES),
+        supersedes=_job_id(body, "supersedes"),
     )
+
+
+def _job_id(body: dict[str, Any], field: str) -> str | None:
+    value = body.get(field)
+    if value is not None and (not isinstance(value, str) or not keys.JOB_ID_RE.match(value)):
+        raise InvalidRequest(field, "must be a job id")
+    return value
 
 
 def _integer(body: dict[str, Any], field: str, low: int, high: int, default: int | None) -> int:
@@ -135,10 +150,11 @@ class Admitter:
         record = {
             "id": job_id, "tenant": tenant, "state": State.QUEUED.value, "kind": request.kind,
             "priority": request.priority, "workflow": orjson.dumps(request.workflow).decode(),
-            "outputs_requested": request.outputs, "ceiling": ceiling, "reserved": ceiling, "settled": 0,
-            "per_attempt": per_attempt, "attempts_allowed": attempts, "attempt_count": 0, "lease_gen": 0,
+            "outputs_requested": request.outputs, "price": self.settings.price_per_output, "ceiling": ceiling,
+            "reserved": ceiling, "charged": 0, "uncertain": 0, "settled": 0, "per_attempt": per_attempt,
+            "attempts_allowed": attempts, "attempt_count": 0, "lease_gen": 0, "deadline_s": request.deadline_s,
             "deadline": now_ms + request.deadline_s * 1000, "created_at": now_ms, "updated_at": now_ms,
-            "idem_key": idem_key,
+            "idem_key": idem_key, "supersedes": request.supersedes or "",
         }
         first = orjson.dumps(job_view(record, {}))
         admission = self.store.admit(
@@ -157,6 +173,8 @@ class Admitter:
             raise InsufficientAllowance(admission.available, admission.ceiling)
         self.publish(job_id, request.priority)
         self.store.confirm_published(job_id, idem_key)
+        if request.supersedes and keys.tenant_of(request.supersedes) == tenant:
+            self.store.supersede(request.supersedes, now_ms=now_ms)
         return Submitted(job_id, 202, first, False)
 
 
@@ -184,9 +202,13 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
         "attempt_count": int(record["attempt_count"]),
         "cost": {
             "ceiling": int(record["ceiling"]),
-            "reserved": int(record["reserved"]),
+            "reserved": int(record["reserved"]) + int(record.get("charged", 0)),
+            "uncertain": int(record.get("uncertain", 0)),
             "settled": int(record["settled"]),
         },
+        "cancel_requested": record.get("cancel_requested") == "1",
+        "obsolete": record.get("obsolete") == "1",
+        "external_effect": record.get("external_effect") or None,
         "deadline": iso(record["deadline"]),
         "created_at": iso(record["created_at"]),
         "updated_at": iso(record["updated_at"]),

@@ -75,6 +75,26 @@ class TenantKeys:
         """Sorted set: job id not yet known to be in the broker, scored by republish time (ms)."""
         return self._k("outbox")
 
+    @property
+    def retry(self) -> str:
+        """Sorted set: retry_wait job id scored by when it may run again (ms)."""
+        return self._k("retry")
+
+    @property
+    def reconcile(self) -> str:
+        """Sorted set: reconciling job id scored by when to ask the provider next (ms)."""
+        return self._k("reconcile")
+
+    @property
+    def review(self) -> str:
+        """Sorted set: needs_review job id scored by when the review expires (ms)."""
+        return self._k("review")
+
+    @property
+    def dead(self) -> str:
+        """Sorted set: dead-lettered (failed) job id scored by when it failed (ms)."""
+        return self._k("dead")
+
     def idempotency(self, key: str) -> str:
         """Hash: fingerprint, job_id, state (pending|done), status, body; expires."""
         return self._k(f"idem:{key}")
@@ -110,3 +130,18 @@ class JobKeys:
     def outputs(self) -> str:
         """Hash: output index -> JSON {sha256, bytes, content_type}."""
         return self._k(":outputs")
+
+
+@dataclass(frozen=True)
+class ProviderKeys:
+    name: str
+
+    @property
+    def budget(self) -> str:
+        """Hash: tokens left in the provider's shared retry budget."""
+        return f"{PREFIX}:{{p:{self.name}}}:budget"
+
+    @property
+    def status(self) -> str:
+        """Hash: ``auth_failed_at`` (ms) while the provider needs credential repair."""
+        return f"{PREFIX}:{{p:{self.name}}}:status"

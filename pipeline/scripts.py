@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import redis
 
-from .errors import IncompleteOutputs, ScriptError, StaleLease
+from .errors import IncompleteOutputs, NotAllowed, ScriptError, StaleLease
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 _NAME_RE = re.compile(r"^([a-z-]+)-(\d+)\.lua$")
@@ -34,6 +34,8 @@ class Code(IntEnum):
     STALE_LEASE = 9
     OUTPUTS_MISSING = 10
     NOT_DUE = 11
+    CANCELLED = 12
+    BUDGET_EXHAUSTED = 13
 
 
 def raise_for(code: Code, reply: Sequence[Any]) -> None:
@@ -42,6 +44,10 @@ def raise_for(code: Code, reply: Sequence[Any]) -> None:
         raise StaleLease("lease generation is no longer current")
     if code is Code.OUTPUTS_MISSING:
         raise IncompleteOutputs(f"{reply[1]} of {reply[2]} outputs stored")
+    if code is Code.NOT_CLAIMABLE:
+        raise NotAllowed(f"not allowed while the job is {reply[1] or 'absent'}")
+    if code is Code.NOT_FOUND:
+        raise NotAllowed("no such job")
     raise ScriptError(f"unexpected script reply {code.name}")
 
 

@@ -29,6 +29,24 @@ DEFAULT_DEADLINE_SECONDS = 3600
 DEFAULT_OUTBOX_GRACE_SECONDS = 10.0
 DEFAULT_SWEEP_INTERVAL_SECONDS = 1.0
 DEFAULT_POLL_INTERVAL_SECONDS = 0.05
+#: Retry backoff: sleep = uniform(0, min(cap, base * 2**(attempt - 1))), or Retry-After if larger.
+DEFAULT_RETRY_BASE_SECONDS = 1.0
+DEFAULT_RETRY_CAP_SECONDS = 60.0
+#: A retry is not scheduled when the job's deadline leaves less than this after the wait.
+DEFAULT_MIN_ATTEMPT_SECONDS = 1.0
+#: Shared retry budget per provider (token bucket): capacity, cost of a retry, refund per success.
+DEFAULT_RETRY_BUDGET_TOKENS = 100
+DEFAULT_RETRY_COST_TOKENS = 5
+DEFAULT_RETRY_REFUND_TOKENS = 1
+#: While a provider refuses our credentials, deferred jobs look again after this long.
+DEFAULT_AUTH_RECHECK_SECONDS = 30.0
+#: How often a reconciling job asks the provider again while the provider is still working.
+DEFAULT_RECONCILE_INTERVAL_SECONDS = 5.0
+#: A needs_review job nobody resolves is failed and settled as charged after this long.
+DEFAULT_REVIEW_EXPIRY_SECONDS = 7 * 24 * 3600
+#: An attempt whose outcome cannot be known may be retried automatically only when the
+#: possible duplicate cost (its uncertain units) is at most this; 0 sends it to review.
+DEFAULT_DUPLICATE_COST_ALLOWANCE = 0
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,16 @@ class Settings:
     outbox_grace_seconds: float = DEFAULT_OUTBOX_GRACE_SECONDS
     sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
     poll_interval_seconds: float = DEFAULT_POLL_INTERVAL_SECONDS
+    retry_base_seconds: float = DEFAULT_RETRY_BASE_SECONDS
+    retry_cap_seconds: float = DEFAULT_RETRY_CAP_SECONDS
+    min_attempt_seconds: float = DEFAULT_MIN_ATTEMPT_SECONDS
+    retry_budget_tokens: int = DEFAULT_RETRY_BUDGET_TOKENS
+    retry_cost_tokens: int = DEFAULT_RETRY_COST_TOKENS
+    retry_refund_tokens: int = DEFAULT_RETRY_REFUND_TOKENS
+    auth_recheck_seconds: float = DEFAULT_AUTH_RECHECK_SECONDS
+    reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
+    review_expiry_seconds: int = DEFAULT_REVIEW_EXPIRY_SECONDS
+    duplicate_cost_allowance: int = DEFAULT_DUPLICATE_COST_ALLOWANCE
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -67,6 +95,16 @@ class Settings:
             "outbox_grace_seconds": ("RECKON_OUTBOX_GRACE_SECONDS", float),
             "sweep_interval_seconds": ("RECKON_SWEEP_INTERVAL_SECONDS", float),
             "poll_interval_seconds": ("RECKON_POLL_INTERVAL_SECONDS", float),
+            "retry_base_seconds": ("RECKON_RETRY_BASE_SECONDS", float),
+            "retry_cap_seconds": ("RECKON_RETRY_CAP_SECONDS", float),
+            "min_attempt_seconds": ("RECKON_MIN_ATTEMPT_SECONDS", float),
+            "retry_budget_tokens": ("RECKON_RETRY_BUDGET_TOKENS", int),
+            "retry_cost_tokens": ("RECKON_RETRY_COST_TOKENS", int),
+            "retry_refund_tokens": ("RECKON_RETRY_REFUND_TOKENS", int),
+            "auth_recheck_seconds": ("RECKON_AUTH_RECHECK_SECONDS", float),
+            "reconcile_interval_seconds": ("RECKON_RECONCILE_INTERVAL_SECONDS", float),
+            "review_expiry_seconds": ("RECKON_REVIEW_EXPIRY_SECONDS", int),
+            "duplicate_cost_allowance": ("RECKON_DUPLICATE_COST_ALLOWANCE", int),
         }
         values = {name: parse(env[var]) for name, (var, parse) in fields.items() if var in env}
         if "RECKON_REDIS_URL" in env and "RECKON_BROKER_URL" not in env:

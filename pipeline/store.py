@@ -9,8 +9,8 @@ import orjson
 import redis
 
 from . import keys
-from .errors import UnknownTenant
-from .keys import JobKeys, TenantKeys
+from .errors import CancelRequested, InsufficientAllowance, UnknownTenant
+from .keys import JobKeys, ProviderKeys, TenantKeys
 from .scripts import Code, Scripts, raise_for
 
 
@@ -31,12 +31,21 @@ class Admission:
 
 @dataclass(frozen=True)
 class Claim:
-    """What a worker holds while it runs one attempt of a job."""
+    """What a worker holds while it runs one attempt of a job (or reconciles it)."""
 
     job_id: str
     generation: int
     attempt: int
     operation_id: str
+
+
+@dataclass(frozen=True)
+class Reconcile:
+    """A reconciler's claim plus what it needs to ask the provider."""
+
+    claim: Claim
+    submitted: bool
+    epoch: str
 
 
 class Store:
@@ -91,6 +100,14 @@ class Store:
         reply = self._fenced("heartbeat", [j.record, j.tenant.leases], [claim.generation, now_ms, lease_ms])
         return int(reply[1])
 
+    def mark_submit(self, claim: Claim, *, now_ms: int, epoch: str) -> None:
+        """Record that the provider request is about to go out; CancelRequested if cancelled."""
+        j = JobKeys(claim.job_id)
+        reply = self.scripts("mark-submit", [j.record, j.attempts], [claim.generation, now_ms, epoch])
+        if Code(reply[0]) is Code.CANCELLED:
+            raise CancelRequested(claim.job_id)
+        self._check(reply)
+
     def store_output(self, claim: Claim, index: int, record: dict[str, Any], *, now_ms: int) -> bool:
         j = JobKeys(claim.job_id)
         reply = self._fenced(
@@ -99,35 +116,140 @@ class Store:
         return bool(reply[1])
 
     def finish(
-        self, claim: Claim, outcome: str, *, cost: int, now_ms: int, error_class: str = "", reason: str = "",
+        self, claim: Claim, outcome: str, *, now_ms: int, charge: int = 0, error_class: str = "", reason: str = "",
     ) -> None:
+        """End the job (completed | failed | cancelled) and settle it."""
         j = JobKeys(claim.job_id)
         t = j.tenant
         self._fenced(
             "finish",
-            [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts],
-            [claim.generation, now_ms, outcome, cost, error_class, reason or outcome],
+            [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead],
+            [claim.generation, now_ms, outcome, charge, error_class, reason or error_class or outcome],
         )
 
-    def expire_lease(self, job_id: str, *, now_ms: int) -> str | None:
-        """Requeue (or fail) a job whose lease expired; the new state, or None if nothing changed."""
+    def retry(
+        self, claim: Claim, *, now_ms: int, due_ms: int, charge: int, error_class: str, free: bool = False,
+    ) -> None:
+        """Park the job in retry_wait until ``due_ms``; ``free`` gives the attempt back."""
+        j = JobKeys(claim.job_id)
+        t = j.tenant
+        self._fenced(
+            "retry",
+            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile],
+            [claim.generation, now_ms, due_ms, charge, error_class, int(free)],
+        )
+
+    def begin_reconcile(self, job_id: str, *, now_ms: int, due_ms: int, reason: str,
+                        claim: Claim | None = None) -> bool:
+        """running -> reconciling: fenced by ``claim``, or (claim None) only if the lease expired."""
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "expire-lease",
-            [j.record, t.ledger, t.leases, t.queued, t.outbox, j.attempts, j.events, t.counts],
-            [now_ms, job_id],
+            "reconcile-begin",
+            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs],
+            [claim.generation if claim else "", now_ms, due_ms, reason],
+        )
+        if claim is not None:
+            self._check(reply)
+        return Code(reply[0]) is Code.OK
+
+    def claim_reconcile(self, job_id: str, *, worker: str, now_ms: int, lease_ms: int) -> Reconcile | None:
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts("reconcile-claim", [j.record, t.leases, t.reconcile], [now_ms, worker, lease_ms])
+        if Code(reply[0]) is not Code.OK:
+            return None
+        attempt = int(self.redis.hget(j.record, "attempt_count") or 0)
+        return Reconcile(Claim(job_id, int(reply[1]), attempt, reply[2]), bool(reply[3]), reply[4])
+
+    def resolve_uncertain(self, claim: Claim, *, executed: bool) -> int:
+        j = JobKeys(claim.job_id)
+        return int(self._fenced("resolve-uncertain", [j.record, j.tenant.ledger], [claim.generation, int(executed)])[1])
+
+    def reconcile_later(self, claim: Claim, *, due_ms: int) -> None:
+        j = JobKeys(claim.job_id)
+        self._fenced("reconcile-later", [j.record, j.tenant.leases, j.tenant.reconcile], [claim.generation, due_ms])
+
+    def send_to_review(self, claim: Claim, *, now_ms: int, expires_ms: int, reason: str) -> None:
+        j = JobKeys(claim.job_id)
+        t = j.tenant
+        self._fenced("review", [j.record, t.leases, t.reconcile, t.review, j.events, t.counts],
+                     [claim.generation, now_ms, expires_ms, reason])
+
+    def resolve_review(self, job_id: str, decision: str, *, now_ms: int, reason: str) -> str:
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts(
+            "resolve-review",
+            [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs, j.attempts],
+            [now_ms, decision, reason],
+        )
+        return self._check(reply)[1]
+
+    def promote(self, job_id: str, *, now_ms: int) -> str | None:
+        """retry_wait -> queued (or failed past the deadline) when due; the new state or None."""
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts(
+            "promote", [j.record, t.ledger, t.retry, t.queued, t.outbox, j.events, t.counts, t.dead], [now_ms, job_id]
         )
         return reply[1] if Code(reply[0]) is Code.OK else None
 
-    def _fenced(self, verb: str, keys_: list[str], args: list[Any]) -> list[Any]:
-        reply = self.scripts(verb, keys_, args)
+    def defer(self, job_id: str, *, now_ms: int, due_ms: int, reason: str) -> bool:
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts("defer", [j.record, t.queued, t.retry, j.events, t.counts], [now_ms, due_ms, reason])
+        return Code(reply[0]) is Code.OK
+
+    def cancel(self, job_id: str, *, now_ms: int, reason: str = "cancelled") -> tuple[str, str]:
+        """Cancel or request cancellation; (state after, external_effect)."""
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts(
+            "cancel", [j.record, t.ledger, t.queued, t.retry, t.outbox, j.events, t.counts, j.attempts],
+            [now_ms, reason],
+        )
+        self._check(reply)
+        return reply[1], reply[2]
+
+    def supersede(self, job_id: str, *, now_ms: int) -> None:
+        """A newer job replaces this one: cancelled if not yet dispatched, else marked obsolete."""
+        if self.job(job_id):
+            self.cancel(job_id, now_ms=now_ms, reason="superseded")
+
+    def replay(self, job_id: str, *, now_ms: int) -> None:
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts(
+            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, j.outputs], [now_ms]
+        )
+        if Code(reply[0]) is Code.INSUFFICIENT_ALLOWANCE:
+            raise InsufficientAllowance(reply[1], reply[2])
+        self._check(reply)
+
+    def budget(self, provider: str, operation: str, tokens: float, capacity: float) -> bool:
+        reply = self.scripts("budget", [ProviderKeys(provider).budget], [operation, tokens, capacity])
+        return Code(reply[0]) is Code.OK
+
+    def mark_provider_auth_failed(self, provider: str, *, now_ms: int) -> None:
+        self.redis.hset(ProviderKeys(provider).status, "auth_failed_at", now_ms)
+
+    def provider_blocked(self, provider: str) -> bool:
+        return bool(self.redis.hexists(ProviderKeys(provider).status, "auth_failed_at"))
+
+    def clear_provider(self, provider: str) -> bool:
+        return bool(self.redis.delete(ProviderKeys(provider).status))
+
+    def _check(self, reply: list[Any]) -> list[Any]:
         code = Code(reply[0])
         if code is not Code.OK:
             if code is Code.STALE_LEASE:
                 self.redis.hincrby(keys.STATS, "stale_writes_rejected", 1)
             raise_for(code, reply)
         return reply
+
+    def _fenced(self, verb: str, keys_: list[str], args: list[Any]) -> list[Any]:
+        return self._check(self.scripts(verb, keys_, args))
 
     # -- reads --------------------------------------------------------------------
 
@@ -145,6 +267,10 @@ class Store:
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
         return [orjson.loads(item) for item in self.redis.lrange(JobKeys(job_id).events, 0, -1)]
+
+    def index(self, key: str, *, until_ms: float = float("inf"), limit: int = 500) -> list[str]:
+        """Job ids in a sorted-set index scored up to ``until_ms`` (due first)."""
+        return self.redis.zrangebyscore(key, "-inf", until_ms, start=0, num=limit)
 
     def ledger(self, tenant: str) -> dict[str, int]:
         raw = self.redis.hgetall(TenantKeys(tenant).ledger)

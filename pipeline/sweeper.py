@@ -1,4 +1,10 @@
-"""The sweeper: expires dead leases and publishes what the outbox says never reached the broker.
+"""The sweeper: turns due index entries into next steps. Every step is one Lua script.
+
+- expired leases -> reconciling (the worker stopped reporting; the provider may not have)
+- due reconciliations -> a reconcile message (once per interval)
+- due retries -> queued (unless the provider awaits credential repair), or failed past the deadline
+- expired reviews -> failed, settled as charged
+- due outbox entries -> published
 
 Run it: ``python -m pipeline.sweeper`` (the ``sweeper`` process in the Procfile).
 """
@@ -9,6 +15,7 @@ import logging
 import signal
 import threading
 import time
+from collections import Counter
 from typing import Callable
 
 from .keys import TenantKeys
@@ -22,21 +29,33 @@ BATCH = 500
 
 class Sweeper:
     def __init__(
-        self, store: Store, publish: Callable[[str, str], None], settings: Settings, *,
+        self, store: Store, publish: Callable[[str, str], None], settings: Settings, *, provider: str = "comfyui",
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store, self.publish, self.settings, self.clock = store, publish, settings, clock
+        self.store, self.publish, self.settings, self.provider, self.clock = store, publish, settings, provider, clock
 
-    def sweep_once(self) -> dict[str, int]:
-        """One pass over every tenant; returns how many jobs each step touched."""
-        done = {"leases_expired": 0, "republished": 0}
-        now_ms = int(self.clock() * 1000)
+    def sweep_once(self) -> Counter[str]:
+        """One pass over every tenant; returns how many jobs each step moved."""
+        done: Counter[str] = Counter()
+        now = int(self.clock() * 1000)
+        blocked = self.store.provider_blocked(self.provider)
         for tenant in self.store.tenants():
             t = TenantKeys(tenant)
-            for job_id in self.store.redis.zrangebyscore(t.leases, "-inf", now_ms, start=0, num=BATCH):
-                if self.store.expire_lease(job_id, now_ms=now_ms):
-                    done["leases_expired"] += 1
-            for job_id in self.store.redis.zrangebyscore(t.outbox, "-inf", now_ms, start=0, num=BATCH):
+            for job_id in self.store.index(t.leases, until_ms=now, limit=BATCH):
+                done["leases_expired"] += self.store.begin_reconcile(
+                    job_id, now_ms=now, due_ms=now, reason="lease_expired")
+            for job_id in self.store.index(t.reconcile, until_ms=now, limit=BATCH):
+                self.store.redis.zadd(t.reconcile, {job_id: now + int(self.settings.reconcile_interval_seconds * 1000)},
+                                      xx=True)
+                self.publish(job_id, "reconcile")
+                done["reconciles_sent"] += 1
+            if not blocked:
+                for job_id in self.store.index(t.retry, until_ms=now, limit=BATCH):
+                    done["retries_promoted"] += self.store.promote(job_id, now_ms=now) is not None
+            for job_id in self.store.index(t.review, until_ms=now, limit=BATCH):
+                self.store.resolve_review(job_id, "failed", now_ms=now, reason="review_expired")
+                done["reviews_expired"] += 1
+            for job_id in self.store.index(t.outbox, until_ms=now, limit=BATCH):
                 done["republished"] += self._republish(job_id)
         return done
 
@@ -45,14 +64,15 @@ class Sweeper:
         sent = record.get("state") == "queued"
         if sent:
             self.publish(job_id, record["priority"])
-            log.info("job %s: published from the outbox", job_id)
         self.store.confirm_published(job_id, record.get("idem_key", ""))
         return int(sent)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
-                self.sweep_once()
+                moved = self.sweep_once()
+                if moved:
+                    log.info("sweep: %s", dict(moved))
             except Exception:  # keep sweeping: one bad pass must not stop recovery
                 log.exception("sweep failed")
             stop.wait(self.settings.sweep_interval_seconds)

@@ -22,7 +22,8 @@ class OperationStatus:
     """What the provider says of one operation id.
 
     ``state``: ``pending`` (queued), ``running``, ``completed``, ``failed``, or
-    ``unknown`` (the provider has no record of it).
+    ``unknown`` (the provider has no record of it). A failed operation may still
+    list the outputs it produced before failing.
     """
 
     state: str
@@ -42,3 +43,11 @@ class Provider(Protocol):
 
     def fetch(self, ref: OutputRef) -> bytes:
         """The bytes of one produced output."""
+
+    def epoch(self) -> str:
+        """An id of the provider's current process life, '' if it shows none.
+
+        The same epoch before submission and at reconciliation, with no record of
+        the operation, proves the operation never executed; a new epoch proves
+        nothing (the provider may have run it and forgotten).
+        """

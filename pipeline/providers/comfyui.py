@@ -50,6 +50,12 @@ class ComfyUI:
         history = orjson.loads(self.transport.request("GET", f"/history/{quote(operation_id)}").body)
         return history.get(operation_id)
 
+    def epoch(self) -> str:
+        """ComfyUI shows no process id; a server that adds ``system.reckon_boot_id`` to
+        ``/system_stats`` (the simulated one does) lets reconciliation prove non-execution."""
+        stats = orjson.loads(self.transport.request("GET", "/system_stats").body)
+        return str((stats.get("system") or {}).get("reckon_boot_id", ""))
+
     def fetch(self, ref: OutputRef) -> bytes:
         query = urlencode({"filename": ref.filename, "subfolder": ref.subfolder, "type": ref.folder_type})
         return self.transport.request("GET", f"/view?{query}").body
@@ -57,9 +63,8 @@ class ComfyUI:
 
 def _from_history(entry: dict[str, Any]) -> OperationStatus:
     status = entry.get("status") or {}
-    if status.get("status_str") == "error":
-        return OperationStatus("failed", error="provider_execution_error")
-    if not status.get("completed", True):
+    failed = status.get("status_str") == "error"
+    if not failed and not status.get("completed", True):
         return OperationStatus("running")
     images = [image for node in (entry.get("outputs") or {}).values() for image in node.get("images", [])]
     prompt = entry.get("prompt") or []
@@ -69,4 +74,6 @@ def _from_history(entry: dict[str, Any]) -> OperationStatus:
         OutputRef(index, image["filename"], image.get("subfolder", ""), image.get("type", "output"))
         for index, image in zip(indices, images)
     ]
+    if failed:
+        return OperationStatus("failed", refs, error="provider_execution_error")
     return OperationStatus("completed", refs)

@@ -4,6 +4,22 @@ Like ComfyUI it keeps its queue and history in memory and executes one prompt
 at a time; unlike ComfyUI it records every execution it charges for, so tests
 can prove that nothing was paid for twice (``GET /sim/charges``).
 
+Faults are injected per run, for the next N prompts, with ``POST /sim/faults``
+(``{"faults": [{"kind": "rate_limit", "times": 2, "retry_after": 3}]}``) or the
+``SIM_FAULTS`` variable (the same JSON list). Kinds:
+
+- ``latency`` (``seconds``): every response is delayed, for ``times`` requests
+- ``error_before``: 500, nothing queued
+- ``error_after``: the prompt is queued (runs, is charged), then 500
+- ``rate_limit`` (``retry_after`` seconds): 429 with Retry-After, nothing queued
+- ``policy``: 403, refused on policy, nothing queued
+- ``auth``: 401, credentials refused, nothing queued
+- ``drop``: the prompt is queued (runs, is charged), the connection closes unanswered
+- ``partial`` (``produce``): the prompt produces only its first ``produce`` outputs, then fails
+
+``POST /sim/restart`` loses queue and history, like a ComfyUI restart; the charge
+ledger, the ground truth of what was paid, survives.
+
 Run it: ``python -m pipeline.providers.sim --port 8188 --delay 0.5``.
 """
 
@@ -11,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+import uuid
 import struct
 import threading
 import time
@@ -51,6 +69,8 @@ class SimComfy:
         self.files: dict[str, bytes] = {}
         self.charges: list[dict[str, Any]] = []
         self.number = 0
+        self.boot_id = uuid.uuid4().hex
+        self.faults: list[dict[str, Any]] = []
         self.stopped = False
         self.thread = threading.Thread(target=self._work, name="sim-executor", daemon=True)
         self.thread.start()
@@ -66,6 +86,23 @@ class SimComfy:
             self.pending.append([self.number, prompt_id, prompt, extra, []])
             self.cond.notify_all()
             return {"prompt_id": prompt_id, "number": self.number, "node_errors": {}}
+
+    def take_fault(self, *kinds: str) -> dict[str, Any] | None:
+        """The first active fault of one of ``kinds``, counting one use of it."""
+        with self.cond:
+            for fault in self.faults:
+                if fault["kind"] in kinds and fault.get("times", 1) > 0:
+                    fault["times"] = fault.get("times", 1) - 1
+                    return dict(fault)
+        return None
+
+    def restart(self) -> None:
+        """Lose queue and history (a new process life); keep the charge ledger."""
+        with self.cond:
+            self.pending.clear()
+            self.history.clear()
+            self.running = None
+            self.boot_id = uuid.uuid4().hex
 
     def queue(self) -> dict[str, Any]:
         with self.cond:
@@ -87,12 +124,16 @@ class SimComfy:
                 self.running = self.pending.pop(0)
             time.sleep(self.delay)
             with self.cond:
-                self._execute(self.running)
+                if self.running is not None:  # None: a restart lost it mid-execution
+                    self._execute(self.running)
                 self.running = None
 
     def _execute(self, item: list[Any]) -> None:
         number, prompt_id, _prompt, extra, _ = item
         indices = extra.get("reckon_outputs") or [0]
+        produce = extra.get("_sim_produce")
+        failed = produce is not None and produce < len(indices)
+        indices = indices[:produce] if failed else indices
         images = []
         for index in indices:
             filename = f"reckon_{prompt_id}_{index}_{number}.png"
@@ -101,7 +142,7 @@ class SimComfy:
         self.history[prompt_id] = {
             "prompt": item,
             "outputs": {"9": {"images": images}},
-            "status": {"status_str": "success", "completed": True, "messages": []},
+            "status": {"status_str": "error" if failed else "success", "completed": not failed, "messages": []},
         }
         self.charges.append(
             {"prompt_id": prompt_id, "outputs": len(indices), "units": len(indices) * self.price_per_output}
@@ -123,8 +164,20 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _delay(self) -> None:
+        fault = self.server.sim.take_fault("latency")
+        if fault:
+            time.sleep(float(fault.get("seconds", 1.0)))
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._delay()
         sim, url = self.server.sim, urlsplit(self.path)
+        if url.path == "/system_stats":
+            return self._send(200, {"system": {"os": "posix", "comfyui_version": "sim", "reckon_boot_id": sim.boot_id},
+                                    "devices": []})
+        if url.path == "/sim/faults":
+            with sim.cond:
+                return self._send(200, {"faults": sim.faults})
         if url.path == "/queue":
             return self._send(200, sim.queue())
         if url.path.startswith("/history/"):
@@ -145,13 +198,56 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length)
-        if urlsplit(self.path).path != "/prompt":
+        sim, path = self.server.sim, urlsplit(self.path).path
+        if path == "/sim/faults":
+            with sim.cond:
+                sim.faults = list(orjson.loads(body).get("faults", []))
+            return self._send(200, {"faults": sim.faults})
+        if path == "/sim/restart":
+            sim.restart()
+            return self._send(200, {"boot_id": sim.boot_id})
+        if path != "/prompt":
             return self._send(404, {"error": "not_found"})
+        self._delay()
         try:
-            return self._send(200, self.server.sim.enqueue(orjson.loads(body)))
-        except (ValueError, orjson.JSONDecodeError) as exc:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            payload = None
+        self._prompt(sim, payload)
+
+    def _prompt(self, sim: SimComfy, payload: Any) -> None:
+        refusal = sim.take_fault("error_before", "rate_limit", "policy", "auth")
+        if refusal:
+            return self._refuse(refusal)
+        accepted = sim.take_fault("error_after", "drop", "partial")
+        if accepted and accepted["kind"] == "partial" and isinstance(payload, dict):
+            payload.setdefault("extra_data", {})["_sim_produce"] = int(accepted.get("produce", 0))
+        try:
+            answer = sim.enqueue(payload if isinstance(payload, dict) else {})
+        except ValueError as exc:
             error = {"type": str(exc), "message": "Prompt has no outputs", "details": "", "extra_info": {}}
             return self._send(400, {"error": error, "node_errors": {}})
+        if accepted and accepted["kind"] == "drop":
+            self.close_connection = True
+            self.connection.shutdown(2)  # the prompt runs and is charged; the client never hears
+            return None
+        if accepted and accepted["kind"] == "error_after":
+            return self._send(500, {"error": "internal_error"})
+        return self._send(200, answer)
+
+    def _refuse(self, fault: dict[str, Any]) -> None:
+        kind = fault["kind"]
+        if kind == "rate_limit":
+            data = orjson.dumps({"error": "rate_limited"})
+            self.send_response(429)
+            self.send_header("Retry-After", str(fault.get("retry_after", 1)))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return None
+        status = {"error_before": 500, "policy": 403, "auth": 401}[kind]
+        return self._send(status, {"error": {"type": kind}})
 
 
 class SimServer(ThreadingHTTPServer):
@@ -160,6 +256,9 @@ class SimServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], sim: SimComfy) -> None:
         super().__init__(address, Handler)
         self.sim = sim
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a dropped connection (the `drop` fault) is not news
 
     @property
     def url(self) -> str:
@@ -187,6 +286,7 @@ def main() -> None:
     parser.add_argument("--price", type=int, default=DEFAULT_PRICE_PER_OUTPUT, help="cost units per output")
     args = parser.parse_args()
     server = SimServer((args.host, args.port), SimComfy(delay=args.delay, price_per_output=args.price))
+    server.sim.faults = orjson.loads(os.environ.get("SIM_FAULTS", "[]"))
     print(f"simulated ComfyUI on {server.url}", flush=True)
     try:
         server.serve_forever()

@@ -19,8 +19,9 @@ NOW = 1_700_000_000_000
 def admit(store: Store, key: str = "k1", job_id: str = "acme.00000000000000000001", ceiling: int = 30,
           fingerprint: str = "fp", outputs: int = 1):
     record = {"id": job_id, "tenant": "acme", "state": "queued", "kind": "image", "priority": "batch",
-              "workflow": "{}", "outputs_requested": str(outputs), "ceiling": str(ceiling),
-              "reserved": str(ceiling), "settled": "0", "attempt_count": "0", "lease_gen": "0",
+              "workflow": "{}", "outputs_requested": str(outputs), "ceiling": str(ceiling), "price": "10",
+              "reserved": str(ceiling), "charged": "0", "uncertain": "0", "settled": "0", "attempt_count": "0",
+              "lease_gen": "0", "per_attempt": str(10 * outputs), "deadline_s": "60",
               "attempts_allowed": "3", "deadline": str(NOW + 60_000), "created_at": str(NOW),
               "updated_at": str(NOW), "idem_key": key}
     return store.admit("acme", key, job_id, fingerprint=fingerprint, ceiling=ceiling, fields=record,
@@ -89,21 +90,23 @@ def test_claim_fences_and_only_once(acme: Store) -> None:
 def test_stale_generation_cannot_write(acme: Store) -> None:
     admit(acme)
     old = claim(acme)
-    assert acme.expire_lease(old.job_id, now_ms=NOW + 999) is None  # not yet due
-    assert acme.expire_lease(old.job_id, now_ms=NOW + 1000) == "queued"
-    new = claim(acme, now=NOW + 1001, op="op-2")
-    assert new.generation == 2 and new.attempt == 2
+    assert acme.begin_reconcile(old.job_id, now_ms=NOW + 999, due_ms=NOW, reason="lease_expired") is False
+    assert acme.begin_reconcile(old.job_id, now_ms=NOW + 1000, due_ms=NOW, reason="lease_expired") is True
+    rec = acme.claim_reconcile(old.job_id, worker="r1", now_ms=NOW + 1001, lease_ms=1000)
+    new = rec.claim
+    assert (new.generation, new.attempt, new.operation_id, rec.submitted) == (2, 1, "op-1", False)
+    assert acme.claim_reconcile(old.job_id, worker="r2", now_ms=NOW + 1002, lease_ms=1000) is None
     for write in (
         lambda: acme.heartbeat(old, now_ms=NOW + 1002, lease_ms=1000),
         lambda: acme.store_output(old, 0, {"sha256": "a" * 64}, now_ms=NOW + 1002),
-        lambda: acme.finish(old, "completed", cost=10, now_ms=NOW + 1002),
+        lambda: acme.finish(old, "completed", charge=10, now_ms=NOW + 1002),
     ):
         with pytest.raises(StaleLease):
             write()
     assert acme.redis.hget("reckon:stats", "stale_writes_rejected") == "3"
     assert acme.outputs(new.job_id) == {}
-    assert acme.job(new.job_id)["state"] == "running"
-    assert [a["state"] for a in acme.attempts(new.job_id)] == ["lease_expired", "running"]
+    assert acme.job(new.job_id)["state"] == "reconciling"
+    assert [a["state"] for a in acme.attempts(new.job_id)] == ["unknown"]
 
 
 def test_finish_needs_all_outputs_and_settles_once(acme: Store) -> None:
@@ -111,12 +114,12 @@ def test_finish_needs_all_outputs_and_settles_once(acme: Store) -> None:
     held = claim(acme)
     acme.store_output(held, 0, {"sha256": "a" * 64}, now_ms=NOW)
     with pytest.raises(IncompleteOutputs):
-        acme.finish(held, "completed", cost=20, now_ms=NOW)
+        acme.finish(held, "completed", charge=20, now_ms=NOW)
     assert acme.store_output(held, 1, {"sha256": "b" * 64}, now_ms=NOW) is True
     assert acme.store_output(held, 1, {"sha256": "c" * 64}, now_ms=NOW) is False  # first record kept
-    acme.finish(held, "completed", cost=20, now_ms=NOW + 5)
+    acme.finish(held, "completed", charge=20, now_ms=NOW + 5)
     with pytest.raises(StaleLease):  # the job is no longer running: a second finish changes nothing
-        acme.finish(held, "completed", cost=20, now_ms=NOW + 6)
+        acme.finish(held, "completed", charge=20, now_ms=NOW + 6)
     assert acme.ledger("acme") == {"allowance": 100, "reserved": 0, "uncertain": 0, "settled": 20, "available": 80}
     job = acme.job(held.job_id)
     assert (job["state"], job["reserved"], job["settled"]) == ("completed", "0", "20")
@@ -126,11 +129,18 @@ def test_finish_needs_all_outputs_and_settles_once(acme: Store) -> None:
     assert orjson.loads(acme.redis.hget(JobKeys(held.job_id).outputs, "1"))["sha256"] == "b" * 64
 
 
-def test_lease_expiry_without_attempts_left_fails_and_releases(acme: Store) -> None:
-    admit(acme)
-    acme.redis.hset(JobKeys("acme.00000000000000000001").record, "attempts_allowed", 1)
+def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Store) -> None:
+    admit(acme, outputs=2, ceiling=60)
     held = claim(acme)
-    assert acme.expire_lease(held.job_id, now_ms=NOW + 2000) == "failed"
+    acme.mark_submit(held, now_ms=NOW, epoch="boot-1")
+    acme.store_output(held, 0, {"sha256": "a" * 64}, now_ms=NOW)
+    assert acme.begin_reconcile(held.job_id, now_ms=NOW + 2000, due_ms=NOW + 2000, reason="lease_expired")
     job = acme.job(held.job_id)
-    assert (job["state"], job["error_class"]) == ("failed", "attempts_exhausted")
-    assert acme.ledger("acme")["reserved"] == 0 and acme.ledger("acme")["settled"] == 0
+    assert (job["state"], job["reserved"], job["uncertain"]) == ("reconciling", "50", "10")  # one output missing
+    assert acme.ledger("acme") == {"allowance": 100, "reserved": 50, "uncertain": 10, "settled": 0, "available": 40}
+    rec = acme.claim_reconcile(held.job_id, worker="r", now_ms=NOW + 2001, lease_ms=1000)
+    assert (rec.submitted, rec.epoch) == (True, "boot-1")
+    assert acme.resolve_uncertain(rec.claim, executed=True) == 10
+    acme.store_output(rec.claim, 1, {"sha256": "b" * 64}, now_ms=NOW + 2002)
+    acme.finish(rec.claim, "completed", charge=10, now_ms=NOW + 2003)  # output 0, charged by the first attempt
+    assert acme.ledger("acme") == {"allowance": 100, "reserved": 0, "uncertain": 0, "settled": 20, "available": 80}

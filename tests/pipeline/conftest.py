@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ from pipeline.jobs import Admitter
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
 from pipeline.providers.sim import SimServer
+from pipeline.routing import Router
 from pipeline.settings import Settings
 from pipeline.store import Store
 
@@ -41,7 +43,14 @@ def admit(store: Store, settings: Settings, broker, tenant) -> Callable[..., str
 def make_executor(store: Store, settings: Settings) -> Callable[..., Executor]:
     def make(sim: SimServer, **options: Any) -> Executor:
         provider = ComfyUI(HttpTransport(sim.url, timeout=5), price_per_output=sim.sim.price_per_output)
-        options = {"lease_seconds": settings.lease_seconds, "poll_interval": 0.01, **options}
-        return Executor(store, provider, BlobStore(settings.blob_dir), **options)
+        return Executor(store, provider, BlobStore(settings.blob_dir), dataclasses.replace(settings, **options))
+
+    return make
+
+
+@pytest.fixture
+def make_router(store: Store, settings: Settings) -> Callable[..., Router]:
+    def make(**options: Any) -> Router:
+        return Router(store, dataclasses.replace(settings, **options), "comfyui", rng=lambda: 1.0)
 
     return make

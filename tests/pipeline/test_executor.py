@@ -12,7 +12,7 @@ import pytest
 from pipeline import actors
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
-from pipeline.errors import StaleLease
+from pipeline.errors import AttemptFailed, StaleLease
 from pipeline.providers import sim as simulated
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
@@ -73,11 +73,11 @@ def test_five_deliveries_of_one_message_run_the_job_once(store, admit, make_exec
     assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "completed"]
 
 
-def test_a_stale_worker_cannot_overwrite_the_newer_claim(store, settings, admit, make_executor) -> None:
+def test_a_stale_worker_cannot_overwrite_the_reconciler(store, settings, admit, make_executor) -> None:
     slow = simulated.start(delay=1.0)
     try:
         job_id = admit()
-        stale, fresh = make_executor(slow), make_executor(slow)
+        stale, fresh = make_executor(slow), make_executor(slow, reconcile_interval_seconds=0.05)
         failure: list[BaseException] = []
 
         def run_stale() -> None:
@@ -89,34 +89,40 @@ def test_a_stale_worker_cannot_overwrite_the_newer_claim(store, settings, admit,
         thread = threading.Thread(target=run_stale)
         thread.start()
         wait_until(lambda: slow.sim.queue()["queue_running"] or slow.sim.queue()["queue_pending"])
-        # The stale worker stops reporting: its lease runs out and the sweeper requeues the job.
+        # The stale worker stops reporting: its lease runs out and the sweeper starts reconciliation.
         sweeper = Sweeper(store, Publisher(actors.broker), settings, clock=lambda: time.time() + 60)
         assert sweeper.sweep_once()["leases_expired"] == 1
-        assert fresh.run(job_id, worker="fresh") is True
+        assert store.job(job_id)["state"] == "reconciling"
+        wait_until(lambda: fresh.reconcile(job_id, worker="fresh") and store.job(job_id)["state"] != "reconciling",
+                   timeout=20)
         thread.join(timeout=20)
     finally:
         slow.close()
     assert len(failure) == 1
     job = store.job(job_id)
-    assert (job["state"], job["lease_gen"], job["lease_owner"]) == ("completed", "2", "fresh")
+    assert (job["state"], job["lease_owner"]) == ("completed", "")
+    assert int(job["lease_gen"]) >= 2
     attempts = store.attempts(job_id)
-    assert [(a["worker"], a["state"]) for a in attempts] == [("stale", "lease_expired"), ("fresh", "completed")]
-    fresh_op = attempts[1]["operation_id"]
-    # Both operations executed (no reconciliation yet), but only the fresh one's outputs were recorded.
-    assert store.outputs(job_id)[0]["sha256"] == hashlib.sha256(
-        slow.sim.files[f"reckon_{fresh_op}_0_2.png"]).hexdigest()
+    assert [(a["worker"], a["state"]) for a in attempts] == [("stale", "completed")]  # closed by the reconciler
+    assert len(slow.sim.charges) == 1  # reconciliation asked; nothing was submitted again
     assert int(store.redis.hget("reckon:stats", "stale_writes_rejected")) >= 1
-    assert store.ledger("acme")["settled"] == 10 and store.ledger("acme")["reserved"] == 0
+    assert store.ledger("acme") == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 10,
+                                    "available": 9_990}
 
 
-def test_an_unreachable_provider_fails_the_job_with_its_class(store, admit, make_executor) -> None:
+def test_an_unreachable_provider_is_retried_later(store, admit, make_executor, make_router) -> None:
     closed = simulated.start()
     closed.close()  # nothing listens on this port any more
     job_id = admit()
-    make_executor(closed).run(job_id)
+    with pytest.raises(AttemptFailed) as failed:
+        make_executor(closed).run(job_id)
+    before = time.time() * 1000
+    assert make_router(retry_base_seconds=2.0).route(failed.value) == "retry"
     job = store.job(job_id)
-    assert (job["state"], job["error_class"], job["error_reason"]) == ("failed", "transient", "connect_failed")
-    assert store.ledger("acme")["reserved"] == 0 and store.ledger("acme")["settled"] == 0
+    assert (job["state"], job["error_class"]) == ("retry_wait", "transient")
+    assert before + 2000 - 50 <= int(job["retry_at"]) <= before + 2000 + 1000  # rng 1.0: the full 2 s
+    assert store.ledger("acme")["reserved"] == 30 and store.ledger("acme")["settled"] == 0
+    assert [a["state"] for a in store.attempts(job_id)] == ["failed"]
 
 
 def test_sweeper_publishes_what_admission_never_sent(store, settings, broker, tenant) -> None:
@@ -137,7 +143,7 @@ def test_sweeper_publishes_what_admission_never_sent(store, settings, broker, te
     queue_key = "dramatiq:reckon-interactive"
     assert broker.client.llen(queue_key) == 0
     sweeper = Sweeper(store, Publisher(broker), settings, clock=lambda: time.time() + settings.outbox_grace_seconds)
-    assert sweeper.sweep_once() == {"leases_expired": 0, "republished": 1}
+    assert sweeper.sweep_once() == {"republished": 1}
     assert broker.client.llen(queue_key) == 1
     assert sweeper.sweep_once()["republished"] == 0
     replay = admitter.submit("acme", "k", body)

@@ -1,0 +1,50 @@
+-- finish: ends a running or reconciling job as completed, failed or cancelled,
+-- and settles its cost, once.
+--
+-- Guarantees: only the current lease generation finishes the job; a job
+-- completes only with every requested output recorded; in the same step the
+-- attempt's known charge is booked, the job is settled and the rest of its
+-- reservation released. A failed job gets a dead-letter entry; a cancelled one
+-- records whether a provider execution happened (external_effect).
+--
+-- KEYS[1] job record (hash)          KEYS[6] job's outputs (hash)
+-- KEYS[2] tenant ledger (hash)       KEYS[7] tenant's per-state counts (hash)
+-- KEYS[3] tenant's leases (zset)     KEYS[8] tenant's reconcile index (zset)
+-- KEYS[4] job's attempts (hash)      KEYS[9] tenant's dead letters (zset)
+-- KEYS[5] job's event list
+--
+-- ARGV[1] lease generation held by the caller
+-- ARGV[2] now (ms)
+-- ARGV[3] outcome: completed | failed | cancelled
+-- ARGV[4] cost units this attempt is known to have been charged
+-- ARGV[5] error class ('' when completed)
+-- ARGV[6] safe reason (an identifier, never provider text)
+--
+-- Returns {0 OK} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
+
+local job, now, outcome = KEYS[1], ARGV[2], ARGV[3]
+if not holds_lease(job, ARGV[1]) then return {9} end
+if outcome == 'completed' then
+  local stored = redis.call('HLEN', KEYS[6])
+  local requested = tonumber(redis.call('HGET', job, 'outputs_requested'))
+  if stored < requested then return {10, stored, requested} end
+end
+
+local job_id = redis.call('HGET', job, 'id')
+local from = redis.call('HGET', job, 'state')
+shift(job, KEYS[2], 'reserved', 'charged', ARGV[4])
+if outcome == 'cancelled' then
+  local f = redis.call('HMGET', job, 'charged', 'uncertain', 'settled', 'submitted')
+  local effect = 'none'
+  if tonumber(f[1] or '0') + tonumber(f[3] or '0') > 0 then effect = 'occurred'
+  elseif tonumber(f[2] or '0') > 0 or f[4] == '1' then effect = 'possible' end
+  redis.call('HSET', job, 'external_effect', effect)
+end
+settle(job, KEYS[2], now)
+end_attempt(job, KEYS[4], now, outcome, ARGV[5])
+redis.call('ZREM', KEYS[3], job_id)
+redis.call('ZREM', KEYS[8], job_id)
+redis.call('HSET', job, 'error_class', ARGV[5], 'error_reason', ARGV[6], 'lease_owner', '')
+if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end
+move(job, KEYS[7], KEYS[5], now, from, outcome, ARGV[6])
+return {0}

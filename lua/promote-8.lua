@@ -1,0 +1,35 @@
+-- promote: a retry_wait job whose time has come is queued again (sweeper).
+--
+-- Guarantees: acts only when due; a job whose deadline has passed fails with
+-- `deadline_exceeded` instead, settled and dead-lettered; a promoted job enters
+-- the outbox, so it is published even if the sweeper dies right after.
+--
+-- KEYS[1] job record (hash)          KEYS[5] tenant's outbox (zset)
+-- KEYS[2] tenant ledger (hash)       KEYS[6] job's event list
+-- KEYS[3] tenant's retry index       KEYS[7] tenant's per-state counts (hash)
+-- KEYS[4] tenant's queued (zset)     KEYS[8] tenant's dead letters (zset)
+--
+-- ARGV[1] now (ms)
+-- ARGV[2] job id
+--
+-- Returns {0 OK, new state} | {11 NOT_DUE} | {7 NOT_FOUND} (also cleans the index)
+
+local job, now, job_id = KEYS[1], ARGV[1], ARGV[2]
+local f = redis.call('HMGET', job, 'state', 'retry_at', 'deadline')
+if f[1] ~= 'retry_wait' then
+  redis.call('ZREM', KEYS[3], job_id)
+  return {7}
+end
+if tonumber(f[2]) > tonumber(now) then return {11} end
+redis.call('ZREM', KEYS[3], job_id)
+if tonumber(f[3]) <= tonumber(now) then
+  settle(job, KEYS[2], now)
+  redis.call('HSET', job, 'error_class', 'deadline_exceeded', 'error_reason', 'deadline_exceeded')
+  redis.call('ZADD', KEYS[8], now, job_id)
+  move(job, KEYS[7], KEYS[6], now, 'retry_wait', 'failed', 'deadline_exceeded')
+  return {0, 'failed'}
+end
+redis.call('ZADD', KEYS[4], now, job_id)
+redis.call('ZADD', KEYS[5], now, job_id)
+move(job, KEYS[7], KEYS[6], now, 'retry_wait', 'queued', 'retry_due')
+return {0, 'queued'}

@@ -1,0 +1,33 @@
+-- replay: an operator runs a dead-lettered (failed) job again, as the same logical job.
+--
+-- Guarantees: the job's full ceiling is reserved again against the tenant's
+-- allowance in the same step, or nothing changes; the same idempotency record
+-- keeps pointing at it; its attempts so far stay on record.
+--
+-- KEYS[1] job record (hash)          KEYS[5] tenant's outbox (zset)
+-- KEYS[2] tenant ledger (hash)       KEYS[6] job's event list
+-- KEYS[3] tenant's dead letters      KEYS[7] tenant's per-state counts (hash)
+-- KEYS[4] tenant's queued (zset)     KEYS[8] job's outputs (hash)
+--
+-- ARGV[1] now (ms)
+--
+-- Returns {0 OK} | {8 NOT_CLAIMABLE, state} | {5 INSUFFICIENT_ALLOWANCE, available, ceiling}
+
+local job, now = KEYS[1], ARGV[1]
+local f = redis.call('HMGET', job, 'state', 'id', 'ceiling', 'per_attempt', 'attempt_count', 'deadline_s')
+if f[1] ~= 'failed' then return {8, f[1] or ''} end
+local ledger = redis.call('HMGET', KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
+local available = tonumber(ledger[1]) - tonumber(ledger[2] or '0') - tonumber(ledger[3] or '0')
+  - tonumber(ledger[4] or '0')
+local ceiling = tonumber(f[3])
+if ceiling > available then return {5, available, ceiling} end
+redis.call('HINCRBY', KEYS[2], 'reserved', ceiling)
+redis.call('HSET', job, 'reserved', ceiling, 'error_class', '', 'error_reason', '',
+  'attempts_allowed', tonumber(f[5]) + math.floor(ceiling / tonumber(f[4])),
+  'deadline', tonumber(now) + 1000 * tonumber(f[6]), 'cancel_requested', 0)
+redis.call('HDEL', job, 'settled_at')
+redis.call('ZREM', KEYS[3], f[2])
+redis.call('ZADD', KEYS[4], now, f[2])
+redis.call('ZADD', KEYS[5], now, f[2])
+move(job, KEYS[7], KEYS[6], now, 'failed', 'queued', 'replayed')
+return {0}

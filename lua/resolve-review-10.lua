@@ -1,0 +1,46 @@
+-- resolve-review: an operator (or the review expiry) decides a `needs_review` job.
+--
+-- Decisions: `retry` (the operator confirmed it never executed: uncertain goes
+-- back to the reservation, the job is queued with one more attempt allowed);
+-- `failed` (uncertain is settled as charged, dead-letter entry); `completed`
+-- (only when every output is already stored; uncertain is settled as charged).
+--
+-- KEYS[1] job record (hash)          KEYS[6] tenant's dead letters (zset)
+-- KEYS[2] tenant ledger (hash)       KEYS[7] job's event list
+-- KEYS[3] tenant's review index      KEYS[8] tenant's per-state counts (hash)
+-- KEYS[4] tenant's queued (zset)     KEYS[9] job's outputs (hash)
+-- KEYS[5] tenant's outbox (zset)     KEYS[10] job's attempts (hash)
+--
+-- ARGV[1] now (ms)
+-- ARGV[2] decision: retry | failed | completed
+-- ARGV[3] reason
+--
+-- Returns {0 OK, new state} | {8 NOT_CLAIMABLE, state} | {10 OUTPUTS_MISSING, stored, requested}
+
+local job, now, decision = KEYS[1], ARGV[1], ARGV[2]
+local f = redis.call('HMGET', job, 'state', 'id', 'outputs_requested')
+if f[1] ~= 'needs_review' then return {8, f[1] or ''} end
+local job_id = f[2]
+if decision == 'completed' then
+  local stored = redis.call('HLEN', KEYS[9])
+  if stored < tonumber(f[3]) then return {10, stored, tonumber(f[3])} end
+end
+redis.call('ZREM', KEYS[3], job_id)
+if decision == 'retry' then
+  shift(job, KEYS[2], 'uncertain', 'reserved', redis.call('HGET', job, 'uncertain') or '0')
+  redis.call('HINCRBY', job, 'attempts_allowed', 1)
+  redis.call('HSET', job, 'error_class', '', 'error_reason', '')
+  redis.call('ZADD', KEYS[4], now, job_id)
+  redis.call('ZADD', KEYS[5], now, job_id)
+  move(job, KEYS[8], KEYS[7], now, 'needs_review', 'queued', ARGV[3])
+  return {0, 'queued'}
+end
+settle(job, KEYS[2], now)
+if decision == 'failed' then
+  redis.call('ZADD', KEYS[6], now, job_id)
+  redis.call('HSET', job, 'error_class', 'needs_review', 'error_reason', ARGV[3])
+else
+  redis.call('HSET', job, 'error_class', '', 'error_reason', '')
+end
+move(job, KEYS[8], KEYS[7], now, 'needs_review', decision, ARGV[3])
+return {0, decision}

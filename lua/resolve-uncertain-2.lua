@@ -1,0 +1,16 @@
+-- resolve-uncertain: reconciliation learned whether the unknown attempt executed (fenced).
+--
+-- Guarantees: the job's uncertain units become charged (it executed) or go back
+-- to its reservation (it never did), on the job and the tenant ledger at once.
+--
+-- KEYS[1] job record (hash)
+-- KEYS[2] tenant ledger (hash)
+--
+-- ARGV[1] lease generation held by the caller
+-- ARGV[2] 1 if the attempt executed, 0 if it never did
+--
+-- Returns {0 OK, units moved} | {9 STALE_LEASE}
+
+if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
+local to = (ARGV[2] == '1') and 'charged' or 'reserved'
+return {0, shift(KEYS[1], KEYS[2], 'uncertain', to, redis.call('HGET', KEYS[1], 'uncertain') or '0')}

@@ -1,0 +1,134 @@
+"""Failures by evidence: one router decides retry, reconcile or dead-letter, and one
+Dramatiq middleware (replacing Dramatiq's ``Retries``) applies it to every message.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any, Callable
+
+import dramatiq
+from dramatiq.middleware import Middleware
+
+from .errors import (
+    AttemptFailed, InvalidInput, PolicyRejected, ProviderAuthFailed, StaleLease, UnknownOutcome,
+)
+from .settings import Settings
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+#: Failures no retry can fix: the request or the policy must change.
+TERMINAL = (InvalidInput, PolicyRejected)
+
+
+def backoff(attempt: int, *, base: float, cap: float, retry_after: float | None,
+            rng: Callable[[], float] = random.random) -> float:
+    """Capped exponential backoff with full jitter; a larger Retry-After wins."""
+    delay = rng() * min(cap, base * 2 ** max(0, attempt - 1))
+    return max(delay, retry_after or 0.0)
+
+
+class Router:
+    """Applies the next step for a failed attempt. Returns the action taken:
+    ``retry``, ``reconcile``, ``dead_letter`` or ``cancelled``."""
+
+    def __init__(self, store: Store, settings: Settings, provider: str, *,
+                 clock: Callable[[], float] = time.time, rng: Callable[[], float] = random.random) -> None:
+        self.store, self.settings, self.provider = store, settings, provider
+        self.clock, self.rng = clock, rng
+
+    def route(self, failure: AttemptFailed, *, base: float | None = None, cap: float | None = None) -> str:
+        claim, cause = failure.claim, failure.cause
+        now = int(self.clock() * 1000)
+        job = self.store.job(claim.job_id) or {}
+        if isinstance(cause, UnknownOutcome):
+            self.store.begin_reconcile(claim.job_id, now_ms=now, due_ms=now, reason=cause.error_class, claim=claim)
+            return "reconcile"
+        if job.get("cancel_requested") == "1":
+            self.store.finish(claim, "cancelled", now_ms=now, charge=failure.charged, reason="cancelled")
+            return "cancelled"
+        if isinstance(cause, ProviderAuthFailed):
+            self.store.mark_provider_auth_failed(self.provider, now_ms=now)
+            due = now + int(self.settings.auth_recheck_seconds * 1000)
+            self.store.retry(claim, now_ms=now, due_ms=due, charge=failure.charged,
+                             error_class=cause.error_class, free=True)
+            return "retry"
+        if isinstance(cause, TERMINAL):
+            return self._dead_letter(claim, now, failure.charged, cause.error_class, cause.reason)
+        delay = backoff(int(job.get("attempt_count", 1)), retry_after=cause.retry_after, rng=self.rng,
+                        base=self.settings.retry_base_seconds if base is None else base,
+                        cap=self.settings.retry_cap_seconds if cap is None else cap)
+        blocker = self._blocker(job, now, delay, failure.charged)
+        if blocker is None and not self.store.budget(
+            self.provider, "take", self.settings.retry_cost_tokens, self.settings.retry_budget_tokens
+        ):
+            blocker = "retry_budget_exhausted"
+        if blocker:
+            return self._dead_letter(claim, now, failure.charged, blocker, cause.error_class)
+        self.store.retry(claim, now_ms=now, due_ms=now + int(delay * 1000), charge=failure.charged,
+                         error_class=cause.error_class)
+        return "retry"
+
+    def _blocker(self, job: dict[str, str], now: int, delay: float, charged: int) -> str | None:
+        """Why another attempt may not be made, or None."""
+        if int(job["attempt_count"]) >= int(job["attempts_allowed"]):
+            return "attempts_exhausted"
+        missing = int(job["outputs_requested"]) - len(self.store.outputs(job["id"]))
+        if missing * int(job["price"]) > int(job["reserved"]) - charged:
+            return "reservation_exhausted"
+        if now + (delay + self.settings.min_attempt_seconds) * 1000 >= int(job["deadline"]):
+            return "deadline_exceeded"
+        return None
+
+    def _dead_letter(self, claim: Any, now: int, charged: int, error_class: str, reason: str) -> str:
+        self.store.finish(claim, "failed", now_ms=now, charge=charged, error_class=error_class, reason=reason)
+        return "dead_letter"
+
+
+class FailureRouter(Middleware):
+    """Routes every failed message by error class: retry, reconcile, dead-letter or drop.
+
+    Dramatiq swallows exceptions raised in after-hooks, so routing runs under a
+    guard that fails the message (Dramatiq's dead letters keep it) instead of
+    letting it be acknowledged and forgotten. The job itself is never lost: a
+    job whose routing failed still holds its lease, and the sweeper reconciles it
+    when the lease expires.
+    """
+
+    def __init__(self, router: Callable[[], Router]) -> None:
+        self.router = router
+
+    @property
+    def actor_options(self) -> set[str]:
+        #: Per-actor backoff (seconds); a message option overrides the actor's.
+        return {"retry_backoff_base", "retry_backoff_cap"}
+
+    def after_process_message(self, broker: dramatiq.Broker, message: Any, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
+        if exception is None:
+            return
+        try:
+            action = self._route(broker, message, exception)
+        except Exception:
+            log.critical("routing failed for message %s; failing it", message.message_id, exc_info=True)
+            message.fail()
+            return
+        if action == "dead_letter":
+            message.fail()
+
+    def _route(self, broker: dramatiq.Broker, message: Any, exception: BaseException) -> str:
+        if isinstance(exception, StaleLease):
+            log.info("message %s: lease lost to a newer claim; dropped", message.message_id)
+            return "drop"
+        if not isinstance(exception, AttemptFailed):
+            log.error("message %s: unexpected %s; its lease will expire and be reconciled",
+                      message.message_id, type(exception).__name__)
+            return "dead_letter"
+        actor = broker.get_actor(message.actor_name)
+        option = lambda name: message.options.get(name, actor.options.get(name))  # noqa: E731
+        action = self.router().route(exception, base=option("retry_backoff_base"), cap=option("retry_backoff_cap"))
+        log.info("message %s: %s -> %s", message.message_id, exception.cause.error_class, action)
+        return action
