@@ -20,6 +20,7 @@ from typing import Any, Callable
 import orjson
 import redis
 
+from . import faultpoints
 from .blobs import BlobStore
 from .errors import (
     AttemptFailed, CancelRequested, NotExecuted, OperationFailed, ProviderError, RateLimited, StaleLease,
@@ -129,9 +130,11 @@ class Executor:
         epoch = self.provider.epoch()
         self.store.mark_submit(claim, now_ms=self.now_ms(), epoch=epoch)
         self.provider.submit(claim.operation_id, orjson.loads(job["workflow"]), missing)
+        faultpoints.reached("after_submit")
         status = self._wait(claim, heartbeat, int(job["deadline"]))
         progress.charged = len(status.outputs) * self.provider.price_per_output
         self._store_outputs(claim, status.outputs, heartbeat)
+        faultpoints.reached("after_outputs")
         if status.state == "failed" or len(status.outputs) < len(missing):
             raise OperationFailed(status.error or "provider_outputs_missing")
 

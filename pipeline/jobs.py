@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import orjson
 
-from . import keys
+from . import faultpoints, keys
 from .errors import IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest
 from .scripts import Code
 from .settings import Settings
@@ -171,6 +171,7 @@ class Admitter:
             raise IdempotencyKeyReused(admission.job_id)
         if admission.code is Code.INSUFFICIENT_ALLOWANCE:
             raise InsufficientAllowance(admission.available, admission.ceiling)
+        faultpoints.reached("after_admit")
         self.publish(job_id, request.priority)
         self.store.confirm_published(job_id, idem_key)
         if request.supersedes and keys.tenant_of(request.supersedes) == tenant:
