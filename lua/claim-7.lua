@@ -28,7 +28,7 @@ local expires = now + tonumber(ARGV[3])
 local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
 local n = redis.call('HINCRBY', job, 'attempt_count', 1)
 redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires,
-  'operation_id', ARGV[4], 'provider', ARGV[5], 'submitted', 0, 'submit_epoch', '')
+  'operation_id', ARGV[4], 'provider', ARGV[5], 'submitted', 0, 'submit_epoch', '', 'attempt_charged', 0)
 redis.call('ZADD', KEYS[2], expires, job_id)
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZREM', KEYS[4], job_id)

@@ -3,8 +3,7 @@
 --
 -- Guarantees: only the current lease generation finishes the job; a job
 -- completes only with every requested output recorded; in the same step the
--- attempt's known charge is booked, the job is settled and the rest of its
--- reservation released. A failed job gets a dead-letter entry; a cancelled one
+-- job is settled (what was charged) and the rest of its reservation released. A failed job gets a dead-letter entry; a cancelled one
 -- records whether a provider execution happened (external_effect).
 --
 -- KEYS[1] job record (hash)          KEYS[6] job's outputs (hash)
@@ -16,9 +15,8 @@
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms)
 -- ARGV[3] outcome: completed | failed | cancelled
--- ARGV[4] cost units this attempt is known to have been charged
--- ARGV[5] error class ('' when completed)
--- ARGV[6] safe reason (an identifier, never provider text)
+-- ARGV[4] error class ('' when completed)
+-- ARGV[5] safe reason (an identifier, never provider text)
 --
 -- Returns {0 OK} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
 
@@ -32,7 +30,6 @@ end
 
 local job_id = redis.call('HGET', job, 'id')
 local from = redis.call('HGET', job, 'state')
-shift(job, KEYS[2], 'reserved', 'charged', ARGV[4])
 if outcome == 'cancelled' then
   local f = redis.call('HMGET', job, 'charged', 'uncertain', 'settled', 'submitted')
   local effect = 'none'
@@ -41,10 +38,10 @@ if outcome == 'cancelled' then
   redis.call('HSET', job, 'external_effect', effect)
 end
 settle(job, KEYS[2], now)
-end_attempt(job, KEYS[4], now, outcome, ARGV[5])
+end_attempt(job, KEYS[4], now, outcome, ARGV[4])
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZREM', KEYS[8], job_id)
-redis.call('HSET', job, 'error_class', ARGV[5], 'error_reason', ARGV[6], 'lease_owner', '')
+redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[5], 'lease_owner', '')
 if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end
-move(job, KEYS[7], KEYS[5], now, from, outcome, ARGV[6])
+move(job, KEYS[7], KEYS[5], now, from, outcome, ARGV[5])
 return {0}

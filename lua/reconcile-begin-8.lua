@@ -3,8 +3,9 @@
 -- Two callers: the worker, fenced by its generation, when the provider may have
 -- accepted the request; and the sweeper, with no generation, when the lease
 -- expired (evidence that the worker stopped reporting, not that the provider
--- stopped). If the attempt was submitted, the price of its missing outputs moves
--- from reserved to uncertain on the ledger until reconciliation resolves it.
+-- stopped). If the attempt was submitted and its charge is not yet booked, the
+-- price of its missing outputs moves from reserved to uncertain on the ledger
+-- until reconciliation resolves it.
 --
 -- KEYS[1] job record (hash)          KEYS[5] job's event list
 -- KEYS[2] tenant ledger (hash)       KEYS[6] tenant's per-state counts (hash)
@@ -20,7 +21,7 @@
 
 local job, now = KEYS[1], ARGV[2]
 local f = redis.call('HMGET', job, 'state', 'lease_gen', 'lease_expires', 'id', 'submitted',
-  'outputs_requested', 'price')
+  'outputs_requested', 'price', 'attempt_charged')
 if ARGV[1] ~= '' then
   if f[1] ~= 'running' or f[2] ~= ARGV[1] then return {9} end
 else
@@ -32,7 +33,7 @@ else
 end
 
 local held = 0
-if f[5] == '1' then
+if f[5] == '1' and f[8] ~= '1' then
   local missing = tonumber(f[6]) - redis.call('HLEN', KEYS[8])
   held = shift(job, KEYS[2], 'reserved', 'uncertain', missing * tonumber(f[7]))
 end

@@ -1,7 +1,6 @@
 -- retry: a running or reconciling job waits in retry_wait until `due` (fenced).
 --
--- Guarantees: only the current lease generation schedules the retry; the
--- attempt's known charge is booked; the job sits in the tenant's retry index
+-- Guarantees: only the current lease generation schedules the retry; the job sits in the tenant's retry index
 -- scored by due time, where the sweeper finds it. Whether a retry is allowed
 -- (attempts, reservation, deadline, budget) the caller decided from the record.
 --
@@ -13,9 +12,8 @@
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms)
 -- ARGV[3] due time (ms)
--- ARGV[4] cost units this attempt is known to have been charged
--- ARGV[5] error class
--- ARGV[6] 1 when the failed attempt does not count against the job (our fault), else 0
+-- ARGV[4] error class
+-- ARGV[5] 1 when the failed attempt does not count against the job (our fault), else 0
 --
 -- Returns {0 OK} | {9 STALE_LEASE}
 
@@ -23,12 +21,11 @@ local job, now = KEYS[1], ARGV[2]
 if not holds_lease(job, ARGV[1]) then return {9} end
 local job_id = redis.call('HGET', job, 'id')
 local from = redis.call('HGET', job, 'state')
-shift(job, KEYS[2], 'reserved', 'charged', ARGV[4])
-end_attempt(job, KEYS[4], now, 'failed', ARGV[5])
-if ARGV[6] == '1' then redis.call('HINCRBY', job, 'attempts_allowed', 1) end
+end_attempt(job, KEYS[4], now, 'failed', ARGV[4])
+if ARGV[5] == '1' then redis.call('HINCRBY', job, 'attempts_allowed', 1) end
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZREM', KEYS[8], job_id)
 redis.call('ZADD', KEYS[7], ARGV[3], job_id)
-redis.call('HSET', job, 'error_class', ARGV[5], 'error_reason', ARGV[5], 'lease_owner', '', 'retry_at', ARGV[3])
-move(job, KEYS[6], KEYS[5], now, from, 'retry_wait', ARGV[5])
+redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[4], 'lease_owner', '', 'retry_at', ARGV[3])
+move(job, KEYS[6], KEYS[5], now, from, 'retry_wait', ARGV[4])
 return {0}

@@ -128,14 +128,9 @@ class InsufficientAllowance(ReckonError):
 
 
 class AttemptFailed(ReckonError):
-    """An attempt ended in a provider error; the routing middleware decides what comes next.
+    """An attempt ended in a provider error; the routing middleware decides what comes next."""
 
-    ``charged`` is what the provider is known to have charged for this attempt
-    (outputs it produced before failing).
-    """
-
-    def __init__(self, claim: object, cause: ProviderError, charged: int = 0) -> None:
+    def __init__(self, claim: object, cause: ProviderError) -> None:
         super().__init__(cause.error_class)
         self.claim = claim
         self.cause = cause
-        self.charged = charged

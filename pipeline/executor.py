@@ -14,7 +14,6 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
@@ -69,13 +68,6 @@ class Heartbeat:
                 log.warning("heartbeat failed for %s; retrying", self.claim.job_id)
 
 
-@dataclass
-class Progress:
-    """What one attempt is known to have cost so far (outputs the provider produced)."""
-
-    charged: int = 0
-
-
 class Executor:
     def __init__(
         self, store: Store, provider: Provider, blobs: BlobStore, settings: Settings, *,
@@ -105,21 +97,20 @@ class Executor:
         )
         if claim is None:
             return False
-        progress = Progress()
         with Heartbeat(self.store, claim, lease_ms=self.lease_ms, clock=self.clock) as heartbeat:
             try:
-                self._attempt(claim, heartbeat, progress)
+                self._attempt(claim, heartbeat)
             except CancelRequested:
                 self.store.finish(claim, "cancelled", now_ms=self.now_ms(), reason="cancelled")
                 return True
             except ProviderError as exc:
-                raise AttemptFailed(claim, exc, progress.charged) from exc
-            self._finish(claim, charge=progress.charged)
+                raise AttemptFailed(claim, exc) from exc
+            self._finish(claim)
         self.store.budget(self.provider.name, "refund", self.settings.retry_refund_tokens,
                           self.settings.retry_budget_tokens)
         return True
 
-    def _attempt(self, claim: Claim, heartbeat: Heartbeat, progress: Progress) -> None:
+    def _attempt(self, claim: Claim, heartbeat: Heartbeat) -> None:
         """Ask the provider for every missing output and store what it produced."""
         job = self.store.job(claim.job_id)
         assert job is not None, "a claimed job exists"
@@ -132,7 +123,7 @@ class Executor:
         self.provider.submit(claim.operation_id, orjson.loads(job["workflow"]), missing)
         faultpoints.reached("after_submit")
         status = self._wait(claim, heartbeat, int(job["deadline"]))
-        progress.charged = len(status.outputs) * self.provider.price_per_output
+        self.store.charge(claim, len(status.outputs) * self.provider.price_per_output)
         self._store_outputs(claim, status.outputs, heartbeat)
         faultpoints.reached("after_outputs")
         if status.state == "failed" or len(status.outputs) < len(missing):
@@ -158,11 +149,11 @@ class Executor:
             record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": ref.content_type}
             self.store.store_output(claim, ref.index, record, now_ms=self.now_ms())
 
-    def _finish(self, claim: Claim, *, charge: int) -> None:
+    def _finish(self, claim: Claim) -> None:
         """Complete, or end as cancelled when the client cancelled while the provider worked."""
         job = self.store.job(claim.job_id) or {}
         outcome = "cancelled" if job.get("cancel_requested") == "1" else "completed"
-        self.store.finish(claim, outcome, now_ms=self.now_ms(), charge=charge)
+        self.store.finish(claim, outcome, now_ms=self.now_ms())
 
     # -- reconciliation ---------------------------------------------------------------
 
@@ -193,7 +184,7 @@ class Executor:
         requested = int((self.store.job(claim.job_id) or {}).get("outputs_requested", 0))
         if len(self.store.outputs(claim.job_id)) < requested:
             raise AttemptFailed(claim, OperationFailed(status.error or "provider_outputs_missing"))
-        self._finish(claim, charge=0)
+        self._finish(claim)
 
     def _later(self, claim: Claim) -> None:
         due = self.now_ms() + int(self.settings.reconcile_interval_seconds * 1000)

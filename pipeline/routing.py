@@ -48,43 +48,41 @@ class Router:
             self.store.begin_reconcile(claim.job_id, now_ms=now, due_ms=now, reason=cause.error_class, claim=claim)
             return "reconcile"
         if job.get("cancel_requested") == "1":
-            self.store.finish(claim, "cancelled", now_ms=now, charge=failure.charged, reason="cancelled")
+            self.store.finish(claim, "cancelled", now_ms=now, reason="cancelled")
             return "cancelled"
         if isinstance(cause, ProviderAuthFailed):
             self.store.mark_provider_auth_failed(self.provider, now_ms=now)
             due = now + int(self.settings.auth_recheck_seconds * 1000)
-            self.store.retry(claim, now_ms=now, due_ms=due, charge=failure.charged,
-                             error_class=cause.error_class, free=True)
+            self.store.retry(claim, now_ms=now, due_ms=due, error_class=cause.error_class, free=True)
             return "retry"
         if isinstance(cause, TERMINAL):
-            return self._dead_letter(claim, now, failure.charged, cause.error_class, cause.reason)
+            return self._dead_letter(claim, now, cause.error_class, cause.reason)
         delay = backoff(int(job.get("attempt_count", 1)), retry_after=cause.retry_after, rng=self.rng,
                         base=self.settings.retry_base_seconds if base is None else base,
                         cap=self.settings.retry_cap_seconds if cap is None else cap)
-        blocker = self._blocker(job, now, delay, failure.charged)
+        blocker = self._blocker(job, now, delay)
         if blocker is None and not self.store.budget(
             self.provider, "take", self.settings.retry_cost_tokens, self.settings.retry_budget_tokens
         ):
             blocker = "retry_budget_exhausted"
         if blocker:
-            return self._dead_letter(claim, now, failure.charged, blocker, cause.error_class)
-        self.store.retry(claim, now_ms=now, due_ms=now + int(delay * 1000), charge=failure.charged,
-                         error_class=cause.error_class)
+            return self._dead_letter(claim, now, blocker, cause.error_class)
+        self.store.retry(claim, now_ms=now, due_ms=now + int(delay * 1000), error_class=cause.error_class)
         return "retry"
 
-    def _blocker(self, job: dict[str, str], now: int, delay: float, charged: int) -> str | None:
+    def _blocker(self, job: dict[str, str], now: int, delay: float) -> str | None:
         """Why another attempt may not be made, or None."""
         if int(job["attempt_count"]) >= int(job["attempts_allowed"]):
             return "attempts_exhausted"
         missing = int(job["outputs_requested"]) - len(self.store.outputs(job["id"]))
-        if missing * int(job["price"]) > int(job["reserved"]) - charged:
+        if missing * int(job["price"]) > int(job["reserved"]):
             return "reservation_exhausted"
         if now + (delay + self.settings.min_attempt_seconds) * 1000 >= int(job["deadline"]):
             return "deadline_exceeded"
         return None
 
-    def _dead_letter(self, claim: Any, now: int, charged: int, error_class: str, reason: str) -> str:
-        self.store.finish(claim, "failed", now_ms=now, charge=charged, error_class=error_class, reason=reason)
+    def _dead_letter(self, claim: Any, now: int, error_class: str, reason: str) -> str:
+        self.store.finish(claim, "failed", now_ms=now, error_class=error_class, reason=reason)
         return "dead_letter"
 
 

@@ -115,8 +115,13 @@ class Store:
         )
         return bool(reply[1])
 
+    def charge(self, claim: Claim, units: int) -> int:
+        """Book what the provider charged for this attempt (once per attempt)."""
+        j = JobKeys(claim.job_id)
+        return int(self._fenced("charge", [j.record, j.tenant.ledger], [claim.generation, units])[1])
+
     def finish(
-        self, claim: Claim, outcome: str, *, now_ms: int, charge: int = 0, error_class: str = "", reason: str = "",
+        self, claim: Claim, outcome: str, *, now_ms: int, error_class: str = "", reason: str = "",
     ) -> None:
         """End the job (completed | failed | cancelled) and settle it."""
         j = JobKeys(claim.job_id)
@@ -124,19 +129,17 @@ class Store:
         self._fenced(
             "finish",
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead],
-            [claim.generation, now_ms, outcome, charge, error_class, reason or error_class or outcome],
+            [claim.generation, now_ms, outcome, error_class, reason or error_class or outcome],
         )
 
-    def retry(
-        self, claim: Claim, *, now_ms: int, due_ms: int, charge: int, error_class: str, free: bool = False,
-    ) -> None:
+    def retry(self, claim: Claim, *, now_ms: int, due_ms: int, error_class: str, free: bool = False) -> None:
         """Park the job in retry_wait until ``due_ms``; ``free`` gives the attempt back."""
         j = JobKeys(claim.job_id)
         t = j.tenant
         self._fenced(
             "retry",
             [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile],
-            [claim.generation, now_ms, due_ms, charge, error_class, int(free)],
+            [claim.generation, now_ms, due_ms, error_class, int(free)],
         )
 
     def begin_reconcile(self, job_id: str, *, now_ms: int, due_ms: int, reason: str,

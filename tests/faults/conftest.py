@@ -36,28 +36,45 @@ class Stack:
             "RECKON_BLOB_DIR": str(tmp_path / "blobs"),
             "RECKON_SWEEP_INTERVAL_SECONDS": "0.2",
             "RECKON_POLL_INTERVAL_SECONDS": "0.02",
+            "RECKON_LEASE_SECONDS": "2",
+            "RECKON_RECONCILE_INTERVAL_SECONDS": "0.3",
+            "RECKON_OUTBOX_GRACE_SECONDS": "1",
             "PORT": str(self.web_port),
             **env,
         }
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, *argv: str) -> None:
+    def start(self, name: str, *argv: str, pause_at: str | None = None) -> None:
+        """Start a process; with ``pause_at`` it stops at that fault point (see pipeline.faultpoints)."""
+        env = dict(self.env)
+        if pause_at:
+            env |= {"RECKON_PAUSE_AT": pause_at, "RECKON_PAUSE_FILE": str(self.pause_file(name))}
         log = open(self.logs / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
         log.close()
+
+    def pause_file(self, name: str) -> Path:
+        return self.logs / f"{name}.paused"
+
+    def kill_when_paused(self, name: str, timeout: float = 20.0) -> None:
+        """Wait until the process reached its fault point, then SIGKILL it."""
+        wait_until(self.pause_file(name).exists, timeout=timeout)
+        self.kill(name)
 
     def start_provider(self, delay: float = 0.0) -> None:
         self.start("provider", str(BIN / "python"), "-m", "pipeline.providers.sim",
                    "--port", str(self.sim_port), "--delay", str(delay))
         wait_until(lambda: self._up(f"http://127.0.0.1:{self.sim_port}/queue"))
 
-    def start_web(self) -> None:
-        self.start("web", str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "api.app:create_app()")
+    def start_web(self, pause_at: str | None = None) -> None:
+        self.start("web", str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "api.app:create_app()",
+                   pause_at=pause_at)
         wait_until(lambda: self._up(f"http://127.0.0.1:{self.web_port}/readyz"), timeout=20)
 
-    def start_worker(self) -> None:
-        self.start("worker", str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1", "--threads", "2")
+    def start_worker(self, pause_at: str | None = None) -> None:
+        self.start("worker", str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1", "--threads", "2",
+                   pause_at=pause_at)
 
     def start_sweeper(self) -> None:
         self.start("sweeper", str(BIN / "python"), "-m", "pipeline.sweeper")
@@ -87,12 +104,13 @@ class Stack:
         except OSError:
             return False
 
-    def api(self, method: str, path: str, body: Any = None, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    def api(self, method: str, path: str, body: Any = None, timeout: float = 10,
+            **headers: str) -> tuple[int, dict[str, str], bytes]:
         data = orjson.dumps(body) if body is not None else None
         req = Request(f"http://127.0.0.1:{self.web_port}{path}", data=data, method=method,
                       headers={"Content-Type": "application/json", **headers})
         try:
-            with urlopen(req, timeout=10) as resp:
+            with urlopen(req, timeout=timeout) as resp:
                 return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
         except HTTPError as err:
             return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()

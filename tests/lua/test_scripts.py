@@ -99,11 +99,12 @@ def test_stale_generation_cannot_write(acme: Store) -> None:
     for write in (
         lambda: acme.heartbeat(old, now_ms=NOW + 1002, lease_ms=1000),
         lambda: acme.store_output(old, 0, {"sha256": "a" * 64}, now_ms=NOW + 1002),
-        lambda: acme.finish(old, "completed", charge=10, now_ms=NOW + 1002),
+        lambda: acme.charge(old, 10),
+        lambda: acme.finish(old, "completed", now_ms=NOW + 1002),
     ):
         with pytest.raises(StaleLease):
             write()
-    assert acme.redis.hget("reckon:stats", "stale_writes_rejected") == "3"
+    assert acme.redis.hget("reckon:stats", "stale_writes_rejected") == "4"
     assert acme.outputs(new.job_id) == {}
     assert acme.job(new.job_id)["state"] == "reconciling"
     assert [a["state"] for a in acme.attempts(new.job_id)] == ["unknown"]
@@ -113,13 +114,15 @@ def test_finish_needs_all_outputs_and_settles_once(acme: Store) -> None:
     admit(acme, outputs=2)
     held = claim(acme)
     acme.store_output(held, 0, {"sha256": "a" * 64}, now_ms=NOW)
+    assert acme.charge(held, 20) == 20
+    assert acme.charge(held, 20) == 0  # once per attempt
     with pytest.raises(IncompleteOutputs):
-        acme.finish(held, "completed", charge=20, now_ms=NOW)
+        acme.finish(held, "completed", now_ms=NOW)
     assert acme.store_output(held, 1, {"sha256": "b" * 64}, now_ms=NOW) is True
     assert acme.store_output(held, 1, {"sha256": "c" * 64}, now_ms=NOW) is False  # first record kept
-    acme.finish(held, "completed", charge=20, now_ms=NOW + 5)
+    acme.finish(held, "completed", now_ms=NOW + 5)
     with pytest.raises(StaleLease):  # the job is no longer running: a second finish changes nothing
-        acme.finish(held, "completed", charge=20, now_ms=NOW + 6)
+        acme.finish(held, "completed", now_ms=NOW + 6)
     assert acme.ledger("acme") == {"allowance": 100, "reserved": 0, "uncertain": 0, "settled": 20, "available": 80}
     job = acme.job(held.job_id)
     assert (job["state"], job["reserved"], job["settled"]) == ("completed", "0", "20")
@@ -129,18 +132,23 @@ def test_finish_needs_all_outputs_and_settles_once(acme: Store) -> None:
     assert orjson.loads(acme.redis.hget(JobKeys(held.job_id).outputs, "1"))["sha256"] == "b" * 64
 
 
-def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Store) -> None:
+@pytest.mark.parametrize("charged_before_crash", [False, True])
+def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Store, charged_before_crash) -> None:
     admit(acme, outputs=2, ceiling=60)
     held = claim(acme)
     acme.mark_submit(held, now_ms=NOW, epoch="boot-1")
-    acme.store_output(held, 0, {"sha256": "a" * 64}, now_ms=NOW)
+    if charged_before_crash:  # the provider had reported its outputs: the cost is known
+        acme.charge(held, 20)
     assert acme.begin_reconcile(held.job_id, now_ms=NOW + 2000, due_ms=NOW + 2000, reason="lease_expired")
     job = acme.job(held.job_id)
-    assert (job["state"], job["reserved"], job["uncertain"]) == ("reconciling", "50", "10")  # one output missing
-    assert acme.ledger("acme") == {"allowance": 100, "reserved": 50, "uncertain": 10, "settled": 0, "available": 40}
+    held_units = 0 if charged_before_crash else 20
+    assert (job["state"], job["uncertain"]) == ("reconciling", str(held_units))
+    assert acme.ledger("acme") == {"allowance": 100, "reserved": 60 - held_units, "uncertain": held_units,
+                                   "settled": 0, "available": 40}
     rec = acme.claim_reconcile(held.job_id, worker="r", now_ms=NOW + 2001, lease_ms=1000)
     assert (rec.submitted, rec.epoch) == (True, "boot-1")
-    assert acme.resolve_uncertain(rec.claim, executed=True) == 10
-    acme.store_output(rec.claim, 1, {"sha256": "b" * 64}, now_ms=NOW + 2002)
-    acme.finish(rec.claim, "completed", charge=10, now_ms=NOW + 2003)  # output 0, charged by the first attempt
+    assert acme.resolve_uncertain(rec.claim, executed=True) == held_units
+    for index in (0, 1):
+        acme.store_output(rec.claim, index, {"sha256": str(index) * 64}, now_ms=NOW + 2002)
+    acme.finish(rec.claim, "completed", now_ms=NOW + 2003)
     assert acme.ledger("acme") == {"allowance": 100, "reserved": 0, "uncertain": 0, "settled": 20, "available": 80}

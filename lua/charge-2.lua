@@ -1,0 +1,18 @@
+-- charge: the provider reported what this attempt produced; book its cost now (fenced).
+--
+-- Guarantees: the cost of what the provider produced is booked (reserved ->
+-- charged) before any output is fetched, so a worker that dies after this point
+-- leaves no doubt about it; booked once per attempt.
+--
+-- KEYS[1] job record (hash)
+-- KEYS[2] tenant ledger (hash)
+--
+-- ARGV[1] lease generation held by the caller
+-- ARGV[2] cost units the provider charged for this attempt
+--
+-- Returns {0 OK, units booked} | {9 STALE_LEASE}
+
+if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
+if redis.call('HGET', KEYS[1], 'attempt_charged') == '1' then return {0, 0} end
+redis.call('HSET', KEYS[1], 'attempt_charged', 1)
+return {0, shift(KEYS[1], KEYS[2], 'reserved', 'charged', ARGV[2])}

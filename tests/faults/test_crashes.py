@@ -1,0 +1,97 @@
+"""Crash tests: real processes stopped at named fault points and killed with SIGKILL.
+
+Each checks the job's final state, its attempts, the tenant ledger and the simulated
+provider's charge ledger (the ground truth of what was paid).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import orjson
+
+from pipeline.keys import TenantKeys
+from pipeline.store import Store
+from pipeline.tenants import create_key, create_tenant
+from tests.conftest import wait_until
+
+BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 2}
+
+
+def setup(stack, redis_client) -> dict[str, str]:
+    create_tenant(redis_client, "acme", 1_000)
+    return {"Authorization": f"Bearer {create_key(redis_client, 'acme')}"}
+
+
+def submit(stack, auth: dict[str, str], key: str = "crash-1") -> str:
+    status, headers, _ = stack.api("POST", "/v1/jobs", BODY, **auth, **{"Idempotency-Key": key})
+    assert status == 202
+    return headers["location"].rsplit("/", 1)[1]
+
+
+def finished(store: Store, job_id: str) -> bool:
+    return (store.job(job_id) or {}).get("state") in ("completed", "failed", "needs_review")
+
+
+def test_worker_killed_after_submission_is_reconciled_without_a_second_charge(stack, redis_client, store) -> None:
+    auth = setup(stack, redis_client)
+    stack.start_provider(delay=0.3)
+    stack.start_web()
+    stack.start_worker(pause_at="after_submit")
+    stack.start_sweeper()
+    job_id = submit(stack, auth)
+    stack.kill_when_paused("worker")  # the prompt is with the provider; the worker is gone
+    stack.start_worker()
+    wait_until(lambda: finished(store, job_id), timeout=40)
+    job = store.job(job_id)
+    assert (job["state"], job["attempt_count"]) == ("completed", "1")
+    assert [(a["state"], a.get("reconciled")) for a in store.attempts(job_id)] == [("completed", True)]
+    assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "reconciling", "completed"]
+    assert stack.charges()["total_units"] == 20 and len(stack.charges()["charges"]) == 1
+    assert store.ledger("acme") == {"allowance": 1_000, "reserved": 0, "uncertain": 0, "settled": 20,
+                                    "available": 980}
+
+
+def test_worker_killed_after_storing_outputs_completes_without_a_provider_call(stack, redis_client, store) -> None:
+    auth = setup(stack, redis_client)
+    stack.start_provider()
+    stack.start_web()
+    stack.start_worker(pause_at="after_outputs")
+    stack.start_sweeper()
+    job_id = submit(stack, auth)
+    stack.kill_when_paused("worker")
+    stored = store.outputs(job_id)
+    assert sorted(stored) == [0, 1] and store.job(job_id)["state"] == "running"
+    stack.start_worker()
+    wait_until(lambda: finished(store, job_id), timeout=40)
+    assert store.job(job_id)["state"] == "completed"
+    assert store.outputs(job_id) == stored
+    assert len(stack.charges()["charges"]) == 1  # reconciliation found it done: no new provider call
+    assert store.ledger("acme")["settled"] == 20 and store.ledger("acme")["uncertain"] == 0
+
+
+def test_api_killed_between_admission_and_publish_still_runs_the_job(stack, redis_client, store) -> None:
+    auth = setup(stack, redis_client)
+    stack.start_provider()
+    stack.start_web(pause_at="after_admit")
+    def post() -> None:
+        try:
+            stack.api("POST", "/v1/jobs", BODY, timeout=30, **auth, **{"Idempotency-Key": "crash-1"})
+        except OSError:
+            pass  # the server died mid-request, as it should in this test
+
+    client = threading.Thread(target=post)
+    client.start()
+    stack.kill_when_paused("web")  # the job and its reservation are written; no message was sent
+    client.join(timeout=30)
+    jobs = store.redis.zrange(TenantKeys("acme").jobs, 0, -1)
+    assert len(jobs) == 1 and store.job(jobs[0])["state"] == "queued"
+    assert store.redis.zcard(TenantKeys("acme").outbox) == 1
+    stack.start_worker()
+    stack.start_sweeper()
+    wait_until(lambda: finished(store, jobs[0]), timeout=40)
+    assert store.job(jobs[0])["state"] == "completed"
+    stack.start_web()
+    status, headers, body = stack.api("POST", "/v1/jobs", BODY, **auth, **{"Idempotency-Key": "crash-1"})
+    assert (status, headers["idempotent-replayed"], orjson.loads(body)["id"]) == (202, "true", jobs[0])
+    assert len(stack.charges()["charges"]) == 1
