@@ -13,25 +13,33 @@ from pipeline.keys import TenantKeys
 from pipeline.store import Store
 
 
+INDEXES = ("queued", "leases", "retry", "reconcile", "review", "dead", "outbox")
+
+
 class StateCollector:
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store, provider: str = "comfyui") -> None:
+        self.store, self.provider = store, provider
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("reckon_jobs", "Jobs by tenant and state.", labels=["tenant", "state"])
         ledger = GaugeMetricFamily("reckon_ledger_units", "Tenant ledger in cost units.", labels=["tenant", "kind"])
-        outbox = GaugeMetricFamily("reckon_outbox_jobs", "Admitted jobs not yet known to be in the broker.",
-                                   labels=["tenant"])
+        depth = GaugeMetricFamily("reckon_index_jobs", "Jobs in each due-time index (outbox, retry, dead, ...).",
+                                  labels=["tenant", "index"])
         for tenant in self.store.tenants():
             for state, count in self.store.state_counts(tenant).items():
                 jobs.add_metric([tenant, state], count)
             for kind, units in self.store.ledger(tenant).items():
                 ledger.add_metric([tenant, kind], units)
-            outbox.add_metric([tenant], self.store.redis.zcard(TenantKeys(tenant).outbox))
+            t = TenantKeys(tenant)
+            for index in INDEXES:
+                depth.add_metric([tenant, index], self.store.redis.zcard(getattr(t, index)))
         stats = self.store.redis.hgetall(keys.STATS)
         stale = CounterMetricFamily("reckon_stale_writes_rejected", "Writes refused for a stale lease generation.")
         stale.add_metric([], int(stats.get("stale_writes_rejected", 0)))
-        yield from (jobs, ledger, outbox, stale)
+        blocked = GaugeMetricFamily("reckon_provider_blocked", "1 while a provider awaits credential repair.",
+                                    labels=["provider"])
+        blocked.add_metric([self.provider], int(self.store.provider_blocked(self.provider)))
+        yield from (jobs, ledger, depth, stale, blocked)
 
 
 class Metrics:

@@ -66,7 +66,7 @@ def test_dropped_connection_is_reconciled_and_paid_once(store, admit, make_execu
     assert reconcile(executor, router, job_id) == "reconciled"
     assert store.job(job_id)["state"] == "completed"
     assert units(sim) == [10]  # exactly one charge: nothing was submitted again
-    assert balanced(store) | {} == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 10,
+    assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 10,
                                     "available": 9_990}
     assert [(a["state"], a.get("reconciled")) for a in store.attempts(job_id)] == [("completed", True)]
 
