@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import dramatiq
 
 from .blobs import BlobStore
@@ -57,10 +59,11 @@ def reconcile_job(job_id: str) -> None:
     executor().reconcile(job_id)
 
 
-def _declare(fn: object, route: str, order: int) -> dramatiq.Actor:
+def _declare(fn: Callable[[str], None], route: str, order: int) -> dramatiq.Actor[[str], None]:
     queue_name, actor_name = ROUTES[route]
-    return dramatiq.actor(fn, actor_name=actor_name, queue_name=queue_name, priority=order, max_retries=0,
-                          time_limit=TIME_LIMIT_MS)
+    declare = dramatiq.actor(actor_name=actor_name, queue_name=queue_name, priority=order, max_retries=0,
+                             time_limit=TIME_LIMIT_MS)
+    return declare(fn)
 
 
 run_interactive = _declare(run_job, "interactive", 0)

@@ -79,7 +79,7 @@ def dlq_list(store: Store, args: argparse.Namespace) -> int:
 
 def dlq_replay(store: Store, args: argparse.Namespace) -> int:
     store.replay(args.id, now_ms=_now_ms())
-    _print({"id": args.id, "state": store.job(args.id)["state"]})
+    _print({"id": args.id, "state": (store.job(args.id) or {}).get("state")})
     return 0
 
 

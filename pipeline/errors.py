@@ -6,6 +6,11 @@ Provider errors carry an ``error_class``: the stable name that routes a failure
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .store import Claim
+
 
 class ReckonError(Exception):
     """Root of reckon's exceptions."""
@@ -41,8 +46,6 @@ class ProviderError(ReckonError):
     """A provider call failed; the subclass says what is known about its effect."""
 
     error_class = "provider_error"
-    #: True when the provider may have executed (and charged for) the request.
-    may_have_executed = False
 
     def __init__(self, reason: str, *, retry_after: float | None = None) -> None:
         super().__init__(reason)
@@ -90,14 +93,12 @@ class UnknownOutcome(ProviderError):
     """The request may have been accepted: only the provider can say what happened."""
 
     error_class = "unknown_outcome"
-    may_have_executed = True
 
 
 class OperationFailed(ProviderError):
     """The provider ran the operation and reported that it failed."""
 
     error_class = "provider_failed"
-    may_have_executed = True
 
 
 class InvalidRequest(ReckonError):
@@ -130,7 +131,7 @@ class InsufficientAllowance(ReckonError):
 class AttemptFailed(ReckonError):
     """An attempt ended in a provider error; the routing middleware decides what comes next."""
 
-    def __init__(self, claim: object, cause: ProviderError) -> None:
+    def __init__(self, claim: Claim, cause: ProviderError) -> None:
         super().__init__(cause.error_class)
         self.claim = claim
         self.cause = cause

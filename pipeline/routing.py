@@ -16,7 +16,7 @@ from .errors import (
     AttemptFailed, InvalidInput, PolicyRejected, ProviderAuthFailed, StaleLease, UnknownOutcome,
 )
 from .settings import Settings
-from .store import Store
+from .store import Claim, Store
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Router:
             return "deadline_exceeded"
         return None
 
-    def _dead_letter(self, claim: Any, now: int, error_class: str, reason: str) -> str:
+    def _dead_letter(self, claim: Claim, now: int, error_class: str, reason: str) -> str:
         self.store.finish(claim, "failed", now_ms=now, error_class=error_class, reason=reason)
         return "dead_letter"
 

@@ -61,8 +61,11 @@ class Scripts:
             match = _NAME_RE.match(path.name)
             if not match:
                 continue
+            verb = match.group(1)
+            if verb in self._scripts:
+                raise ScriptError(f"two scripts for {verb}")
             source = prelude + "\n" + path.read_text()
-            self._scripts[match.group(1)] = (int(match.group(2)), client.register_script(source))
+            self._scripts[verb] = (int(match.group(2)), client.register_script(source))
 
     @property
     def verbs(self) -> list[str]:

@@ -50,7 +50,8 @@ class Reconcile:
 
 class Store:
     def __init__(self, client: redis.Redis, scripts: Scripts | None = None) -> None:
-        self.redis = client
+        #: Typed Any: the client decodes replies to str, which redis-py's stubs cannot express.
+        self.redis: Any = client
         self.scripts = scripts or Scripts(client)
 
     # -- writes (each one Lua script) ---------------------------------------------

@@ -41,4 +41,5 @@ def create_key(client: redis.Redis, tenant: str) -> str:
 
 
 def tenant_for_key(client: redis.Redis, api_key: str) -> str | None:
-    return client.get(keys.api_key(hash_key(api_key)))
+    tenant = client.get(keys.api_key(hash_key(api_key)))
+    return tenant.decode() if isinstance(tenant, bytes) else tenant

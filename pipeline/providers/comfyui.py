@@ -72,7 +72,7 @@ def _from_history(entry: dict[str, Any]) -> OperationStatus:
     indices = extra.get("reckon_outputs") or list(range(len(images)))
     refs = [
         OutputRef(index, image["filename"], image.get("subfolder", ""), image.get("type", "output"))
-        for index, image in zip(indices, images)
+        for index, image in zip(indices, images, strict=False)  # extra images are not ours
     ]
     if failed:
         return OperationStatus("failed", refs, error="provider_execution_error")

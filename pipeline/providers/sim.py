@@ -263,7 +263,7 @@ class SimServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def close(self) -> None:
         self.shutdown()
