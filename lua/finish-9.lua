@@ -18,7 +18,7 @@
 -- ARGV[4] error class ('' when completed)
 -- ARGV[5] safe reason (an identifier, never provider text)
 --
--- Returns {0 OK} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
+-- Returns {0 OK, outcome} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
 
 local job, now, outcome = KEYS[1], ARGV[2], ARGV[3]
 if not holds_lease(job, ARGV[1]) then return {9} end
@@ -26,6 +26,8 @@ if outcome == 'completed' then
   local stored = redis.call('HLEN', KEYS[6])
   local requested = tonumber(redis.call('HGET', job, 'outputs_requested'))
   if stored < requested then return {10, stored, requested} end
+  -- cancelled while the provider worked: the outputs are kept, the job ends cancelled
+  if redis.call('HGET', job, 'cancel_requested') == '1' then outcome = 'cancelled' end
 end
 
 local job_id = redis.call('HGET', job, 'id')
@@ -44,4 +46,4 @@ redis.call('ZREM', KEYS[8], job_id)
 redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[5], 'lease_owner', '')
 if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end
 move(job, KEYS[7], KEYS[5], now, from, outcome, ARGV[5])
-return {0}
+return {0, outcome}

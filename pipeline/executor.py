@@ -105,7 +105,7 @@ class Executor:
                 return True
             except ProviderError as exc:
                 raise AttemptFailed(claim, exc) from exc
-            self._finish(claim)
+            self.store.finish(claim, "completed", now_ms=self.now_ms())
         self.store.budget(self.provider.name, "refund", self.settings.retry_refund_tokens,
                           self.settings.retry_budget_tokens)
         return True
@@ -149,12 +149,6 @@ class Executor:
             record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": ref.content_type}
             self.store.store_output(claim, ref.index, record, now_ms=self.now_ms())
 
-    def _finish(self, claim: Claim) -> None:
-        """Complete, or end as cancelled when the client cancelled while the provider worked."""
-        job = self.store.job(claim.job_id) or {}
-        outcome = "cancelled" if job.get("cancel_requested") == "1" else "completed"
-        self.store.finish(claim, outcome, now_ms=self.now_ms())
-
     # -- reconciliation ---------------------------------------------------------------
 
     def reconcile(self, job_id: str, worker: str | None = None) -> bool:
@@ -184,7 +178,7 @@ class Executor:
         requested = int((self.store.job(claim.job_id) or {}).get("outputs_requested", 0))
         if len(self.store.outputs(claim.job_id)) < requested:
             raise AttemptFailed(claim, OperationFailed(status.error or "provider_outputs_missing"))
-        self._finish(claim)
+        self.store.finish(claim, "completed", now_ms=self.now_ms())
 
     def _later(self, claim: Claim) -> None:
         due = self.now_ms() + int(self.settings.reconcile_interval_seconds * 1000)

@@ -124,7 +124,8 @@ class Store:
     def finish(
         self, claim: Claim, outcome: str, *, now_ms: int, error_class: str = "", reason: str = "",
     ) -> None:
-        """End the job (completed | failed | cancelled) and settle it."""
+        """End the job (completed | failed | cancelled) and settle it. Completing a job whose
+        cancel was requested ends it cancelled, with its outputs."""
         j = JobKeys(claim.job_id)
         t = j.tenant
         self._fenced(
