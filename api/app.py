@@ -10,6 +10,7 @@ from typing import Any, Callable
 import falcon
 import falcon.media
 import orjson
+import redis
 
 from pipeline.blobs import BlobStore
 from pipeline.errors import (
@@ -79,4 +80,7 @@ _ERROR_HANDLERS = {
         402, "insufficient-allowance", "Insufficient allowance", str(e),
         available=e.available, required=e.required)),
     UnknownTenant: _problem(lambda e: Problem(401, "unauthorized", "Authentication required")),
+    redis.RedisError: _problem(lambda e: Problem(
+        503, "state-unavailable", "Service unavailable", "job state cannot be read or written now; nothing was changed",
+        headers={"Retry-After": "1"})),
 }

@@ -97,6 +97,7 @@ SPEC: dict[str, Any] = {
                     "409": _problem("the first request with this key is still being processed"),
                     "413": _problem("request body too large"),
                     "422": _problem("invalid job, or the key was used with a different request"),
+                    "503": _problem("job state unavailable; nothing was written"),
                 },
             },
             "get": {

@@ -22,3 +22,19 @@ def test_metrics_expose_states_ledgers_and_indexes(client, submit, tenant, store
     assert 'reckon_index_jobs{index="outbox",tenant="acme"} 0.0' in text
     assert 'reckon_provider_blocked{provider="comfyui"} 1.0' in text
     assert store.redis.zcard(TenantKeys("acme").queued) == 1
+
+
+def test_unreachable_state_is_a_503_problem(settings) -> None:
+    from falcon import testing
+
+    from api.app import create_app
+    from pipeline.store import Store, connect
+    from tests.conftest import free_port
+
+    down = Store(connect(f"redis://127.0.0.1:{free_port()}/0"))
+    client = testing.TestClient(create_app(settings, store=down, publish=lambda job_id, priority: None))
+    resp = client.simulate_get("/v1/usage", headers={"Authorization": "Bearer rk_x"})
+    assert (resp.status_code, resp.json["type"], resp.headers["Retry-After"]) == (
+        503, "urn:reckon:problem:state-unavailable", "1")
+    assert client.simulate_get("/readyz").status_code == 503
+    assert client.simulate_get("/healthz").status_code == 200
