@@ -144,6 +144,9 @@ class Admitter:
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
         request = parse_request(body, self.settings)
+        if request.supersedes and (keys.tenant_of(request.supersedes) != tenant
+                                   or self.store.job(request.supersedes) is None):
+            raise InvalidRequest("supersedes", "no such job")
         per_attempt, attempts, ceiling = cost_plan(request, self.settings)
         now_ms = int(self.clock() * 1000)
         job_id = self.new_job_id(tenant)
@@ -174,7 +177,7 @@ class Admitter:
         faultpoints.reached("after_admit")
         self.publish(job_id, request.priority)
         self.store.confirm_published(job_id, idem_key)
-        if request.supersedes and keys.tenant_of(request.supersedes) == tenant:
+        if request.supersedes:
             self.store.supersede(request.supersedes, now_ms=now_ms)
         return Submitted(job_id, 202, first, False)
 

@@ -219,8 +219,7 @@ class Store:
 
     def supersede(self, job_id: str, *, now_ms: int) -> None:
         """A newer job replaces this one: cancelled if not yet dispatched, else marked obsolete."""
-        if self.job(job_id):
-            self.cancel(job_id, now_ms=now_ms, reason="superseded")
+        self.cancel(job_id, now_ms=now_ms, reason="superseded")
 
     def replay(self, job_id: str, *, now_ms: int) -> None:
         j = JobKeys(job_id)

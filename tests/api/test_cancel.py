@@ -52,3 +52,6 @@ def test_supersedes_cancels_the_older_queued_job(client, submit, tenant) -> None
     assert (old["state"], old["obsolete"]) == ("cancelled", False)
     assert client.simulate_get(f"/v1/jobs/{newer}", headers=auth(key)).json["state"] == "queued"
     assert client.simulate_get("/v1/usage", headers=auth(key)).json["reserved"] == 30
+    foreign = submit(tenant("globex"), key="g1").json["id"]
+    refused = submit(key, key="v3", body=job_body(supersedes=foreign))
+    assert (refused.status_code, refused.json["field"]) == (422, "supersedes")

@@ -148,7 +148,7 @@ class Jobs(RuleBasedStateMachine):
             self.store.store_output(claim, index, {"sha256": "a"}, now_ms=self.tick())
             job["stored"].add(index)
         self.store.finish(claim, "completed", now_ms=self.tick())
-        job["state"] = "completed"
+        job["state"] = "cancelled" if job.get("cancel") else "completed"  # a cancel request wins
 
     @rule(claim=claims, outcome=st.sampled_from(["completed", "failed", "cancelled"]))
     def finish(self, claim, outcome: str) -> None:
@@ -160,7 +160,7 @@ class Jobs(RuleBasedStateMachine):
                 self.store.finish(claim, outcome, now_ms=self.tick())
             return
         if self.fenced(claim, lambda: self.store.finish(claim, outcome, now_ms=self.tick())):
-            job["state"] = outcome
+            job["state"] = "cancelled" if outcome == "completed" and job.get("cancel") else outcome
 
     @rule(claim=claims)
     def retry(self, claim) -> None:
