@@ -171,7 +171,9 @@ class Executor:
                 return self._later(claim)
             if status.state == "unknown":
                 return self._unknowable(rec, self.provider.epoch())
-            self.store.resolve_uncertain(claim, executed=bool(status.outputs))
+            # It ran: what it is charged is what it produced (booked once per attempt).
+            self.store.resolve_uncertain(claim, executed=False)
+            self.store.charge(claim, len(status.outputs) * self.provider.price_per_output)
             self._store_outputs(claim, status.outputs, heartbeat)
         except (Transient, RateLimited):
             return self._later(claim)

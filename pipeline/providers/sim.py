@@ -219,9 +219,10 @@ class Handler(BaseHTTPRequestHandler):
         refusal = sim.take_fault("error_before", "rate_limit", "policy", "auth")
         if refusal:
             return self._refuse(refusal)
-        accepted = sim.take_fault("error_after", "drop", "partial")
-        if accepted and accepted["kind"] == "partial" and isinstance(payload, dict):
-            payload.setdefault("extra_data", {})["_sim_produce"] = int(accepted.get("produce", 0))
+        partial = sim.take_fault("partial")  # combines with the answer faults below
+        if partial and isinstance(payload, dict):
+            payload.setdefault("extra_data", {})["_sim_produce"] = int(partial.get("produce", 0))
+        accepted = sim.take_fault("error_after", "drop")
         try:
             answer = sim.enqueue(payload if isinstance(payload, dict) else {})
         except ValueError as exc:

@@ -265,3 +265,18 @@ def test_dead_letter_replay_reserves_again(store, admit, make_executor, make_rou
     assert attempt(executor, router, job_id) == "done"
     assert [a["state"] for a in store.attempts(job_id)] == ["failed", "completed"]
     assert units(sim) == [10] and balanced(store)["settled"] == 10
+
+
+def test_a_partial_failure_found_by_reconciliation_is_charged_for_what_it_made(
+        store, admit, make_executor, make_router, sim) -> None:
+    job_id = admit(outputs=3)
+    inject(sim, {"kind": "drop"}, {"kind": "partial", "produce": 1})
+    executor, router = make_executor(sim), make_router(retry_base_seconds=0.0)
+    assert attempt(executor, router, job_id) == "reconcile"
+    assert balanced(store)["uncertain"] == 30  # three outputs may have been made
+    wait_until(lambda: units(sim) == [10])
+    assert reconcile(executor, router, job_id) == "retry"  # it failed after one output
+    job = store.job(job_id)
+    assert (job["state"], job["uncertain"], job["charged"]) == ("retry_wait", "0", "10")
+    assert sorted(store.outputs(job_id)) == [0]
+    assert balanced(store) == {"allowance": 10_000, "reserved": 90, "uncertain": 0, "settled": 0, "available": 9_910}
