@@ -171,3 +171,23 @@ def test_key_may_create_a_new_job_after_retention(client, submit, tenant, store:
     second = submit(key).json
     assert second["id"] != first["id"]
     assert store.redis.ttl(TenantKeys("acme").idempotency("intent-1")) == 24 * 3600
+
+
+def test_listing_is_newest_first_with_a_cursor_and_a_state_filter(client, submit, tenant, store: Store) -> None:
+    key = tenant()
+    ids = [submit(key, key=f"intent-{i}").json["id"] for i in range(5)]
+    store.cancel(ids[1], now_ms=1)
+    first = client.simulate_get("/v1/jobs", params={"limit": 2}, headers=auth(key)).json
+    assert [j["id"] for j in first["jobs"]] == [ids[4], ids[3]]
+    second = client.simulate_get("/v1/jobs", params={"limit": 2, "cursor": first["next_cursor"]},
+                                 headers=auth(key)).json
+    assert [j["id"] for j in second["jobs"]] == [ids[2], ids[1]]
+    third = client.simulate_get("/v1/jobs", params={"limit": 2, "cursor": second["next_cursor"]},
+                                headers=auth(key)).json
+    assert ([j["id"] for j in third["jobs"]], third["next_cursor"]) == ([ids[0]], None)
+    cancelled = client.simulate_get("/v1/jobs", params={"state": "cancelled"}, headers=auth(key)).json
+    assert ([j["id"] for j in cancelled["jobs"]], cancelled["next_cursor"]) == ([ids[1]], None)
+    other = client.simulate_get("/v1/jobs", headers=auth(tenant("globex"))).json
+    assert other == {"jobs": [], "next_cursor": None}
+    bad = client.simulate_get("/v1/jobs", params={"state": "nope"}, headers=auth(key))
+    assert (bad.status_code, bad.json["field"]) == (400, "state")

@@ -10,15 +10,18 @@ from pipeline.tenants import create_key, create_tenant
 from tests.conftest import wait_until
 
 
-def test_full_run_over_http(stack, redis_client) -> None:
+def test_full_run_over_http(stack, redis_client, store) -> None:
     create_tenant(redis_client, "acme", 1_000)
-    auth = {"Authorization": f"Bearer {create_key(redis_client, 'acme')}"}
+    api_key = create_key(redis_client, "acme")
+    auth = {"Authorization": f"Bearer {api_key}"}
     stack.start_provider(delay=0.05)
     stack.start_web()
     stack.start_worker()
     stack.start_sweeper()
 
-    body = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 2}
+    secret = "a castle at dusk, private-prompt-7f3a"
+    body = {"kind": "image", "workflow": {"6": {"class_type": "CLIPTextEncode", "inputs": {"text": secret}}},
+            "outputs": 2}
     status, headers, raw = stack.api("POST", "/v1/jobs", body, **auth, **{"Idempotency-Key": "e2e-1"})
     assert status == 202
     location = headers["location"]
@@ -42,3 +45,11 @@ def test_full_run_over_http(stack, redis_client) -> None:
     status, headers, again = stack.api("POST", "/v1/jobs", body, **auth, **{"Idempotency-Key": "e2e-1"})
     assert (status, headers["idempotent-replayed"], again) == (202, "true", raw)
     assert stack.charges()["total_units"] == 20
+    # Nothing a process logged, and no event or attempt, holds the prompt, an output URL or the key.
+    stack.stop()
+    logs = "".join(path.read_text(errors="replace") for path in stack.logs.glob("*.log"))
+    job_id = location.rsplit("/", 1)[1]
+    history = orjson.dumps([store.events(job_id), store.attempts(job_id)]).decode()
+    for private in (secret, api_key, "/outputs/"):
+        assert private not in logs and private not in history
+    assert "booting" in logs.lower() or "listening" in logs.lower()  # the logs were really read

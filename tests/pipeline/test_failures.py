@@ -280,3 +280,63 @@ def test_a_partial_failure_found_by_reconciliation_is_charged_for_what_it_made(
     assert (job["state"], job["uncertain"], job["charged"]) == ("retry_wait", "0", "10")
     assert sorted(store.outputs(job_id)) == [0]
     assert balanced(store) == {"allowance": 10_000, "reserved": 90, "uncertain": 0, "settled": 0, "available": 9_910}
+
+
+def test_unknowable_outcome_within_the_duplicate_allowance_is_retried_and_paid(
+        store, settings, admit, make_executor, make_router) -> None:
+    server = simulated.start(delay=0.1)
+    try:
+        job_id = admit()
+        inject(server, {"kind": "drop"})
+        executor = make_executor(server, duplicate_cost_allowance=10)
+        router = make_router(retry_base_seconds=0.0)
+        assert attempt(executor, router, job_id) == "reconcile"
+        wait_until(lambda: units(server) == [10])
+        server.sim.restart()
+        assert reconcile(executor, router, job_id) == "retry"
+        assert store.job(job_id)["charged"] == "10"  # the possible duplicate is paid for, not hidden
+        assert sweep(store, settings)["retries_promoted"] == 1
+        assert attempt(executor, router, job_id) == "done"
+    finally:
+        server.close()
+    assert units(server) == [10, 10]
+    assert balanced(store)["settled"] == 20
+
+
+def test_an_unresolved_review_expires_as_failed_and_charged(store, settings, admit, make_executor,
+                                                            make_router) -> None:
+    server = simulated.start(delay=0.1)
+    try:
+        job_id = admit()
+        inject(server, {"kind": "drop"})
+        executor, router = make_executor(server), make_router()
+        attempt(executor, router, job_id)
+        wait_until(lambda: units(server) == [10])
+        server.sim.restart()
+        reconcile(executor, router, job_id)
+    finally:
+        server.close()
+    assert store.job(job_id)["state"] == "needs_review"
+    assert sweep(store, settings, ahead=settings.review_expiry_seconds - 60)["reviews_expired"] == 0
+    assert sweep(store, settings, ahead=settings.review_expiry_seconds + 60)["reviews_expired"] == 1
+    job = store.job(job_id)
+    assert (job["state"], job["error_reason"]) == ("failed", "review_expired")
+    assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 10, "available": 9_990}
+
+
+def test_heartbeats_keep_a_long_attempt_leased(store, settings, admit, make_executor) -> None:
+    server = simulated.start(delay=1.5)
+    try:
+        job_id = admit()
+        executor = make_executor(server, lease_seconds=0.6)
+        import threading
+
+        runner = threading.Thread(target=executor.run, args=(job_id,))
+        runner.start()
+        wait_until(lambda: server.sim.queue()["queue_running"])
+        time.sleep(0.9)  # longer than the lease: only heartbeats keep it alive
+        assert sweep(store, settings).get("leases_expired", 0) == 0
+        runner.join(timeout=10)
+    finally:
+        server.close()
+    assert store.job(job_id)["state"] == "completed" and len(store.attempts(job_id)) == 1
