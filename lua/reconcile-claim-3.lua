@@ -12,11 +12,12 @@
 -- ARGV[2] worker id
 -- ARGV[3] lease length (ms)
 --
--- Returns {0 OK, generation, operation id, submitted (0|1), provider epoch at submit}
+-- Returns {0 OK, generation, operation id, submitted (0|1), provider epoch at submit, attempt number}
 --   | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
 
 local job, now = KEYS[1], tonumber(ARGV[1])
-local f = redis.call('HMGET', job, 'state', 'lease_expires', 'id', 'operation_id', 'submitted', 'submit_epoch')
+local f = redis.call('HMGET', job, 'state', 'lease_expires', 'id', 'operation_id', 'submitted', 'submit_epoch',
+  'attempt_count')
 if not f[1] then return {7} end
 if f[1] ~= 'reconciling' or tonumber(f[2] or '0') > now then return {8, f[1]} end
 local expires = now + tonumber(ARGV[3])
@@ -24,4 +25,4 @@ local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
 redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires)
 redis.call('ZADD', KEYS[2], expires, f[3])
 redis.call('ZADD', KEYS[3], expires, f[3])
-return {0, gen, f[4] or '', tonumber(f[5] or '0'), f[6] or ''}
+return {0, gen, f[4] or '', tonumber(f[5] or '0'), f[6] or '', tonumber(f[7] or '0')}

@@ -164,8 +164,7 @@ class Store:
         reply = self.scripts("reconcile-claim", [j.record, t.leases, t.reconcile], [now_ms, worker, lease_ms])
         if Code(reply[0]) is not Code.OK:
             return None
-        attempt = int(self.redis.hget(j.record, "attempt_count") or 0)
-        return Reconcile(Claim(job_id, int(reply[1]), attempt, reply[2]), bool(reply[3]), reply[4])
+        return Reconcile(Claim(job_id, int(reply[1]), int(reply[5]), reply[2]), bool(reply[3]), reply[4])
 
     def resolve_uncertain(self, claim: Claim, *, executed: bool) -> int:
         j = JobKeys(claim.job_id)

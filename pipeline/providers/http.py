@@ -70,9 +70,9 @@ def raise_for_status(method: str, response: Response) -> None:
         raise PolicyRejected("policy_rejected")
     if status < 500:
         raise InvalidInput(f"provider_http_{status}")
-    if method == "GET" or response.headers.get("x-reckon-not-executed") == "1":
+    if method == "GET":  # a read changes nothing: safe to repeat
         raise Transient(f"provider_http_{status}")
-    raise UnknownOutcome(f"provider_http_{status}")
+    raise UnknownOutcome(f"provider_http_{status}")  # it may have been queued: reconcile decides
 
 
 def retry_after(value: str | None, *, now: float | None = None) -> float | None:

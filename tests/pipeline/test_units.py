@@ -32,7 +32,6 @@ def test_settings_read_the_environment_once_and_derive_the_broker_db() -> None:
         ("POST", 403, {}, PolicyRejected),
         ("POST", 429, {"retry-after": "7"}, RateLimited),
         ("POST", 500, {}, UnknownOutcome),  # the prompt may have been queued before the error
-        ("POST", 503, {"x-reckon-not-executed": "1"}, Transient),
         ("GET", 502, {}, Transient),  # reads are safe to repeat
     ],
 )
