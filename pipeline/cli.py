@@ -100,8 +100,14 @@ def provider_clear(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def provider_pause(store: Store, args: argparse.Namespace) -> int:
+    store.block_provider(args.name, "dispatch_paused", now_ms=_now_ms())
+    _print({"provider": args.name, "blocked": store.provider_block(args.name)})
+    return 0
+
+
 def provider_status(store: Store, args: argparse.Namespace) -> int:
-    _print({"provider": args.name, "blocked": store.provider_blocked(args.name),
+    _print({"provider": args.name, "blocked": store.provider_block(args.name),
             "retry_budget": store.redis.hgetall(ProviderKeys(args.name).budget)})
     return 0
 
@@ -141,8 +147,9 @@ def parser() -> argparse.ArgumentParser:
         decision.add_argument(f"--{name}", dest="decision", action="store_const", const=name)
     resolve.set_defaults(run=review_resolve)
     provider = verbs.add_parser("provider").add_subparsers(dest="verb", required=True)
-    for verb, run, text in (("status", provider_status, "credential mark and retry budget"),
-                            ("clear", provider_clear, "clear the credential-repair mark: dispatch resumes")):
+    for verb, run, text in (("status", provider_status, "why dispatch is stopped, if it is; retry budget"),
+                            ("pause", provider_pause, "stop dispatch: jobs wait, nothing is lost"),
+                            ("clear", provider_clear, "clear a pause or credential mark: dispatch resumes")):
         sub = provider.add_parser(verb, help=text)
         sub.add_argument("name", nargs="?", default="comfyui")
         sub.set_defaults(run=run)

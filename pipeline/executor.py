@@ -87,9 +87,10 @@ class Executor:
     def run(self, job_id: str, worker: str | None = None) -> bool:
         """Run one attempt if the job is claimable; False for a duplicate, finished or deferred job."""
         now = self.now_ms()
-        if self.store.provider_blocked(self.provider.name):
+        blocked = self.store.provider_block(self.provider.name)
+        if blocked:
             due = now + int(self.settings.auth_recheck_seconds * 1000)
-            self.store.defer(job_id, now_ms=now, due_ms=due, reason="provider_credentials")
+            self.store.defer(job_id, now_ms=now, due_ms=due, reason=blocked)
             return False
         claim = self.store.claim(
             job_id, worker=worker or worker_name(), now_ms=now, lease_ms=self.lease_ms,

@@ -143,5 +143,5 @@ class ProviderKeys:
 
     @property
     def status(self) -> str:
-        """Hash: ``auth_failed_at`` (ms) while the provider needs credential repair."""
+        """Hash: why dispatch is stopped -> since when (ms): ``provider_credentials``, ``dispatch_paused``."""
         return f"{PREFIX}:{{p:{self.name}}}:status"

@@ -51,7 +51,7 @@ class Router:
             self.store.finish(claim, "cancelled", now_ms=now, reason="cancelled")
             return "cancelled"
         if isinstance(cause, ProviderAuthFailed):
-            self.store.mark_provider_auth_failed(self.provider, now_ms=now)
+            self.store.block_provider(self.provider, "provider_credentials", now_ms=now)
             due = now + int(self.settings.auth_recheck_seconds * 1000)
             self.store.retry(claim, now_ms=now, due_ms=due, error_class=cause.error_class, free=True)
             return "retry"

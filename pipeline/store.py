@@ -234,11 +234,17 @@ class Store:
         reply = self.scripts("budget", [ProviderKeys(provider).budget], [operation, tokens, capacity])
         return Code(reply[0]) is Code.OK
 
-    def mark_provider_auth_failed(self, provider: str, *, now_ms: int) -> None:
-        self.redis.hset(ProviderKeys(provider).status, "auth_failed_at", now_ms)
+    def block_provider(self, provider: str, reason: str, *, now_ms: int) -> None:
+        """Stop dispatch to a provider (``provider_credentials`` or ``dispatch_paused``) until cleared."""
+        self.redis.hset(ProviderKeys(provider).status, reason, now_ms)
+
+    def provider_block(self, provider: str) -> str | None:
+        """Why dispatch to the provider is stopped, or None."""
+        reasons = sorted(self.redis.hkeys(ProviderKeys(provider).status))
+        return reasons[0] if reasons else None
 
     def provider_blocked(self, provider: str) -> bool:
-        return bool(self.redis.hexists(ProviderKeys(provider).status, "auth_failed_at"))
+        return self.provider_block(provider) is not None
 
     def clear_provider(self, provider: str) -> bool:
         return bool(self.redis.delete(ProviderKeys(provider).status))

@@ -14,7 +14,7 @@ def test_health_and_readiness(client) -> None:
 def test_metrics_expose_states_ledgers_and_indexes(client, submit, tenant, store) -> None:
     key = tenant()
     submit(key)
-    store.mark_provider_auth_failed("comfyui", now_ms=1)
+    store.block_provider("comfyui", "provider_credentials", now_ms=1)
     text = client.simulate_get("/metrics").text
     assert 'reckon_jobs{state="queued",tenant="acme"} 1.0' in text
     assert 'reckon_ledger_units{kind="reserved",tenant="acme"} 30.0' in text

@@ -36,3 +36,25 @@ def test_job_show_and_status_never_print_the_workflow(store, capsys, admit) -> N
     code, out, _ = run(store, capsys, "status")
     assert orjson.loads(out)["jobs"] == {"queued": 1}
     assert run(store, capsys, "job", "show", "acme.nope")[0] == 1
+
+
+def test_pause_stops_dispatch_without_losing_work(store, settings, capsys, admit, make_executor, sim) -> None:
+    import time
+
+    from pipeline import actors
+    from pipeline.broker import Publisher
+    from pipeline.sweeper import Sweeper
+
+    job_id = admit()
+    assert run(store, capsys, "provider", "pause")[0] == 0
+    assert make_executor(sim).run(job_id) is False
+    job = store.job(job_id)
+    assert (job["state"], job["attempt_count"]) == ("retry_wait", "0")
+    assert store.events(job_id)[-1]["reason"] == "dispatch_paused"
+    sweeper = Sweeper(store, Publisher(actors.broker), settings, clock=lambda: time.time() + 60)
+    assert sweeper.sweep_once()["retries_promoted"] == 0
+    code, out, _ = run(store, capsys, "provider", "clear")
+    assert code == 0 and orjson.loads(out)["cleared"] is True
+    assert sweeper.sweep_once()["retries_promoted"] == 1
+    assert make_executor(sim).run(job_id) is True
+    assert store.job(job_id)["state"] == "completed" and len(sim.sim.charges) == 1
