@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Any, Callable
 
 import falcon
 import orjson
@@ -88,11 +88,11 @@ class Jobs:
         before = int(cursor) if cursor else None
         jobs: list[dict[str, Any]] = []
         rows = self.store.job_page(req.context.tenant, before=before, limit=limit if state is None else MAX_SCAN)
-        for job_id, seq in rows:
-            before = seq
-            record = self.store.job(job_id)
-            if record and (state is None or record["state"] == state):
-                jobs.append(job_view(record, self.store.outputs(job_id)))
+        sequence = {job_id: seq for job_id, seq in rows}
+        for record, outputs in self.store.jobs_with_outputs([job_id for job_id, _ in rows]):
+            before = sequence[record["id"]]
+            if state is None or record["state"] == state:
+                jobs.append(job_view(record, outputs))
                 if len(jobs) == limit:
                     break
         exhausted = len(rows) < (limit if state is None else MAX_SCAN) and len(jobs) < limit
@@ -109,12 +109,12 @@ class Job:
 
 
 class Cancel:
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+        self.store, self.clock = store, clock
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
         owned_job(self.store, req.context.tenant, job_id)
-        state, _ = self.store.cancel(job_id, now_ms=int(time.time() * 1000))
+        state, _ = self.store.cancel(job_id, now_ms=int(self.clock() * 1000))
         if state in (State.COMPLETED, State.FAILED):
             raise Problem(409, "job-finished", "Job already finished", f"the job is {state}", state=state)
         record = owned_job(self.store, req.context.tenant, job_id)

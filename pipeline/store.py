@@ -14,6 +14,10 @@ from .keys import JobKeys, ProviderKeys, TenantKeys
 from .scripts import Code, Scripts, raise_for
 
 
+def _outputs(raw: dict[str, str]) -> dict[int, dict[str, Any]]:
+    return {int(index): orjson.loads(value) for index, value in sorted(raw.items(), key=lambda kv: int(kv[0]))}
+
+
 def connect(url: str) -> redis.Redis:
     """A client for reckon's state database (text replies, hiredis parser when installed)."""
     return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
@@ -267,8 +271,17 @@ class Store:
         return record or None
 
     def outputs(self, job_id: str) -> dict[int, dict[str, Any]]:
-        raw = self.redis.hgetall(JobKeys(job_id).outputs)
-        return {int(index): orjson.loads(value) for index, value in sorted(raw.items(), key=lambda kv: int(kv[0]))}
+        return _outputs(self.redis.hgetall(JobKeys(job_id).outputs))
+
+    def jobs_with_outputs(self, job_ids: list[str]) -> list[tuple[dict[str, str], dict[int, dict[str, Any]]]]:
+        """(record, outputs) of each existing job, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(JobKeys(job_id).record)
+            pipe.hgetall(JobKeys(job_id).outputs)
+        replies = pipe.execute()
+        pairs = zip(replies[::2], replies[1::2], strict=True)
+        return [(record, _outputs(outputs)) for record, outputs in pairs if record]
 
     def attempts(self, job_id: str) -> list[dict[str, Any]]:
         raw = self.redis.hgetall(JobKeys(job_id).attempts)
