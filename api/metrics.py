@@ -36,7 +36,8 @@ class StateCollector:
         stats = self.store.redis.hgetall(keys.STATS)
         stale = CounterMetricFamily("reckon_stale_writes_rejected", "Writes refused for a stale lease generation.")
         stale.add_metric([], int(stats.get("stale_writes_rejected", 0)))
-        blocked = GaugeMetricFamily("reckon_provider_blocked", "1 while dispatch to a provider is stopped (credentials, pause).",
+        blocked = GaugeMetricFamily("reckon_provider_blocked",
+                                    "1 while dispatch to a provider is stopped (credentials, pause).",
                                     labels=["provider"])
         blocked.add_metric([self.provider], int(self.store.provider_blocked(self.provider)))
         yield from (jobs, ledger, depth, stale, blocked)
