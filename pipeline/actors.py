@@ -8,6 +8,7 @@ import dramatiq
 
 from .blobs import BlobStore
 from .broker import ROUTES, build_broker
+from .errors import AttemptFailed, StaleLease
 from .executor import Executor
 from .providers.comfyui import ComfyUI
 from .providers.http import HttpTransport
@@ -61,8 +62,8 @@ def reconcile_job(job_id: str) -> None:
 
 def _declare(fn: Callable[[str], None], route: str, order: int) -> dramatiq.Actor[[str], None]:
     queue_name, actor_name = ROUTES[route]
-    declare = dramatiq.actor(actor_name=actor_name, queue_name=queue_name, priority=order, max_retries=0,
-                             time_limit=TIME_LIMIT_MS)
+    declare = dramatiq.actor(actor_name=actor_name, queue_name=queue_name, priority=order,
+                             time_limit=TIME_LIMIT_MS, throws=(AttemptFailed, StaleLease))
     return declare(fn)
 
 

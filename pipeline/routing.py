@@ -101,8 +101,9 @@ class FailureRouter(Middleware):
 
     @property
     def actor_options(self) -> set[str]:
-        #: Per-actor backoff (seconds); a message option overrides the actor's.
-        return {"retry_backoff_base", "retry_backoff_cap"}
+        #: Per-actor backoff (seconds), a message option overriding the actor's; and ``throws``,
+        #: the exceptions Dramatiq logs as expected (this middleware routes them) instead of errors.
+        return {"retry_backoff_base", "retry_backoff_cap", "throws"}
 
     def after_process_message(self, broker: dramatiq.Broker, message: Any, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
