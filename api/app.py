@@ -14,7 +14,11 @@ import redis
 
 from pipeline.blobs import BlobStore
 from pipeline.errors import (
-    IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest, UnknownTenant,
+    IdempotencyConflict,
+    IdempotencyKeyReused,
+    InsufficientAllowance,
+    InvalidRequest,
+    UnknownTenant,
 )
 from pipeline.jobs import Admitter
 from pipeline.settings import Settings

@@ -12,7 +12,6 @@ from pipeline import keys
 from pipeline.keys import TenantKeys
 from pipeline.store import Store
 
-
 INDEXES = ("queued", "leases", "retry", "reconcile", "review", "dead", "outbox")
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.keys import JOB_ID_RE
 from pipeline.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_OUTPUTS, PRIORITIES
+from pipeline.keys import JOB_ID_RE
 
 STATES = ["queued", "running", "retry_wait", "reconciling", "needs_review", "completed", "failed", "cancelled"]
 

@@ -13,8 +13,8 @@ from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed
 from .jobs import iso
 from .keys import ProviderKeys, TenantKeys
 from .settings import Settings
-from .tenants import TenantError, create_key, create_tenant
 from .store import Store, connect
+from .tenants import TenantError, create_key, create_tenant
 
 #: Job record fields never printed: the workflow is the client's private input.
 PRIVATE_FIELDS = frozenset({"workflow"})

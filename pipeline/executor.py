@@ -22,8 +22,15 @@ import redis
 from . import faultpoints
 from .blobs import BlobStore
 from .errors import (
-    AttemptFailed, CancelRequested, NotExecuted, OperationFailed, ProviderError, RateLimited, StaleLease,
-    Transient, UnknownOutcome,
+    AttemptFailed,
+    CancelRequested,
+    NotExecuted,
+    OperationFailed,
+    ProviderError,
+    RateLimited,
+    StaleLease,
+    Transient,
+    UnknownOutcome,
 )
 from .providers.base import OperationStatus, OutputRef, Provider
 from .settings import Settings

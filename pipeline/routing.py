@@ -13,7 +13,12 @@ import dramatiq
 from dramatiq.middleware import Middleware
 
 from .errors import (
-    AttemptFailed, InvalidInput, PolicyRejected, ProviderAuthFailed, StaleLease, UnknownOutcome,
+    AttemptFailed,
+    InvalidInput,
+    PolicyRejected,
+    ProviderAuthFailed,
+    StaleLease,
+    UnknownOutcome,
 )
 from .settings import Settings
 from .store import Claim, Store

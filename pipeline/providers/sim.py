@@ -28,10 +28,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import uuid
 import struct
 import threading
 import time
+import uuid
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any

@@ -9,7 +9,9 @@ import pytest
 import schemathesis
 from falcon import testing
 from falcon.inspect import inspect_routes
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from api.app import create_app
 from api.openapi import SPEC

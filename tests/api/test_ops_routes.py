@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from falcon import testing
+
+from api.app import create_app
 from pipeline.keys import TenantKeys
+from pipeline.store import Store, connect
+from tests.conftest import free_port
 
 
 def test_health_and_readiness(client) -> None:
@@ -25,12 +30,6 @@ def test_metrics_expose_states_ledgers_and_indexes(client, submit, tenant, store
 
 
 def test_unreachable_state_is_a_503_problem(settings) -> None:
-    from falcon import testing
-
-    from api.app import create_app
-    from pipeline.store import Store, connect
-    from tests.conftest import free_port
-
     down = Store(connect(f"redis://127.0.0.1:{free_port()}/0"))
     client = testing.TestClient(create_app(settings, store=down, publish=lambda job_id, priority: None))
     resp = client.simulate_get("/v1/usage", headers={"Authorization": "Bearer rk_x"})

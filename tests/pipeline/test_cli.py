@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import orjson
 
-from pipeline import cli
+from pipeline import actors, cli
+from pipeline.broker import Publisher
+from pipeline.sweeper import Sweeper
 from pipeline.tenants import tenant_for_key
 
 
@@ -39,12 +43,6 @@ def test_job_show_and_status_never_print_the_workflow(store, capsys, admit) -> N
 
 
 def test_pause_stops_dispatch_without_losing_work(store, settings, capsys, admit, make_executor, sim) -> None:
-    import time
-
-    from pipeline import actors
-    from pipeline.broker import Publisher
-    from pipeline.sweeper import Sweeper
-
     job_id = admit()
     assert run(store, capsys, "provider", "pause")[0] == 0
     assert make_executor(sim).run(job_id) is False

@@ -12,7 +12,8 @@ import pytest
 from pipeline import actors
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
-from pipeline.errors import AttemptFailed, StaleLease
+from pipeline.errors import AttemptFailed, IdempotencyConflict, StaleLease
+from pipeline.jobs import Admitter
 from pipeline.providers import sim as simulated
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
@@ -126,9 +127,6 @@ def test_an_unreachable_provider_is_retried_later(store, admit, make_executor, m
 
 
 def test_sweeper_publishes_what_admission_never_sent(store, settings, broker, tenant) -> None:
-    from pipeline.jobs import Admitter
-    from pipeline.errors import IdempotencyConflict
-
     tenant()
 
     def crash(job_id: str, priority: str) -> None:

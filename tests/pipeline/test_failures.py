@@ -3,13 +3,14 @@ faults over loopback HTTP, the executor and the router. Provider charges come fr
 
 from __future__ import annotations
 
+import threading
 import time
 from urllib.request import Request, urlopen
 
 import orjson
 import pytest
 
-from pipeline import actors
+from pipeline import actors, cli
 from pipeline.broker import Publisher
 from pipeline.errors import AttemptFailed, InsufficientAllowance
 from pipeline.keys import TenantKeys
@@ -191,8 +192,6 @@ def test_partial_outputs_survive_and_only_missing_ones_are_asked_for(
 
 
 def test_restarted_provider_leaves_the_outcome_to_review(store, admit, make_executor, make_router, capsys) -> None:
-    from pipeline import cli
-
     server = simulated.start(delay=0.2)
     try:
         job_id = admit()
@@ -228,8 +227,6 @@ def test_cancel_while_running_stops_new_steps_and_reports_the_effect(store, admi
     try:
         job_id = admit()
         executor = make_executor(server)
-        import threading
-
         runner = threading.Thread(target=executor.run, args=(job_id,))
         runner.start()
         wait_until(lambda: server.sim.queue()["queue_running"])
@@ -329,8 +326,6 @@ def test_heartbeats_keep_a_long_attempt_leased(store, settings, admit, make_exec
     try:
         job_id = admit()
         executor = make_executor(server, lease_seconds=1.5)
-        import threading
-
         runner = threading.Thread(target=executor.run, args=(job_id,))
         runner.start()
         wait_until(lambda: server.sim.queue()["queue_running"])
