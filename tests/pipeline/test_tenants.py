@@ -1,0 +1,41 @@
+"""Tenants and API keys: plain Redis commands, no scripts, so fakeredis stands in for the server."""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+
+from pipeline import keys
+from pipeline.tenants import TenantError, create_key, create_tenant, hash_key, tenant_for_key
+
+
+@pytest.fixture
+def fake() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis(decode_responses=True)
+
+
+def test_a_key_maps_to_its_tenant_and_only_its_hash_is_stored(fake) -> None:
+    create_tenant(fake, "acme", 500)
+    api_key = create_key(fake, "acme")
+    assert api_key.startswith("rk_") and len(api_key) > 30
+    assert tenant_for_key(fake, api_key) == "acme"
+    assert tenant_for_key(fake, api_key + "x") is None
+    assert fake.keys("reckon:apikey:*") == [keys.api_key(hash_key(api_key))]
+    assert fake.hgetall("reckon:{t:acme}:ledger") == {"allowance": "500"}
+    assert fake.smembers(keys.TENANTS) == {"acme"}
+
+
+@pytest.mark.parametrize(("name", "allowance"), [("Acme", 1), ("a" * 41, 1), ("a.b", 1), ("acme", -1)])
+def test_bad_tenants_are_refused(fake, name: str, allowance: int) -> None:
+    with pytest.raises(TenantError):
+        create_tenant(fake, name, allowance)
+    assert fake.smembers(keys.TENANTS) == set()
+
+
+def test_a_tenant_is_created_once_and_keys_need_a_tenant(fake) -> None:
+    create_tenant(fake, "acme", 500)
+    with pytest.raises(TenantError):
+        create_tenant(fake, "acme", 900)
+    assert fake.hget("reckon:{t:acme}:ledger", "allowance") == "500"
+    with pytest.raises(TenantError):
+        create_key(fake, "globex")
