@@ -38,7 +38,7 @@ class StateCollector:
         blocked = GaugeMetricFamily("reckon_provider_blocked",
                                     "1 while dispatch to a provider is stopped (credentials, pause).",
                                     labels=["provider"])
-        blocked.add_metric([self.provider], int(self.store.provider_blocked(self.provider)))
+        blocked.add_metric([self.provider], int(self.store.provider_block(self.provider) is not None))
         yield from (jobs, ledger, depth, stale, blocked)
 
 

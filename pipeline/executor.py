@@ -24,6 +24,7 @@ from .blobs import BlobStore
 from .errors import (
     AttemptFailed,
     CancelRequested,
+    IncompleteOutputs,
     NotExecuted,
     OperationFailed,
     ProviderError,
@@ -120,9 +121,7 @@ class Executor:
 
     def _attempt(self, claim: Claim, heartbeat: Heartbeat) -> None:
         """Ask the provider for every missing output and store what it produced."""
-        job = self.store.job(claim.job_id)
-        assert job is not None, "a claimed job exists"
-        stored = self.store.outputs(claim.job_id)
+        [(job, stored)] = self.store.jobs_with_outputs([claim.job_id])
         missing = [index for index in range(int(job["outputs_requested"])) if index not in stored]
         if not missing:
             return
@@ -185,10 +184,10 @@ class Executor:
             self._store_outputs(claim, status.outputs, heartbeat)
         except (Transient, RateLimited):
             return self._later(claim)
-        requested = int((self.store.job(claim.job_id) or {}).get("outputs_requested", 0))
-        if len(self.store.outputs(claim.job_id)) < requested:
-            raise AttemptFailed(claim, OperationFailed(status.error or "provider_outputs_missing"))
-        self.store.finish(claim, "completed", now_ms=self.now_ms())
+        try:
+            self.store.finish(claim, "completed", now_ms=self.now_ms())
+        except IncompleteOutputs:  # it ran but did not make them all: retry the missing ones
+            raise AttemptFailed(claim, OperationFailed(status.error or "provider_outputs_missing")) from None
 
     def _later(self, claim: Claim) -> None:
         due = self.now_ms() + int(self.settings.reconcile_interval_seconds * 1000)

@@ -48,7 +48,7 @@ class Router:
     def route(self, failure: AttemptFailed, *, base: float | None = None, cap: float | None = None) -> str:
         claim, cause = failure.claim, failure.cause
         now = int(self.clock() * 1000)
-        job = self.store.job(claim.job_id) or {}
+        [(job, stored)] = self.store.jobs_with_outputs([claim.job_id])
         if isinstance(cause, UnknownOutcome):
             self.store.begin_reconcile(claim.job_id, now_ms=now, due_ms=now, reason=cause.error_class, claim=claim)
             return "reconcile"
@@ -65,7 +65,7 @@ class Router:
         delay = backoff(int(job.get("attempt_count", 1)), retry_after=cause.retry_after, rng=self.rng,
                         base=self.settings.retry_base_seconds if base is None else base,
                         cap=self.settings.retry_cap_seconds if cap is None else cap)
-        blocker = self._blocker(job, now, delay)
+        blocker = self._blocker(job, len(stored), now, delay)
         if blocker is None and not self.store.budget(
             self.provider, "take", self.settings.retry_cost_tokens, self.settings.retry_budget_tokens
         ):
@@ -75,11 +75,11 @@ class Router:
         self.store.retry(claim, now_ms=now, due_ms=now + int(delay * 1000), error_class=cause.error_class)
         return "retry"
 
-    def _blocker(self, job: dict[str, str], now: int, delay: float) -> str | None:
+    def _blocker(self, job: dict[str, str], stored: int, now: int, delay: float) -> str | None:
         """Why another attempt may not be made, or None."""
         if int(job["attempt_count"]) >= int(job["attempts_allowed"]):
             return "attempts_exhausted"
-        missing = int(job["outputs_requested"]) - len(self.store.outputs(job["id"]))
+        missing = int(job["outputs_requested"]) - stored
         if missing * int(job["price"]) > int(job["reserved"]):
             return "reservation_exhausted"
         if now + (delay + self.settings.min_attempt_seconds) * 1000 >= int(job["deadline"]):

@@ -144,7 +144,7 @@ class Store:
         t = j.tenant
         self._fenced(
             "retry",
-            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile],
+            [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile],
             [claim.generation, now_ms, due_ms, error_class, int(free)],
         )
 
@@ -189,7 +189,7 @@ class Store:
         t = j.tenant
         reply = self.scripts(
             "resolve-review",
-            [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs, j.attempts],
+            [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs],
             [now_ms, decision, reason],
         )
         return self._check(reply)[1]
@@ -214,7 +214,7 @@ class Store:
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "cancel", [j.record, t.ledger, t.queued, t.retry, t.outbox, j.events, t.counts, j.attempts],
+            "cancel", [j.record, t.ledger, t.queued, t.retry, t.outbox, j.events, t.counts],
             [now_ms, reason],
         )
         self._check(reply)
@@ -228,7 +228,7 @@ class Store:
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, j.outputs], [now_ms]
+            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts], [now_ms]
         )
         if Code(reply[0]) is Code.INSUFFICIENT_ALLOWANCE:
             raise InsufficientAllowance(reply[1], reply[2])
@@ -246,9 +246,6 @@ class Store:
         """Why dispatch to the provider is stopped, or None."""
         reasons = sorted(self.redis.hkeys(ProviderKeys(provider).status))
         return reasons[0] if reasons else None
-
-    def provider_blocked(self, provider: str) -> bool:
-        return self.provider_block(provider) is not None
 
     def clear_provider(self, provider: str) -> bool:
         return bool(self.redis.delete(ProviderKeys(provider).status))

@@ -38,7 +38,7 @@ class Sweeper:
         """One pass over every tenant; returns how many jobs each step moved."""
         done: Counter[str] = Counter()
         now = int(self.clock() * 1000)
-        blocked = self.store.provider_blocked(self.provider)
+        blocked = self.store.provider_block(self.provider) is not None
         for tenant in self.store.tenants():
             t = TenantKeys(tenant)
             for job_id in self.store.index(t.leases, until_ms=now, limit=BATCH):

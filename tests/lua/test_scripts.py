@@ -44,6 +44,8 @@ def test_every_script_declares_its_key_count_and_has_a_header() -> None:
         nkeys = int(path.stem.rsplit("-", 1)[1])
         assert text.startswith("-- "), path.name
         assert f"KEYS[{nkeys}]" in text and f"KEYS[{nkeys + 1}]" not in text, path.name
+        code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+        assert [i for i in range(1, nkeys + 1) if f"KEYS[{i}]" not in code] == [], path.name  # every key is used
         assert "redis.call('KEYS'" not in text and "SCAN" not in text, path.name
 
 

@@ -132,7 +132,7 @@ def test_auth_failure_marks_the_provider_and_stops_dispatch_until_cleared(
     inject(sim, {"kind": "auth"})
     executor, router = make_executor(sim), make_router()
     assert attempt(executor, router, first) == "retry"
-    assert store.provider_blocked("comfyui")
+    assert store.provider_block("comfyui") == "provider_credentials"
     assert store.job(first)["state"] == "retry_wait" and store.job(first)["attempts_allowed"] == "4"  # not its fault
     assert attempt(executor, router, second) == "skipped"  # deferred, the provider is not called
     assert (store.job(second)["state"], store.job(second)["attempt_count"]) == ("retry_wait", "0")

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from pipeline.errors import CancelRequested, IncompleteOutputs, InsufficientAllowance, NotAllowed, StaleLease
 from pipeline.scripts import Code
@@ -64,10 +64,6 @@ class Jobs(RuleBasedStateMachine):
         with pytest.raises(StaleLease):
             write()
         return False
-
-    @initialize()
-    def start(self) -> None:
-        pass
 
     @rule(outputs=st.integers(1, 3))
     def admit(self, outputs: int) -> None:

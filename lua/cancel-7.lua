@@ -10,7 +10,7 @@
 -- KEYS[1] job record (hash)          KEYS[5] tenant's outbox (zset)
 -- KEYS[2] tenant ledger (hash)       KEYS[6] job's event list
 -- KEYS[3] tenant's queued (zset)     KEYS[7] tenant's per-state counts (hash)
--- KEYS[4] tenant's retry index       KEYS[8] job's attempts (hash)
+-- KEYS[4] tenant's retry index
 --
 -- ARGV[1] now (ms)
 -- ARGV[2] reason (cancelled | superseded)

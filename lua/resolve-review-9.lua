@@ -9,7 +9,7 @@
 -- KEYS[2] tenant ledger (hash)       KEYS[7] job's event list
 -- KEYS[3] tenant's review index      KEYS[8] tenant's per-state counts (hash)
 -- KEYS[4] tenant's queued (zset)     KEYS[9] job's outputs (hash)
--- KEYS[5] tenant's outbox (zset)     KEYS[10] job's attempts (hash)
+-- KEYS[5] tenant's outbox (zset)
 --
 -- ARGV[1] now (ms)
 -- ARGV[2] decision: retry | failed | completed
