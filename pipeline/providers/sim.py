@@ -16,6 +16,9 @@ Faults are injected per run, for the next N prompts, with ``POST /sim/faults``
 - ``auth``: 401, credentials refused, nothing queued
 - ``drop``: the prompt is queued (runs, is charged), the connection closes unanswered
 - ``partial`` (``produce``): the prompt produces only its first ``produce`` outputs, then fails
+- ``read_error`` (``path``, ``status``): a read (GET) whose path starts with ``path`` (``/history``,
+  ``/queue``, ``/view``, ``/system_stats``) answers ``status`` (default 500; 0 closes the connection
+  unanswered); nothing changes at the provider
 
 ``POST /sim/restart`` loses queue and history, like a ComfyUI restart; the charge
 ledger, the ground truth of what was paid, survives.
@@ -87,11 +90,11 @@ class SimComfy:
             self.cond.notify_all()
             return {"prompt_id": prompt_id, "number": self.number, "node_errors": {}}
 
-    def take_fault(self, *kinds: str) -> dict[str, Any] | None:
-        """The first active fault of one of ``kinds``, counting one use of it."""
+    def take_fault(self, *kinds: str, path: str = "") -> dict[str, Any] | None:
+        """The first active fault of one of ``kinds`` (matching ``path`` if it names one), counting one use."""
         with self.cond:
             for fault in self.faults:
-                if fault["kind"] in kinds and fault.get("times", 1) > 0:
+                if fault["kind"] in kinds and fault.get("times", 1) > 0 and path.startswith(fault.get("path", "")):
                     fault["times"] = fault.get("times", 1) - 1
                     return dict(fault)
         return None
@@ -169,9 +172,24 @@ class Handler(BaseHTTPRequestHandler):
         if fault:
             time.sleep(float(fault.get("seconds", 1.0)))
 
+    def _read_fault(self, path: str) -> bool:
+        """Answer a faulty read if a ``read_error`` fault matches ``path``; True if it did."""
+        fault = self.server.sim.take_fault("read_error", path=path)
+        if fault is None:
+            return False
+        status = int(fault.get("status", 500))
+        if status == 0:
+            self.close_connection = True
+            self.connection.shutdown(2)
+        else:
+            self._send(status, {"error": "sim_read_error"})
+        return True
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self._delay()
         sim, url = self.server.sim, urlsplit(self.path)
+        if not url.path.startswith("/sim/") and self._read_fault(url.path):
+            return None
         if url.path == "/system_stats":
             return self._send(200, {"system": {"os": "posix", "comfyui_version": "sim", "reckon_boot_id": sim.boot_id},
                                     "devices": []})
