@@ -46,7 +46,7 @@ SPEC: dict[str, Any] = {
                                  "description": "at least outputs x price per output, else 422"},
                     "deadline_s": {"type": "integer", "minimum": 1, "maximum": MAX_DEADLINE_SECONDS},
                     "priority": {"enum": list(PRIORITIES)},
-                    "supersedes": {"type": "string", "pattern": JOB_ID_RE.pattern,
+                    "supersedes": {"type": "string", "pattern": f"^{JOB_ID_RE.pattern}$",
                                    "description": "id of an older job this one replaces"},
                 },
             },
@@ -104,7 +104,7 @@ SPEC: dict[str, Any] = {
                 "summary": "List the tenant's jobs, newest first",
                 "parameters": [
                     {"name": "state", "in": "query", "schema": {"enum": STATES}},
-                    {"name": "cursor", "in": "query", "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+                    {"name": "cursor", "in": "query", "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}},
                     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
                 ],
                 "responses": {

@@ -15,25 +15,19 @@ from pipeline.jobs import Admitter, State, iso, job_view
 from pipeline.keys import tenant_of
 from pipeline.store import Store
 
+from .body import read_json
 from .problems import Problem
 
-IDEMPOTENCY_KEY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
+#: Validation patterns are used with ``fullmatch``: ``$`` would accept a trailing newline,
+#: and ``str.isdigit`` accepts non-ASCII digits ("١٢", "²") that ``int`` reads or refuses.
+IDEMPOTENCY_KEY_RE = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
+#: Cursors and page sizes: ASCII digits, at most 18 (below 2**63, far below int()'s digit limit).
+NUMBER_PARAM_RE = re.compile(r"[0-9]{1,18}")
 DEFAULT_PAGE = 50
 MAX_PAGE = 200
+MAX_CURSOR = 10**18 - 1
 #: Index rows a filtered listing reads at most per page before it hands back a cursor.
 MAX_SCAN = 1000
-
-
-def read_json(req: falcon.Request, limit: int) -> Any:
-    if (req.content_length or 0) > limit:
-        raise Problem(413, "payload-too-large", "Request body too large", f"the limit is {limit} bytes")
-    data = req.bounded_stream.read(limit + 1)
-    if len(data) > limit:
-        raise Problem(413, "payload-too-large", "Request body too large", f"the limit is {limit} bytes")
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise Problem(400, "malformed-json", "Malformed JSON", "the request body is not valid JSON") from None
 
 
 def owned_job(store: Store, tenant: str, job_id: str) -> dict[str, str]:
@@ -48,12 +42,13 @@ def owned_job(store: Store, tenant: str, job_id: str) -> dict[str, str]:
     return record
 
 
-def _int_param(req: falcon.Request, name: str, default: int, high: int) -> int:
+def _int_param(req: falcon.Request, name: str, low: int, high: int) -> int | None:
+    """A query parameter of ASCII digits from ``low`` to ``high``, None if absent; 400 for anything else."""
     raw = req.get_param(name)
     if raw is None:
-        return default
-    if not raw.isdigit() or not 1 <= int(raw) <= high:
-        raise Problem(400, "invalid-parameter", "Invalid query parameter", f"{name} must be 1..{high}", field=name)
+        return None
+    if not NUMBER_PARAM_RE.fullmatch(raw) or not low <= int(raw) <= high:
+        raise Problem(400, "invalid-parameter", "Invalid query parameter", f"{name} must be {low}..{high}", field=name)
     return int(raw)
 
 
@@ -63,7 +58,7 @@ class Jobs:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         key = req.get_header("Idempotency-Key")
-        if key is None or not IDEMPOTENCY_KEY_RE.match(key):
+        if key is None or not IDEMPOTENCY_KEY_RE.fullmatch(key):
             raise Problem(
                 400, "idempotency-key-invalid", "Idempotency-Key required",
                 "send an Idempotency-Key header of 1 to 255 characters from A-Za-z0-9_.:-",
@@ -81,11 +76,8 @@ class Jobs:
         state = req.get_param("state")
         if state is not None and state not in {s.value for s in State}:
             raise Problem(400, "invalid-parameter", "Invalid query parameter", "unknown state", field="state")
-        cursor = req.get_param("cursor")
-        if cursor is not None and not cursor.isdigit():
-            raise Problem(400, "invalid-parameter", "Invalid query parameter", "malformed cursor", field="cursor")
-        limit = _int_param(req, "limit", DEFAULT_PAGE, MAX_PAGE)
-        before = int(cursor) if cursor else None
+        before = _int_param(req, "cursor", 0, MAX_CURSOR)
+        limit = _int_param(req, "limit", 1, MAX_PAGE) or DEFAULT_PAGE
         jobs: list[dict[str, Any]] = []
         rows = self.store.job_page(req.context.tenant, before=before, limit=limit if state is None else MAX_SCAN)
         sequence = {job_id: seq for job_id, seq in rows}
@@ -109,12 +101,12 @@ class Job:
 
 
 class Cancel:
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
-        self.store, self.clock = store, clock
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
         owned_job(self.store, req.context.tenant, job_id)
-        state, _ = self.store.cancel(job_id, now_ms=int(self.clock() * 1000))
+        state, _ = self.store.cancel(job_id)
         if state in (State.COMPLETED, State.FAILED):
             raise Problem(409, "job-finished", "Job already finished", f"the job is {state}", state=state)
         record = owned_job(self.store, req.context.tenant, job_id)

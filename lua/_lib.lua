@@ -6,6 +6,14 @@
 -- holds reserved = sum(R + C), uncertain = sum(U) and settled; so
 -- allowance = available + reserved + uncertain + settled at every step.
 
+-- Milliseconds on Redis's own clock (TIME), the one clock that decides leases and due
+-- times; a test may pass a number instead (`given`), production passes ''.
+local function clock(given)
+  if given and given ~= '' then return tonumber(given) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 -- Appends one state-change event to the job's event list (seq counts from 1).
 local function append_event(job, events, now, from, to, reason)
   local seq = redis.call('HINCRBY', job, 'event_seq', 1)
@@ -22,9 +30,19 @@ local function move(job, counts, events, now, from, to, reason)
 end
 
 -- True when the job is running or reconciling under lease generation `gen` (a string).
+-- Every change of owner raises the generation (claims, and `release`), so only the
+-- current holder passes.
 local function holds_lease(job, gen)
   local f = redis.call('HMGET', job, 'state', 'lease_gen')
   return (f[1] == 'running' or f[1] == 'reconciling') and f[2] == gen
+end
+
+-- Ends the job's lease, whoever holds it: the generation goes up, so the last holder
+-- (a worker, a reconciler, or a stalled one of either) can no longer write.
+local function release(job, leases, job_id)
+  redis.call('HINCRBY', job, 'lease_gen', 1)
+  redis.call('HSET', job, 'lease_owner', '', 'lease_expires', 0)
+  redis.call('ZREM', leases, job_id)
 end
 
 -- Closes the job's current attempt record with a final state. A closed attempt stays
@@ -61,6 +79,15 @@ local function shift(job, ledger, from, to, amount)
   return amount
 end
 
+-- Whether a provider execution happened for the job: `occurred` (something was
+-- charged), `possible` (submitted, or cost held uncertain) or `none`.
+local function external_effect(job)
+  local f = redis.call('HMGET', job, 'charged', 'settled', 'uncertain', 'submitted')
+  if tonumber(f[1] or '0') + tonumber(f[2] or '0') > 0 then return 'occurred' end
+  if tonumber(f[3] or '0') > 0 or f[4] == '1' then return 'possible' end
+  return 'none'
+end
+
 -- Settles a job that is ending: what it was charged becomes settled, the rest of its
 -- reservation is released. Anything still uncertain is taken as charged: releasing it
 -- would understate what may be owed. Called only on a transition into a terminal state.
@@ -72,4 +99,26 @@ local function settle(job, ledger, now)
   redis.call('HINCRBY', ledger, 'settled', charged)
   redis.call('HINCRBY', job, 'settled', charged)
   redis.call('HSET', job, 'reserved', 0, 'charged', 0, 'settled_at', now)
+end
+
+-- Ends a job that is queued or waiting to retry: cancelled (or failed) and settled at once.
+local function end_waiting(job, ledger, queued, retry, outbox, events, counts, now, from, to, reason)
+  local job_id = redis.call('HGET', job, 'id')
+  redis.call('ZREM', queued, job_id)
+  redis.call('ZREM', retry, job_id)
+  redis.call('ZREM', outbox, job_id)
+  settle(job, ledger, now)
+  move(job, counts, events, now, from, to, reason)
+end
+
+-- Fails a queued job whose deadline has passed before any worker took it: settled,
+-- dead-lettered, never dispatched.
+local function expire_queued(job, ledger, queued, outbox, dead, events, counts, now, reason)
+  local job_id = redis.call('HGET', job, 'id')
+  redis.call('ZREM', queued, job_id)
+  redis.call('ZREM', outbox, job_id)
+  settle(job, ledger, now)
+  redis.call('HSET', job, 'error_class', 'deadline_exceeded', 'error_reason', reason)
+  redis.call('ZADD', dead, now, job_id)
+  move(job, counts, events, now, 'queued', 'failed', 'deadline_exceeded')
 end

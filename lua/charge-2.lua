@@ -2,7 +2,9 @@
 --
 -- Guarantees: the cost of what the provider produced is booked (reserved ->
 -- charged) before any output is fetched, so a worker that dies after this point
--- leaves no doubt about it; booked once per attempt.
+-- leaves no doubt about it; booked once per attempt. Whatever was held as
+-- uncertain for the attempt is resolved in the same step (the provider's own
+-- report replaces the guess), so it can never be settled on top of the charge.
 --
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant ledger (hash)
@@ -15,4 +17,5 @@
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 if redis.call('HGET', KEYS[1], 'attempt_charged') == '1' then return {0, 0} end
 redis.call('HSET', KEYS[1], 'attempt_charged', 1)
+shift(KEYS[1], KEYS[2], 'uncertain', 'reserved', redis.call('HGET', KEYS[1], 'uncertain') or '0')
 return {0, shift(KEYS[1], KEYS[2], 'reserved', 'charged', ARGV[2])}

@@ -1,7 +1,7 @@
 -- finish: ends a running or reconciling job as completed, failed or cancelled,
 -- and settles its cost, once.
 --
--- Guarantees: only the current lease generation finishes the job; a job
+-- Guarantees: only the current lease generation finishes the job, and its lease ends; a job
 -- completes only with every requested output recorded; in the same step the
 -- job is settled (what was charged) and the rest of its reservation released. A failed job gets a dead-letter entry; a cancelled one
 -- records whether a provider execution happened (external_effect).
@@ -13,14 +13,14 @@
 -- KEYS[5] job's event list
 --
 -- ARGV[1] lease generation held by the caller
--- ARGV[2] now (ms)
+-- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] outcome: completed | failed | cancelled
 -- ARGV[4] error class ('' when completed)
 -- ARGV[5] safe reason (an identifier, never provider text)
 --
 -- Returns {0 OK, outcome} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
 
-local job, now, outcome = KEYS[1], ARGV[2], ARGV[3]
+local job, now, outcome = KEYS[1], clock(ARGV[2]), ARGV[3]
 if not holds_lease(job, ARGV[1]) then return {9} end
 if outcome == 'completed' then
   local stored = redis.call('HLEN', KEYS[6])
@@ -33,17 +33,13 @@ end
 local job_id = redis.call('HGET', job, 'id')
 local from = redis.call('HGET', job, 'state')
 if outcome == 'cancelled' then
-  local f = redis.call('HMGET', job, 'charged', 'uncertain', 'settled', 'submitted')
-  local effect = 'none'
-  if tonumber(f[1] or '0') + tonumber(f[3] or '0') > 0 then effect = 'occurred'
-  elseif tonumber(f[2] or '0') > 0 or f[4] == '1' then effect = 'possible' end
-  redis.call('HSET', job, 'external_effect', effect)
+  redis.call('HSET', job, 'external_effect', external_effect(job))
 end
 settle(job, KEYS[2], now)
 end_attempt(job, KEYS[4], now, outcome, ARGV[4])
-redis.call('ZREM', KEYS[3], job_id)
+release(job, KEYS[3], job_id)
 redis.call('ZREM', KEYS[8], job_id)
-redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[5], 'lease_owner', '')
+redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[5])
 if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end
 move(job, KEYS[7], KEYS[5], now, from, outcome, ARGV[5])
 return {0, outcome}

@@ -9,20 +9,20 @@
 -- KEYS[3] tenant's retry index       KEYS[7] tenant's per-state counts (hash)
 -- KEYS[4] tenant's queued (zset)     KEYS[8] tenant's dead letters (zset)
 --
--- ARGV[1] now (ms)
+-- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] job id
 --
 -- Returns {0 OK, new state} | {11 NOT_DUE} | {7 NOT_FOUND} (also cleans the index)
 
-local job, now, job_id = KEYS[1], ARGV[1], ARGV[2]
+local job, now, job_id = KEYS[1], clock(ARGV[1]), ARGV[2]
 local f = redis.call('HMGET', job, 'state', 'retry_at', 'deadline')
 if f[1] ~= 'retry_wait' then
   redis.call('ZREM', KEYS[3], job_id)
   return {7}
 end
-if tonumber(f[2]) > tonumber(now) then return {11} end
+if tonumber(f[2]) > now then return {11} end
 redis.call('ZREM', KEYS[3], job_id)
-if tonumber(f[3]) <= tonumber(now) then
+if tonumber(f[3]) <= now then
   settle(job, KEYS[2], now)
   redis.call('HSET', job, 'error_class', 'deadline_exceeded', 'error_reason', 'deadline_exceeded')
   redis.call('ZADD', KEYS[8], now, job_id)

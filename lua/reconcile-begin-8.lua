@@ -2,10 +2,11 @@
 --
 -- Two callers: the worker, fenced by its generation, when the provider may have
 -- accepted the request; and the sweeper, with no generation, when the lease
--- expired (evidence that the worker stopped reporting, not that the provider
--- stopped). If the attempt was submitted and its charge is not yet booked, the
--- price of its missing outputs moves from reserved to uncertain on the ledger
--- until reconciliation resolves it.
+-- expired on Redis's clock (evidence that the worker stopped reporting, not that
+-- the provider stopped). Either way the lease ends and the generation goes up:
+-- the worker of the unknown attempt, stalled or not, can no longer write. If the
+-- attempt was submitted and its charge is not yet booked, the price of its
+-- missing outputs moves from reserved to uncertain until reconciliation resolves it.
 --
 -- KEYS[1] job record (hash)          KEYS[5] job's event list
 -- KEYS[2] tenant ledger (hash)       KEYS[6] tenant's per-state counts (hash)
@@ -13,13 +14,13 @@
 -- KEYS[4] job's attempts (hash)      KEYS[8] job's outputs (hash)
 --
 -- ARGV[1] lease generation held by the caller, or '' for lease expiry
--- ARGV[2] now (ms)
--- ARGV[3] when to reconcile (ms)
+-- ARGV[2] now (ms; '' = Redis's clock)
+-- ARGV[3] delay before the first reconciliation (ms)
 -- ARGV[4] reason (e.g. unknown_outcome, lease_expired)
 --
 -- Returns {0 OK, uncertain units} | {9 STALE_LEASE} | {11 NOT_DUE} | {7 NOT_FOUND}
 
-local job, now = KEYS[1], ARGV[2]
+local job, now = KEYS[1], clock(ARGV[2])
 local f = redis.call('HMGET', job, 'state', 'lease_gen', 'lease_expires', 'id', 'submitted',
   'outputs_requested', 'price', 'attempt_charged')
 if ARGV[1] ~= '' then
@@ -29,7 +30,7 @@ else
     if f[4] then redis.call('ZREM', KEYS[3], f[4]) end
     return {7}
   end
-  if tonumber(f[3]) > tonumber(now) then return {11} end
+  if tonumber(f[3]) > now then return {11} end
 end
 
 local held = 0
@@ -38,8 +39,8 @@ if f[5] == '1' and f[8] ~= '1' then
   held = shift(job, KEYS[2], 'reserved', 'uncertain', missing * tonumber(f[7]))
 end
 end_attempt(job, KEYS[4], now, 'unknown', ARGV[4])
-redis.call('ZREM', KEYS[3], f[4])
-redis.call('ZADD', KEYS[7], ARGV[3], f[4])
-redis.call('HSET', job, 'lease_owner', '', 'lease_expires', 0)
+release(job, KEYS[3], f[4])
+redis.call('ZADD', KEYS[7], now + tonumber(ARGV[3]), f[4])
+redis.call('HSET', job, 'reconcile_since', now, 'sends', 0)
 move(job, KEYS[6], KEYS[5], now, 'running', 'reconciling', ARGV[4])
 return {0, held}

@@ -1,28 +1,31 @@
 -- reconcile-claim: a reconciler takes a `reconciling` job under a fenced lease.
 --
--- Guarantees: one reconciler at a time (a live lease refuses the next); the
--- generation goes up, so the worker of the unknown attempt, if it is still
--- alive somewhere, can no longer write.
+-- Guarantees: one reconciler at a time (a live lease, on Redis's clock, refuses
+-- the next); the generation goes up, so the worker of the unknown attempt, or an
+-- earlier reconciler, if still alive somewhere, can no longer write. While the
+-- lease lives the reconcile index holds the job at its expiry, so no new
+-- reconcile message is sent for it.
 --
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant's leases (zset)
 -- KEYS[3] tenant's reconcile index (zset)
 --
--- ARGV[1] now (ms)
+-- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] worker id
 -- ARGV[3] lease length (ms)
 --
--- Returns {0 OK, generation, operation id, submitted (0|1), provider epoch at submit, attempt number}
---   | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
+-- Returns {0 OK, generation, operation id, submitted (0|1), provider epoch at submit,
+--   attempt number, now (ms), reconciling since (ms)} | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
 
-local job, now = KEYS[1], tonumber(ARGV[1])
+local job, now = KEYS[1], clock(ARGV[1])
 local f = redis.call('HMGET', job, 'state', 'lease_expires', 'id', 'operation_id', 'submitted', 'submit_epoch',
-  'attempt_count')
+  'attempt_count', 'reconcile_since')
 if not f[1] then return {7} end
 if f[1] ~= 'reconciling' or tonumber(f[2] or '0') > now then return {8, f[1]} end
 local expires = now + tonumber(ARGV[3])
 local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
-redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires)
+redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0)
 redis.call('ZADD', KEYS[2], expires, f[3])
 redis.call('ZADD', KEYS[3], expires, f[3])
-return {0, gen, f[4] or '', tonumber(f[5] or '0'), f[6] or '', tonumber(f[7] or '0')}
+return {0, gen, f[4] or '', tonumber(f[5] or '0'), f[6] or '', tonumber(f[7] or '0'), now,
+  tonumber(f[8] or tostring(now))}

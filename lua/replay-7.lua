@@ -9,11 +9,11 @@
 -- KEYS[3] tenant's dead letters      KEYS[7] tenant's per-state counts (hash)
 -- KEYS[4] tenant's queued (zset)
 --
--- ARGV[1] now (ms)
+-- ARGV[1] now (ms; '' = Redis's clock)
 --
 -- Returns {0 OK} | {8 NOT_CLAIMABLE, state} | {5 INSUFFICIENT_ALLOWANCE, available, ceiling}
 
-local job, now = KEYS[1], ARGV[1]
+local job, now = KEYS[1], clock(ARGV[1])
 local f = redis.call('HMGET', job, 'state', 'id', 'ceiling', 'per_attempt', 'attempt_count', 'deadline_s')
 if f[1] ~= 'failed' then return {8, f[1] or ''} end
 local ledger = redis.call('HMGET', KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
@@ -24,7 +24,7 @@ if ceiling > available then return {5, available, ceiling} end
 redis.call('HINCRBY', KEYS[2], 'reserved', ceiling)
 redis.call('HSET', job, 'reserved', ceiling, 'error_class', '', 'error_reason', '',
   'attempts_allowed', tonumber(f[5]) + math.floor(ceiling / tonumber(f[4])),
-  'deadline', tonumber(now) + 1000 * tonumber(f[6]), 'cancel_requested', 0)
+  'deadline', now + 1000 * tonumber(f[6]), 'cancel_requested', 0)
 redis.call('HDEL', job, 'settled_at')
 redis.call('ZREM', KEYS[3], f[2])
 redis.call('ZADD', KEYS[4], now, f[2])

@@ -11,13 +11,13 @@
 -- KEYS[4] tenant's queued (zset)     KEYS[9] job's outputs (hash)
 -- KEYS[5] tenant's outbox (zset)
 --
--- ARGV[1] now (ms)
+-- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] decision: retry | failed | completed
 -- ARGV[3] reason
 --
 -- Returns {0 OK, new state} | {8 NOT_CLAIMABLE, state} | {10 OUTPUTS_MISSING, stored, requested}
 
-local job, now, decision = KEYS[1], ARGV[1], ARGV[2]
+local job, now, decision = KEYS[1], clock(ARGV[1]), ARGV[2]
 local f = redis.call('HMGET', job, 'state', 'id', 'outputs_requested')
 if f[1] ~= 'needs_review' then return {8, f[1] or ''} end
 local job_id = f[2]

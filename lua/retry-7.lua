@@ -1,9 +1,9 @@
--- retry: a running or reconciling job waits in retry_wait until `due` (fenced).
+-- retry: a running or reconciling job waits in retry_wait for `delay` (fenced).
 --
--- Guarantees: only the current lease generation schedules the retry; the job
--- sits in the tenant's retry index scored by due time, where the sweeper finds
--- it. Whether a retry is allowed (attempts, reservation, deadline, budget) the
--- caller decided from the record.
+-- Guarantees: only the current lease generation schedules the retry, and the
+-- lease ends with it; the job sits in the tenant's retry index scored by its due
+-- time on Redis's clock, where the sweeper finds it. Whether a retry is allowed
+-- (attempts, reservation, deadline, budget) the caller decided from the record.
 --
 -- KEYS[1] job record (hash)          KEYS[5] tenant's per-state counts (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[6] tenant's retry index (zset)
@@ -11,22 +11,23 @@
 -- KEYS[4] job's event list
 --
 -- ARGV[1] lease generation held by the caller
--- ARGV[2] now (ms)
--- ARGV[3] due time (ms)
+-- ARGV[2] now (ms; '' = Redis's clock)
+-- ARGV[3] delay (ms)
 -- ARGV[4] error class
 -- ARGV[5] 1 when the failed attempt does not count against the job (our fault), else 0
 --
--- Returns {0 OK} | {9 STALE_LEASE}
+-- Returns {0 OK, due (ms)} | {9 STALE_LEASE}
 
-local job, now = KEYS[1], ARGV[2]
+local job, now = KEYS[1], clock(ARGV[2])
 if not holds_lease(job, ARGV[1]) then return {9} end
 local job_id = redis.call('HGET', job, 'id')
 local from = redis.call('HGET', job, 'state')
+local due = now + tonumber(ARGV[3])
 end_attempt(job, KEYS[3], now, 'failed', ARGV[4])
 if ARGV[5] == '1' then redis.call('HINCRBY', job, 'attempts_allowed', 1) end
-redis.call('ZREM', KEYS[2], job_id)
+release(job, KEYS[2], job_id)
 redis.call('ZREM', KEYS[7], job_id)
-redis.call('ZADD', KEYS[6], ARGV[3], job_id)
-redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[4], 'lease_owner', '', 'retry_at', ARGV[3])
+redis.call('ZADD', KEYS[6], due, job_id)
+redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[4], 'retry_at', due)
 move(job, KEYS[5], KEYS[4], now, from, 'retry_wait', ARGV[4])
-return {0}
+return {0, due}

@@ -1,26 +1,26 @@
 -- review: reconciliation cannot know what happened; the job waits for an operator (fenced).
 --
--- Guarantees: the job leaves every automatic path; its uncertain units stay
--- uncertain; it sits in the tenant's review index scored by when the review
--- expires (then the sweeper settles it as failed and charged).
+-- Guarantees: the job leaves every automatic path and its lease ends; its
+-- uncertain units stay uncertain; it sits in the tenant's review index scored by
+-- when the review expires (then the sweeper settles it as failed and charged).
 --
 -- KEYS[1] job record (hash)          KEYS[4] tenant's review index (zset)
 -- KEYS[2] tenant's leases (zset)     KEYS[5] job's event list
 -- KEYS[3] tenant's reconcile index   KEYS[6] tenant's per-state counts (hash)
 --
 -- ARGV[1] lease generation held by the caller
--- ARGV[2] now (ms)
--- ARGV[3] review expiry (ms)
+-- ARGV[2] now (ms; '' = Redis's clock)
+-- ARGV[3] time until the review expires (ms)
 -- ARGV[4] reason
 --
 -- Returns {0 OK} | {9 STALE_LEASE}
 
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
+local now = clock(ARGV[2])
 local job_id = redis.call('HGET', KEYS[1], 'id')
-redis.call('HSET', KEYS[1], 'lease_owner', '', 'lease_expires', 0, 'error_class', 'needs_review',
-  'error_reason', ARGV[4])
-redis.call('ZREM', KEYS[2], job_id)
+release(KEYS[1], KEYS[2], job_id)
+redis.call('HSET', KEYS[1], 'error_class', 'needs_review', 'error_reason', ARGV[4])
 redis.call('ZREM', KEYS[3], job_id)
-redis.call('ZADD', KEYS[4], ARGV[3], job_id)
-move(KEYS[1], KEYS[6], KEYS[5], ARGV[2], 'reconciling', 'needs_review', ARGV[4])
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), job_id)
+move(KEYS[1], KEYS[6], KEYS[5], now, 'reconciling', 'needs_review', ARGV[4])
 return {0}

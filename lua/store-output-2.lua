@@ -7,7 +7,7 @@
 -- KEYS[2] job's outputs (hash: index -> JSON)
 --
 -- ARGV[1] lease generation held by the caller
--- ARGV[2] now (ms)
+-- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] output index (0-based)
 -- ARGV[4] output record (JSON: sha256, bytes, content_type)
 --
@@ -15,5 +15,5 @@
 
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local added = redis.call('HSETNX', KEYS[2], ARGV[3], ARGV[4])
-redis.call('HSET', KEYS[1], 'updated_at', ARGV[2])
+redis.call('HSET', KEYS[1], 'updated_at', clock(ARGV[2]))
 return {0, added}

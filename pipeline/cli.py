@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 import orjson
@@ -78,7 +77,7 @@ def dlq_list(store: Store, args: argparse.Namespace) -> int:
 
 
 def dlq_replay(store: Store, args: argparse.Namespace) -> int:
-    store.replay(args.id, now_ms=_now_ms())
+    store.replay(args.id)
     _print({"id": args.id, "state": (store.job(args.id) or {}).get("state")})
     return 0
 
@@ -89,7 +88,7 @@ def review_list(store: Store, args: argparse.Namespace) -> int:
 
 
 def review_resolve(store: Store, args: argparse.Namespace) -> int:
-    state = store.resolve_review(args.id, args.decision, now_ms=_now_ms(), reason=f"operator_{args.decision}")
+    state = store.resolve_review(args.id, args.decision, reason=f"operator_{args.decision}")
     _print({"id": args.id, "state": state})
     return 0
 
@@ -101,7 +100,7 @@ def provider_clear(store: Store, args: argparse.Namespace) -> int:
 
 
 def provider_pause(store: Store, args: argparse.Namespace) -> int:
-    store.block_provider(args.name, "dispatch_paused", now_ms=_now_ms())
+    store.block_provider(args.name, "dispatch_paused")
     _print({"provider": args.name, "blocked": store.provider_block(args.name)})
     return 0
 
@@ -110,10 +109,6 @@ def provider_status(store: Store, args: argparse.Namespace) -> int:
     _print({"provider": args.name, "blocked": store.provider_block(args.name),
             "retry_budget": store.redis.hgetall(ProviderKeys(args.name).budget)})
     return 0
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def parser() -> argparse.ArgumentParser:

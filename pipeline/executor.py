@@ -28,9 +28,7 @@ from .errors import (
     NotExecuted,
     OperationFailed,
     ProviderError,
-    RateLimited,
     StaleLease,
-    Transient,
     UnknownOutcome,
 )
 from .providers.base import OperationStatus, OutputRef, Provider
@@ -45,11 +43,18 @@ def worker_name() -> str:
 
 
 class Heartbeat:
-    """Renews a claim's lease every third of its length until stopped or fenced out."""
+    """Renews a claim's lease every third of its length until stopped or fenced out.
 
-    def __init__(self, store: Store, claim: Claim, *, lease_ms: int, clock: Callable[[], float]) -> None:
-        self.store, self.claim, self.lease_ms, self.clock = store, claim, lease_ms, clock
+    The lease lives on Redis's clock; this thread only says "still here". ``fresh``
+    tells whether the lease was renewed recently enough, by this process's own
+    monotonic clock, to act on it: a process that was frozen (SIGSTOP, a long GC,
+    a hung VM) must not act on a lease it may have lost meanwhile.
+    """
+
+    def __init__(self, store: Store, claim: Claim, *, lease_ms: int) -> None:
+        self.store, self.claim, self.lease_ms = store, claim, lease_ms
         self.lost = threading.Event()
+        self._renewed = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{claim.job_id}", daemon=True)
 
@@ -65,10 +70,15 @@ class Heartbeat:
         if self.lost.is_set():
             raise StaleLease("lease lost while running")
 
+    def fresh(self) -> bool:
+        """True if the lease was renewed within half its length (and never lost)."""
+        return not self.lost.is_set() and (time.monotonic() - self._renewed) * 1000 < self.lease_ms / 2
+
     def _run(self) -> None:
         while not self._stop.wait(self.lease_ms / 3000):
             try:
-                self.store.heartbeat(self.claim, now_ms=int(self.clock() * 1000), lease_ms=self.lease_ms)
+                self.store.heartbeat(self.claim, lease_ms=self.lease_ms)
+                self._renewed = time.monotonic()
             except StaleLease:
                 self.lost.set()
                 return
@@ -79,42 +89,37 @@ class Heartbeat:
 class Executor:
     def __init__(
         self, store: Store, provider: Provider, blobs: BlobStore, settings: Settings, *,
-        clock: Callable[[], float] = time.time,
         new_operation_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store, self.provider, self.blobs, self.settings = store, provider, blobs, settings
         self.lease_ms = int(settings.lease_seconds * 1000)
-        self.clock, self.new_operation_id, self.sleep = clock, new_operation_id, sleep
-
-    def now_ms(self) -> int:
-        return int(self.clock() * 1000)
+        self.new_operation_id, self.sleep = new_operation_id, sleep
 
     # -- attempts ---------------------------------------------------------------------
 
     def run(self, job_id: str, worker: str | None = None) -> bool:
         """Run one attempt if the job is claimable; False for a duplicate, finished or deferred job."""
-        now = self.now_ms()
         blocked = self.store.provider_block(self.provider.name)
         if blocked:
-            due = now + int(self.settings.auth_recheck_seconds * 1000)
-            self.store.defer(job_id, now_ms=now, due_ms=due, reason=blocked)
+            self.store.defer(job_id, delay_ms=int(self.settings.auth_recheck_seconds * 1000), reason=blocked)
             return False
         claim = self.store.claim(
-            job_id, worker=worker or worker_name(), now_ms=now, lease_ms=self.lease_ms,
+            job_id, worker=worker or worker_name(), lease_ms=self.lease_ms,
             operation_id=self.new_operation_id(), provider=self.provider.name,
+            min_attempt_ms=int(self.settings.min_attempt_seconds * 1000),
         )
         if claim is None:
             return False
-        with Heartbeat(self.store, claim, lease_ms=self.lease_ms, clock=self.clock) as heartbeat:
+        with Heartbeat(self.store, claim, lease_ms=self.lease_ms) as heartbeat:
             try:
                 self._attempt(claim, heartbeat)
             except CancelRequested:
-                self.store.finish(claim, "cancelled", now_ms=self.now_ms(), reason="cancelled")
+                self.store.finish(claim, "cancelled", reason="cancelled")
                 return True
             except ProviderError as exc:
                 raise AttemptFailed(claim, exc) from exc
-            self.store.finish(claim, "completed", now_ms=self.now_ms())
+            self.store.finish(claim, "completed")
         self.store.budget(self.provider.name, "refund", self.settings.retry_refund_tokens,
                           self.settings.retry_budget_tokens)
         return True
@@ -126,17 +131,25 @@ class Executor:
         if not missing:
             return
         epoch = self.provider.epoch()
-        self.store.mark_submit(claim, now_ms=self.now_ms(), epoch=epoch)
+        self.store.mark_submit(claim, epoch=epoch)
+        if not heartbeat.fresh():  # frozen since the mark: the lease may be someone else's now
+            raise UnknownOutcome("submission_window_passed")
         self.provider.submit(claim.operation_id, orjson.loads(job["workflow"]), missing)
         faultpoints.reached("after_submit")
-        status = self._wait(claim, heartbeat, int(job["deadline"]))
-        self.store.charge(claim, len(status.outputs) * self.provider.price_per_output)
-        self._store_outputs(claim, status.outputs, heartbeat)
+        deadline = time.monotonic() + (int(job["deadline"]) - claim.claimed_ms) / 1000
+        try:
+            status = self._wait(claim, heartbeat, deadline)
+            self.store.charge(claim, len(status.outputs) * self.provider.price_per_output)
+            self._store_outputs(claim, status.outputs, heartbeat)
+        except UnknownOutcome:
+            raise
+        except ProviderError as exc:  # submitted: only asking again by the same id is evidence
+            raise UnknownOutcome(f"read_failed_{exc.error_class}") from exc
         faultpoints.reached("after_outputs")
         if status.state == "failed" or len(status.outputs) < len(missing):
             raise OperationFailed(status.error or "provider_outputs_missing")
 
-    def _wait(self, claim: Claim, heartbeat: Heartbeat, deadline_ms: int) -> OperationStatus:
+    def _wait(self, claim: Claim, heartbeat: Heartbeat, deadline: float) -> OperationStatus:
         while True:
             heartbeat.check()
             status = self.provider.status(claim.operation_id)
@@ -144,7 +157,7 @@ class Executor:
                 return status
             if status.state == "unknown":
                 raise UnknownOutcome("operation_not_found")
-            if self.now_ms() >= deadline_ms:
+            if time.monotonic() >= deadline:
                 raise UnknownOutcome("deadline_passed_while_running")
             self.sleep(self.settings.poll_interval_seconds)
 
@@ -154,44 +167,51 @@ class Executor:
             data = self.provider.fetch(ref)
             digest = self.blobs.put(data)
             record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": ref.content_type}
-            self.store.store_output(claim, ref.index, record, now_ms=self.now_ms())
+            self.store.store_output(claim, ref.index, record)
 
     # -- reconciliation ---------------------------------------------------------------
 
     def reconcile(self, job_id: str, worker: str | None = None) -> bool:
         """Settle an unknown outcome with the provider's own record; False if not reconcilable now."""
-        rec = self.store.claim_reconcile(job_id, worker=worker or worker_name(), now_ms=self.now_ms(),
-                                         lease_ms=self.lease_ms)
+        rec = self.store.claim_reconcile(job_id, worker=worker or worker_name(), lease_ms=self.lease_ms)
         if rec is None:
             return False
-        with Heartbeat(self.store, rec.claim, lease_ms=self.lease_ms, clock=self.clock) as heartbeat:
+        with Heartbeat(self.store, rec.claim, lease_ms=self.lease_ms) as heartbeat:
             self._reconcile(rec, heartbeat)
         return True
 
     def _reconcile(self, rec: Reconcile, heartbeat: Heartbeat) -> None:
+        """Every provider error here means "ask again later" (never "pay again"), until the
+        reconciliation is older than its limit: then an operator decides."""
         claim = rec.claim
         if not rec.submitted:
             raise AttemptFailed(claim, NotExecuted("never_submitted"))
         try:
             status = self.provider.status(claim.operation_id)
             if status.state in ("pending", "running"):
-                return self._later(claim)
+                return self._later(rec)
             if status.state == "unknown":
                 return self._unknowable(rec, self.provider.epoch())
             # It ran: what it is charged is what it produced (booked once per attempt).
-            self.store.resolve_uncertain(claim, executed=False)
             self.store.charge(claim, len(status.outputs) * self.provider.price_per_output)
             self._store_outputs(claim, status.outputs, heartbeat)
-        except (Transient, RateLimited):
-            return self._later(claim)
+        except ProviderError as exc:
+            log.info("reconcile %s: provider answered %s; asking again later", claim.job_id, exc.error_class)
+            return self._later(rec)
         try:
-            self.store.finish(claim, "completed", now_ms=self.now_ms())
+            self.store.finish(claim, "completed")
         except IncompleteOutputs:  # it ran but did not make them all: retry the missing ones
             raise AttemptFailed(claim, OperationFailed(status.error or "provider_outputs_missing")) from None
 
-    def _later(self, claim: Claim) -> None:
-        due = self.now_ms() + int(self.settings.reconcile_interval_seconds * 1000)
-        self.store.reconcile_later(claim, due_ms=due)
+    def _later(self, rec: Reconcile) -> None:
+        """Ask again after the interval, or hand the job to an operator once reconciliation
+        has gone on longer than ``reconcile_max_seconds`` (no livelock, no silent loss)."""
+        if rec.claim.claimed_ms - rec.since_ms >= self.settings.reconcile_max_seconds * 1000:
+            return self._review(rec.claim, "reconcile_timed_out")
+        self.store.reconcile_later(rec.claim, delay_ms=int(self.settings.reconcile_interval_seconds * 1000))
+
+    def _review(self, claim: Claim, reason: str) -> None:
+        self.store.send_to_review(claim, expires_in_ms=self.settings.review_expiry_seconds * 1000, reason=reason)
 
     def _unknowable(self, rec: Reconcile, epoch: str) -> None:
         """The provider has no record of the operation: proof of non-execution only if it
@@ -205,6 +225,4 @@ class Executor:
         if 0 < allowance and uncertain <= allowance:
             self.store.resolve_uncertain(claim, executed=True)  # paid as if it ran: a possible duplicate
             raise AttemptFailed(claim, NotExecuted("unknowable_retried_within_allowance"))
-        now = self.now_ms()
-        self.store.send_to_review(claim, now_ms=now, expires_ms=now + self.settings.review_expiry_seconds * 1000,
-                                  reason="outcome_unknowable")
+        self._review(claim, "outcome_unknowable")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import time
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
@@ -17,12 +17,19 @@ from .scripts import Code
 from .settings import Settings
 from .store import Store
 
+log = logging.getLogger(__name__)
+
 KINDS = frozenset({"image"})
 PRIORITIES = ("interactive", "batch")
 MAX_OUTPUTS = 16
 MAX_DEADLINE_SECONDS = 24 * 3600
 MAX_COST = 2**53
+#: Nesting limit of a whole request body (the API refuses deeper bodies before anything else;
+#: orjson itself encodes at most 254 levels).
+MAX_DEPTH = 64
 _FIELDS = frozenset({"kind", "workflow", "outputs", "max_cost", "deadline_s", "priority", "supersedes"})
+#: Fields validated as integers: 2.0 is read as 2 (JSON Schema agrees), and so is fingerprinted.
+_INTEGER_FIELDS = ("outputs", "max_cost", "deadline_s")
 
 
 class State(str, Enum):
@@ -56,13 +63,15 @@ def parse_request(body: Any, settings: Settings) -> JobRequest:
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
         raise InvalidRequest(unknown[0], "unknown field")
-    kind = body.get("kind")
-    if kind not in KINDS:
-        raise InvalidRequest("kind", f"must be one of: {', '.join(sorted(KINDS))}")
+    kind = _choice(body, "kind", tuple(sorted(KINDS)), required=True)
     workflow = body.get("workflow")
     if not isinstance(workflow, dict) or not workflow:
         raise InvalidRequest("workflow", "must be a non-empty JSON object")
-    if len(orjson.dumps(workflow)) > settings.max_workflow_bytes:
+    try:
+        encoded = orjson.dumps(workflow)
+    except orjson.JSONEncodeError:  # deeper than orjson encodes; the API refuses MAX_DEPTH earlier
+        raise InvalidRequest("workflow", f"must nest at most {MAX_DEPTH - 1} levels") from None
+    if len(encoded) > settings.max_workflow_bytes:
         raise InvalidRequest("workflow", f"must encode to at most {settings.max_workflow_bytes} bytes")
     return JobRequest(
         kind=kind,
@@ -76,8 +85,10 @@ def parse_request(body: Any, settings: Settings) -> JobRequest:
 
 
 def _job_id(body: dict[str, Any], field: str) -> str | None:
-    value = body.get(field)
-    if value is not None and (not isinstance(value, str) or not keys.JOB_ID_RE.match(value)):
+    if field not in body:
+        return None
+    value = body[field]
+    if not isinstance(value, str) or not keys.JOB_ID_RE.fullmatch(value):
         raise InvalidRequest(field, "must be a job id")
     return value
 
@@ -91,16 +102,27 @@ def _integer(body: dict[str, Any], field: str, low: int, high: int, default: int
     return value
 
 
-def _choice(body: dict[str, Any], field: str, choices: tuple[str, ...]) -> str:
-    value = body.get(field, choices[0])
-    if value not in choices:
+def _choice(body: dict[str, Any], field: str, choices: tuple[str, ...], *, required: bool = False) -> str:
+    """One of ``choices`` (the first when absent, unless required); a string is checked before any
+    lookup, so an object or array is a 422 like any other wrong value."""
+    value = body.get(field) if required else body.get(field, choices[0])
+    if not isinstance(value, str) or value not in choices:
         raise InvalidRequest(field, f"must be one of: {', '.join(choices)}")
     return value
 
 
 def fingerprint(body: Any) -> str:
-    """sha256 of the canonical body (sorted keys, no white space)."""
-    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    """sha256 of the canonical body: sorted keys, no white space, integral floats in the integer
+    fields written as integers (``2.0`` is the request ``2``, as validation reads it). The workflow
+    is hashed as decoded: ``5`` and ``5.0`` there are different provider inputs."""
+    if isinstance(body, dict):
+        floats = {f: int(v) for f in _INTEGER_FIELDS if isinstance(v := body.get(f), float) and v.is_integer()}
+        body = body | floats if floats else body
+    try:
+        encoded = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # nested deeper than orjson encodes (the API refuses MAX_DEPTH first)
+        raise InvalidRequest("workflow", f"must nest at most {MAX_DEPTH - 1} levels") from None
+    return hashlib.sha256(encoded).hexdigest()
 
 
 def cost_plan(request: JobRequest, settings: Settings) -> tuple[int, int, int]:
@@ -134,21 +156,21 @@ class Admitter:
 
     def __init__(
         self, store: Store, publish: Callable[[str, str], None], settings: Settings, *,
-        clock: Callable[[], float] = time.time, new_job_id: Callable[[str], str] = keys.new_job_id,
+        clock: Callable[[], int] | None = None, new_job_id: Callable[[str], str] = keys.new_job_id,
     ) -> None:
         self.store = store
         self.publish = publish
         self.settings = settings
-        self.clock = clock
+        #: Milliseconds on Redis's clock (one TIME per admission), so deadlines and leases share a clock.
+        self.clock = clock or store.server_ms
         self.new_job_id = new_job_id
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
         request = parse_request(body, self.settings)
-        if request.supersedes and (keys.tenant_of(request.supersedes) != tenant
-                                   or self.store.job(request.supersedes) is None):
+        if request.supersedes and keys.tenant_of(request.supersedes) != tenant:
             raise InvalidRequest("supersedes", "no such job")
         per_attempt, attempts, ceiling = cost_plan(request, self.settings)
-        now_ms = int(self.clock() * 1000)
+        now_ms = self.clock()
         job_id = self.new_job_id(tenant)
         record = {
             "id": job_id, "tenant": tenant, "state": State.QUEUED.value, "kind": request.kind,
@@ -163,8 +185,8 @@ class Admitter:
         admission = self.store.admit(
             tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,
             fields={k: str(v) for k, v in record.items()}, body=first, status=202, now_ms=now_ms,
-            idem_ttl_s=self.settings.idempotency_ttl_seconds,
-            outbox_due_ms=now_ms + int(self.settings.outbox_grace_seconds * 1000),
+            idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
+            outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000),
         )
         if admission.code is Code.REPLAYED:
             return Submitted(admission.job_id, admission.status, admission.body.encode(), True)
@@ -175,10 +197,11 @@ class Admitter:
         if admission.code is Code.INSUFFICIENT_ALLOWANCE:
             raise InsufficientAllowance(admission.available, admission.ceiling)
         faultpoints.reached("after_admit")
-        self.publish(job_id, request.priority)
-        self.store.confirm_published(job_id, idem_key)
-        if request.supersedes:
-            self.store.supersede(request.supersedes, now_ms=now_ms)
+        try:
+            self.publish(job_id, request.priority)
+            self.store.confirm_published(job_id, idem_key)
+        except Exception:  # the job is admitted and in the outbox: the sweeper publishes it
+            log.warning("job %s admitted; publishing left to the sweeper", job_id, exc_info=True)
         return Submitted(job_id, 202, first, False)
 
 

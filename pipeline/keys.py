@@ -17,8 +17,9 @@ TENANTS = f"{PREFIX}:tenants"
 #: Counters of process-level events (e.g. rejected stale writes), a hash.
 STATS = f"{PREFIX}:stats"
 
-TENANT_RE = re.compile(r"^[a-z0-9_]{1,40}$")
-JOB_ID_RE = re.compile(r"^([a-z0-9_]{1,40})\.([0-9a-f]{20})$")
+#: Use with ``fullmatch`` (``$`` would also accept a trailing newline).
+TENANT_RE = re.compile(r"[a-z0-9_]{1,40}")
+JOB_ID_RE = re.compile(r"([a-z0-9_]{1,40})\.([0-9a-f]{20})")
 
 
 def api_key(key_hash: str) -> str:
@@ -32,7 +33,7 @@ def new_job_id(tenant: str) -> str:
 
 def tenant_of(job_id: str) -> str:
     """The tenant a job id belongs to; ValueError for anything that is not a job id."""
-    match = JOB_ID_RE.match(job_id)
+    match = JOB_ID_RE.fullmatch(job_id)
     if not match:
         raise ValueError("not a job id")
     return match.group(1)

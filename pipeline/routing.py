@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from typing import Any, Callable
 
 import dramatiq
@@ -41,38 +40,36 @@ class Router:
     ``retry``, ``reconcile``, ``dead_letter`` or ``cancelled``."""
 
     def __init__(self, store: Store, settings: Settings, provider: str, *,
-                 clock: Callable[[], float] = time.time, rng: Callable[[], float] = random.random) -> None:
-        self.store, self.settings, self.provider = store, settings, provider
-        self.clock, self.rng = clock, rng
+                 rng: Callable[[], float] = random.random) -> None:
+        self.store, self.settings, self.provider, self.rng = store, settings, provider, rng
 
     def route(self, failure: AttemptFailed, *, base: float | None = None, cap: float | None = None) -> str:
         claim, cause = failure.claim, failure.cause
-        now = int(self.clock() * 1000)
-        [(job, stored)] = self.store.jobs_with_outputs([claim.job_id])
         if isinstance(cause, UnknownOutcome):
-            self.store.begin_reconcile(claim.job_id, now_ms=now, due_ms=now, reason=cause.error_class, claim=claim)
+            self.store.begin_reconcile(claim.job_id, reason=cause.error_class, claim=claim)
             return "reconcile"
+        [(job, stored)] = self.store.jobs_with_outputs([claim.job_id])
         if job.get("cancel_requested") == "1":
-            self.store.finish(claim, "cancelled", now_ms=now, reason="cancelled")
+            self.store.finish(claim, "cancelled", reason="cancelled")
             return "cancelled"
         if isinstance(cause, ProviderAuthFailed):
-            self.store.block_provider(self.provider, "provider_credentials", now_ms=now)
-            due = now + int(self.settings.auth_recheck_seconds * 1000)
-            self.store.retry(claim, now_ms=now, due_ms=due, error_class=cause.error_class, free=True)
+            self.store.block_provider(self.provider, "provider_credentials")
+            delay_ms = int(self.settings.auth_recheck_seconds * 1000)
+            self.store.retry(claim, delay_ms=delay_ms, error_class=cause.error_class, free=True)
             return "retry"
         if isinstance(cause, TERMINAL):
-            return self._dead_letter(claim, now, cause.error_class, cause.reason)
+            return self._dead_letter(claim, cause.error_class, cause.reason)
         delay = backoff(int(job.get("attempt_count", 1)), retry_after=cause.retry_after, rng=self.rng,
                         base=self.settings.retry_base_seconds if base is None else base,
                         cap=self.settings.retry_cap_seconds if cap is None else cap)
-        blocker = self._blocker(job, len(stored), now, delay)
+        blocker = self._blocker(job, len(stored), self.store.server_ms(), delay)
         if blocker is None and not self.store.budget(
             self.provider, "take", self.settings.retry_cost_tokens, self.settings.retry_budget_tokens
         ):
             blocker = "retry_budget_exhausted"
         if blocker:
-            return self._dead_letter(claim, now, blocker, cause.error_class)
-        self.store.retry(claim, now_ms=now, due_ms=now + int(delay * 1000), error_class=cause.error_class)
+            return self._dead_letter(claim, blocker, cause.error_class)
+        self.store.retry(claim, delay_ms=int(delay * 1000), error_class=cause.error_class)
         return "retry"
 
     def _blocker(self, job: dict[str, str], stored: int, now: int, delay: float) -> str | None:
@@ -86,8 +83,8 @@ class Router:
             return "deadline_exceeded"
         return None
 
-    def _dead_letter(self, claim: Claim, now: int, error_class: str, reason: str) -> str:
-        self.store.finish(claim, "failed", now_ms=now, error_class=error_class, reason=reason)
+    def _dead_letter(self, claim: Claim, error_class: str, reason: str) -> str:
+        self.store.finish(claim, "failed", error_class=error_class, reason=reason)
         return "dead_letter"
 
 

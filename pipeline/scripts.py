@@ -36,6 +36,7 @@ class Code(IntEnum):
     NOT_DUE = 11
     CANCELLED = 12
     BUDGET_EXHAUSTED = 13
+    EXPIRED = 14
 
 
 def raise_for(code: Code, reply: Sequence[Any]) -> None:

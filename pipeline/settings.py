@@ -25,7 +25,8 @@ DEFAULT_IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 DEFAULT_MAX_BODY_BYTES = 512 * 1024
 DEFAULT_MAX_WORKFLOW_BYTES = 256 * 1024
 DEFAULT_DEADLINE_SECONDS = 3600
-#: An admitted job not known to be in the broker after this long is published again.
+#: An admitted job not known to be in the broker after this long is published again; so is
+#: any queued (or reconciling) job not claimed within it, the window doubling per redelivery.
 DEFAULT_OUTBOX_GRACE_SECONDS = 10.0
 DEFAULT_SWEEP_INTERVAL_SECONDS = 1.0
 DEFAULT_POLL_INTERVAL_SECONDS = 0.05
@@ -42,6 +43,9 @@ DEFAULT_RETRY_REFUND_TOKENS = 1
 DEFAULT_AUTH_RECHECK_SECONDS = 30.0
 #: How often a reconciling job asks the provider again while the provider is still working.
 DEFAULT_RECONCILE_INTERVAL_SECONDS = 5.0
+#: A job still reconciling after this long (the provider keeps failing to answer, or lost
+#: its outputs) goes to needs_review instead of asking forever.
+DEFAULT_RECONCILE_MAX_SECONDS = 2 * 3600
 #: A needs_review job nobody resolves is failed and settled as charged after this long.
 DEFAULT_REVIEW_EXPIRY_SECONDS = 7 * 24 * 3600
 #: An attempt whose outcome cannot be known may be retried automatically only when the
@@ -73,6 +77,7 @@ class Settings:
     retry_refund_tokens: int = DEFAULT_RETRY_REFUND_TOKENS
     auth_recheck_seconds: float = DEFAULT_AUTH_RECHECK_SECONDS
     reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
+    reconcile_max_seconds: float = DEFAULT_RECONCILE_MAX_SECONDS
     review_expiry_seconds: int = DEFAULT_REVIEW_EXPIRY_SECONDS
     duplicate_cost_allowance: int = DEFAULT_DUPLICATE_COST_ALLOWANCE
 
@@ -103,6 +108,7 @@ class Settings:
             "retry_refund_tokens": ("RECKON_RETRY_REFUND_TOKENS", int),
             "auth_recheck_seconds": ("RECKON_AUTH_RECHECK_SECONDS", float),
             "reconcile_interval_seconds": ("RECKON_RECONCILE_INTERVAL_SECONDS", float),
+            "reconcile_max_seconds": ("RECKON_RECONCILE_MAX_SECONDS", float),
             "review_expiry_seconds": ("RECKON_REVIEW_EXPIRY_SECONDS", int),
             "duplicate_cost_allowance": ("RECKON_DUPLICATE_COST_ALLOWANCE", int),
         }

@@ -9,7 +9,7 @@ import orjson
 import redis
 
 from . import keys
-from .errors import CancelRequested, InsufficientAllowance, UnknownTenant
+from .errors import CancelRequested, InsufficientAllowance, InvalidRequest, UnknownTenant
 from .keys import JobKeys, ProviderKeys, TenantKeys
 from .scripts import Code, Scripts, raise_for
 
@@ -41,6 +41,8 @@ class Claim:
     generation: int
     attempt: int
     operation_id: str
+    #: Redis's clock when the claim was made (ms): the worker measures time from here.
+    claimed_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,83 +52,105 @@ class Reconcile:
     claim: Claim
     submitted: bool
     epoch: str
+    #: When the job began reconciling, on Redis's clock (ms).
+    since_ms: int = 0
+
+
+def _at(now_ms: int | None) -> int | str:
+    """A script's ``now`` argument: '' lets the script read Redis's clock (production);
+    tests pass a number to control time."""
+    return "" if now_ms is None else now_ms
 
 
 class Store:
+    """Every write is one Lua script; ``now_ms`` arguments default to Redis's own clock."""
+
     def __init__(self, client: redis.Redis, scripts: Scripts | None = None) -> None:
         #: Typed Any: the client decodes replies to str, which redis-py's stubs cannot express.
         self.redis: Any = client
         self.scripts = scripts or Scripts(client)
 
+    def server_ms(self) -> int:
+        """Redis's clock (ms): the one clock that decides leases and due times."""
+        seconds, micros = self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
     # -- writes (each one Lua script) ---------------------------------------------
 
     def admit(
         self, tenant: str, idem_key: str, job_id: str, *, fingerprint: str, ceiling: int,
-        fields: dict[str, str], body: bytes, status: int, now_ms: int, idem_ttl_s: int,
-        outbox_due_ms: int,
+        fields: dict[str, str], body: bytes, status: int, idem_ttl_s: int, outbox_delay_ms: int,
+        now_ms: int | None = None, supersedes: str = "",
     ) -> Admission:
         t, j = TenantKeys(tenant), JobKeys(job_id)
+        older = JobKeys(supersedes) if supersedes else j
         reply = self.scripts(
             "admit",
-            [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts],
-            [now_ms, job_id, fingerprint, ceiling, idem_ttl_s, outbox_due_ms,
-             orjson.dumps(fields), body, status],
+            [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
+             older.record, older.events, t.retry],
+            [_at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
+             orjson.dumps(fields), body, status, supersedes],
         )
         code = Code(reply[0])
         if code is Code.UNKNOWN_TENANT:
             raise UnknownTenant(tenant)
+        if code is Code.NOT_FOUND:
+            raise InvalidRequest("supersedes", "no such job")
         if code is Code.INSUFFICIENT_ALLOWANCE:
             return Admission(code, "", available=reply[1], ceiling=reply[2])
         if code is Code.REPLAYED:
             return Admission(code, reply[1], status=reply[2], body=reply[3])
         return Admission(code, reply[1])
 
-    def confirm_published(self, job_id: str, idem_key: str) -> None:
+    def confirm_published(self, job_id: str, idem_key: str, *, now_ms: int | None = None) -> None:
         t = JobKeys(job_id).tenant
-        self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key)], [job_id])
+        self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key), t.queued], [job_id, _at(now_ms)])
 
     def claim(
-        self, job_id: str, *, worker: str, now_ms: int, lease_ms: int, operation_id: str, provider: str,
+        self, job_id: str, *, worker: str, lease_ms: int, operation_id: str, provider: str,
+        min_attempt_ms: int = 0, now_ms: int | None = None,
     ) -> Claim | None:
-        """Claim a queued job; None when it is not claimable (running, terminal, unknown)."""
+        """Claim a queued job; None when it is not claimable (running, terminal, unknown) or
+        when too little time is left before its deadline (then it has failed, settled)."""
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
             "claim",
-            [j.record, t.leases, t.queued, t.outbox, j.attempts, j.events, t.counts],
-            [now_ms, worker, lease_ms, operation_id, provider],
+            [j.record, t.leases, t.queued, t.outbox, j.attempts, j.events, t.counts, t.ledger, t.dead],
+            [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms],
         )
         if Code(reply[0]) is not Code.OK:
             return None
-        return Claim(job_id, int(reply[1]), int(reply[2]), operation_id)
+        return Claim(job_id, int(reply[1]), int(reply[2]), operation_id, int(reply[3]))
 
-    def heartbeat(self, claim: Claim, *, now_ms: int, lease_ms: int) -> int:
+    def heartbeat(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> int:
         j = JobKeys(claim.job_id)
-        reply = self._fenced("heartbeat", [j.record, j.tenant.leases], [claim.generation, now_ms, lease_ms])
+        reply = self._fenced("heartbeat", [j.record, j.tenant.leases], [claim.generation, _at(now_ms), lease_ms])
         return int(reply[1])
 
-    def mark_submit(self, claim: Claim, *, now_ms: int, epoch: str) -> None:
+    def mark_submit(self, claim: Claim, *, epoch: str, now_ms: int | None = None) -> None:
         """Record that the provider request is about to go out; CancelRequested if cancelled."""
         j = JobKeys(claim.job_id)
-        reply = self.scripts("mark-submit", [j.record, j.attempts], [claim.generation, now_ms, epoch])
+        reply = self.scripts("mark-submit", [j.record, j.attempts], [claim.generation, _at(now_ms), epoch])
         if Code(reply[0]) is Code.CANCELLED:
             raise CancelRequested(claim.job_id)
         self._check(reply)
 
-    def store_output(self, claim: Claim, index: int, record: dict[str, Any], *, now_ms: int) -> bool:
+    def store_output(self, claim: Claim, index: int, record: dict[str, Any], *, now_ms: int | None = None) -> bool:
         j = JobKeys(claim.job_id)
         reply = self._fenced(
-            "store-output", [j.record, j.outputs], [claim.generation, now_ms, index, orjson.dumps(record)]
+            "store-output", [j.record, j.outputs], [claim.generation, _at(now_ms), index, orjson.dumps(record)]
         )
         return bool(reply[1])
 
     def charge(self, claim: Claim, units: int) -> int:
-        """Book what the provider charged for this attempt (once per attempt)."""
+        """Book what the provider charged for this attempt (once per attempt); whatever the
+        attempt held as uncertain is resolved in the same step."""
         j = JobKeys(claim.job_id)
         return int(self._fenced("charge", [j.record, j.tenant.ledger], [claim.generation, units])[1])
 
     def finish(
-        self, claim: Claim, outcome: str, *, now_ms: int, error_class: str = "", reason: str = "",
+        self, claim: Claim, outcome: str, *, error_class: str = "", reason: str = "", now_ms: int | None = None,
     ) -> None:
         """End the job (completed | failed | cancelled) and settle it. Completing a job whose
         cancel was requested ends it cancelled, with its outputs."""
@@ -135,100 +159,113 @@ class Store:
         self._fenced(
             "finish",
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead],
-            [claim.generation, now_ms, outcome, error_class, reason or error_class or outcome],
+            [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome],
         )
 
-    def retry(self, claim: Claim, *, now_ms: int, due_ms: int, error_class: str, free: bool = False) -> None:
-        """Park the job in retry_wait until ``due_ms``; ``free`` gives the attempt back."""
+    def retry(self, claim: Claim, *, delay_ms: int, error_class: str, free: bool = False,
+              now_ms: int | None = None) -> int:
+        """Park the job in retry_wait for ``delay_ms``; ``free`` gives the attempt back. Returns the due time."""
         j = JobKeys(claim.job_id)
         t = j.tenant
-        self._fenced(
+        reply = self._fenced(
             "retry",
             [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile],
-            [claim.generation, now_ms, due_ms, error_class, int(free)],
+            [claim.generation, _at(now_ms), delay_ms, error_class, int(free)],
         )
+        return int(reply[1])
 
-    def begin_reconcile(self, job_id: str, *, now_ms: int, due_ms: int, reason: str,
-                        claim: Claim | None = None) -> bool:
+    def begin_reconcile(self, job_id: str, *, reason: str, delay_ms: int = 0, claim: Claim | None = None,
+                        now_ms: int | None = None) -> bool:
         """running -> reconciling: fenced by ``claim``, or (claim None) only if the lease expired."""
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
             "reconcile-begin",
             [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs],
-            [claim.generation if claim else "", now_ms, due_ms, reason],
+            [claim.generation if claim else "", _at(now_ms), delay_ms, reason],
         )
         if claim is not None:
             self._check(reply)
         return Code(reply[0]) is Code.OK
 
-    def claim_reconcile(self, job_id: str, *, worker: str, now_ms: int, lease_ms: int) -> Reconcile | None:
+    def claim_reconcile(self, job_id: str, *, worker: str, lease_ms: int,
+                        now_ms: int | None = None) -> Reconcile | None:
         j = JobKeys(job_id)
         t = j.tenant
-        reply = self.scripts("reconcile-claim", [j.record, t.leases, t.reconcile], [now_ms, worker, lease_ms])
+        reply = self.scripts("reconcile-claim", [j.record, t.leases, t.reconcile], [_at(now_ms), worker, lease_ms])
         if Code(reply[0]) is not Code.OK:
             return None
-        return Reconcile(Claim(job_id, int(reply[1]), int(reply[5]), reply[2]), bool(reply[3]), reply[4])
+        claim = Claim(job_id, int(reply[1]), int(reply[5]), reply[2], int(reply[6]))
+        return Reconcile(claim, bool(reply[3]), reply[4], int(reply[7]))
 
     def resolve_uncertain(self, claim: Claim, *, executed: bool) -> int:
         j = JobKeys(claim.job_id)
         return int(self._fenced("resolve-uncertain", [j.record, j.tenant.ledger], [claim.generation, int(executed)])[1])
 
-    def reconcile_later(self, claim: Claim, *, due_ms: int) -> None:
+    def reconcile_later(self, claim: Claim, *, delay_ms: int, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
-        self._fenced("reconcile-later", [j.record, j.tenant.leases, j.tenant.reconcile], [claim.generation, due_ms])
+        self._fenced("reconcile-later", [j.record, j.tenant.leases, j.tenant.reconcile],
+                     [claim.generation, delay_ms, _at(now_ms)])
 
-    def send_to_review(self, claim: Claim, *, now_ms: int, expires_ms: int, reason: str) -> None:
+    def send_to_review(self, claim: Claim, *, expires_in_ms: int, reason: str, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
         t = j.tenant
         self._fenced("review", [j.record, t.leases, t.reconcile, t.review, j.events, t.counts],
-                     [claim.generation, now_ms, expires_ms, reason])
+                     [claim.generation, _at(now_ms), expires_in_ms, reason])
 
-    def resolve_review(self, job_id: str, decision: str, *, now_ms: int, reason: str) -> str:
+    def resolve_review(self, job_id: str, decision: str, *, reason: str, now_ms: int | None = None) -> str:
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
             "resolve-review",
             [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs],
-            [now_ms, decision, reason],
+            [_at(now_ms), decision, reason],
         )
         return self._check(reply)[1]
 
-    def promote(self, job_id: str, *, now_ms: int) -> str | None:
+    def promote(self, job_id: str, *, now_ms: int | None = None) -> str | None:
         """retry_wait -> queued (or failed past the deadline) when due; the new state or None."""
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "promote", [j.record, t.ledger, t.retry, t.queued, t.outbox, j.events, t.counts, t.dead], [now_ms, job_id]
+            "promote", [j.record, t.ledger, t.retry, t.queued, t.outbox, j.events, t.counts, t.dead],
+            [_at(now_ms), job_id],
         )
         return reply[1] if Code(reply[0]) is Code.OK else None
 
-    def defer(self, job_id: str, *, now_ms: int, due_ms: int, reason: str) -> bool:
+    def redeliver(self, job_id: str, state: str, *, window_ms: int, now_ms: int | None = None) -> Code:
+        """A queued or reconciling job not claimed within its window: OK means publish it again;
+        EXPIRED means it failed past its deadline; NOT_FOUND that it moved on."""
         j = JobKeys(job_id)
         t = j.tenant
-        reply = self.scripts("defer", [j.record, t.queued, t.retry, j.events, t.counts], [now_ms, due_ms, reason])
+        index = t.queued if state == "queued" else t.reconcile
+        reply = self.scripts("redeliver", [j.record, index, t.ledger, t.outbox, t.dead, j.events, t.counts],
+                             [_at(now_ms), job_id, state, window_ms])
+        return Code(reply[0])
+
+    def defer(self, job_id: str, *, delay_ms: int, reason: str, now_ms: int | None = None) -> bool:
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts("defer", [j.record, t.queued, t.retry, j.events, t.counts],
+                             [_at(now_ms), delay_ms, reason])
         return Code(reply[0]) is Code.OK
 
-    def cancel(self, job_id: str, *, now_ms: int, reason: str = "cancelled") -> tuple[str, str]:
+    def cancel(self, job_id: str, *, now_ms: int | None = None) -> tuple[str, str]:
         """Cancel or request cancellation; (state after, external_effect)."""
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "cancel", [j.record, t.ledger, t.queued, t.retry, t.outbox, j.events, t.counts],
-            [now_ms, reason],
+            "cancel", [j.record, t.ledger, t.queued, t.retry, t.outbox, j.events, t.counts, t.review],
+            [_at(now_ms)],
         )
         self._check(reply)
         return reply[1], reply[2]
 
-    def supersede(self, job_id: str, *, now_ms: int) -> None:
-        """A newer job replaces this one: cancelled if not yet dispatched, else marked obsolete."""
-        self.cancel(job_id, now_ms=now_ms, reason="superseded")
-
-    def replay(self, job_id: str, *, now_ms: int) -> None:
+    def replay(self, job_id: str, *, now_ms: int | None = None) -> None:
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts], [now_ms]
+            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts], [_at(now_ms)]
         )
         if Code(reply[0]) is Code.INSUFFICIENT_ALLOWANCE:
             raise InsufficientAllowance(reply[1], reply[2])
@@ -238,9 +275,9 @@ class Store:
         reply = self.scripts("budget", [ProviderKeys(provider).budget], [operation, tokens, capacity])
         return Code(reply[0]) is Code.OK
 
-    def block_provider(self, provider: str, reason: str, *, now_ms: int) -> None:
+    def block_provider(self, provider: str, reason: str, *, now_ms: int | None = None) -> None:
         """Stop dispatch to a provider (``provider_credentials`` or ``dispatch_paused``) until cleared."""
-        self.redis.hset(ProviderKeys(provider).status, reason, now_ms)
+        self.redis.hset(ProviderKeys(provider).status, reason, self.server_ms() if now_ms is None else now_ms)
 
     def provider_block(self, provider: str) -> str | None:
         """Why dispatch to the provider is stopped, or None."""

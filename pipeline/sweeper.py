@@ -1,7 +1,9 @@
 """The sweeper: turns due index entries into next steps. Every step is one Lua script.
 
 - expired leases -> reconciling (the worker stopped reporting; the provider may not have)
-- due reconciliations -> a reconcile message (once per interval)
+- due reconciliations -> a reconcile message (again only after a window without a claim)
+- queued jobs not claimed within the window -> published again (their message may be lost),
+  or failed past their deadline
 - due retries -> queued (unless the provider awaits credential repair), or failed past the deadline
 - expired reviews -> failed, settled as charged
 - due outbox entries -> published
@@ -14,11 +16,11 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from collections import Counter
 from typing import Callable
 
 from .keys import TenantKeys
+from .scripts import Code
 from .settings import Settings
 from .store import Store
 
@@ -28,43 +30,56 @@ BATCH = 500
 
 
 class Sweeper:
+    """One pass moves every due job one step. Time is Redis's clock (``clock`` lets tests
+    look into the future); every move is a fenced or state-checked script, so two
+    sweepers at once never move a job twice (they only duplicate harmless publishes)."""
+
     def __init__(
         self, store: Store, publish: Callable[[str, str], None], settings: Settings, *, provider: str = "comfyui",
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.store, self.publish, self.settings, self.provider, self.clock = store, publish, settings, provider, clock
+        self.window_ms = int(settings.outbox_grace_seconds * 1000)
+
+    def now_ms(self) -> int:
+        return self.store.server_ms() if self.clock is None else int(self.clock() * 1000)
 
     def sweep_once(self) -> Counter[str]:
         """One pass over every tenant; returns how many jobs each step moved."""
         done: Counter[str] = Counter()
-        now = int(self.clock() * 1000)
+        now = self.now_ms()
         blocked = self.store.provider_block(self.provider) is not None
         for tenant in self.store.tenants():
             t = TenantKeys(tenant)
             for job_id in self.store.index(t.leases, until_ms=now, limit=BATCH):
-                done["leases_expired"] += self.store.begin_reconcile(
-                    job_id, now_ms=now, due_ms=now, reason="lease_expired")
+                done["leases_expired"] += self.store.begin_reconcile(job_id, now_ms=now, reason="lease_expired")
             for job_id in self.store.index(t.reconcile, until_ms=now, limit=BATCH):
-                self.store.redis.zadd(t.reconcile, {job_id: now + int(self.settings.reconcile_interval_seconds * 1000)},
-                                      xx=True)
-                self.publish(job_id, "reconcile")
-                done["reconciles_sent"] += 1
+                done["reconciles_sent"] += self._redeliver(job_id, "reconciling", "reconcile", now)
+            for job_id in self.store.index(t.outbox, until_ms=now, limit=BATCH):
+                done["republished"] += self._republish(job_id, now)
+            for job_id in self.store.index(t.queued, until_ms=now - self.window_ms, limit=BATCH):
+                done["redelivered"] += self._redeliver(job_id, "queued", None, now)
             if not blocked:
                 for job_id in self.store.index(t.retry, until_ms=now, limit=BATCH):
                     done["retries_promoted"] += self.store.promote(job_id, now_ms=now) is not None
             for job_id in self.store.index(t.review, until_ms=now, limit=BATCH):
                 self.store.resolve_review(job_id, "failed", now_ms=now, reason="review_expired")
                 done["reviews_expired"] += 1
-            for job_id in self.store.index(t.outbox, until_ms=now, limit=BATCH):
-                done["republished"] += self._republish(job_id)
         return done
 
-    def _republish(self, job_id: str) -> int:
+    def _redeliver(self, job_id: str, state: str, route: str | None, now: int) -> int:
+        """Publish a job again whose message may be lost (at most once per window)."""
+        if self.store.redeliver(job_id, state, window_ms=self.window_ms, now_ms=now) is not Code.OK:
+            return 0
+        self.publish(job_id, route or (self.store.job(job_id) or {}).get("priority", "interactive"))
+        return 1
+
+    def _republish(self, job_id: str, now: int) -> int:
         record = self.store.job(job_id) or {}
         sent = record.get("state") == "queued"
         if sent:
             self.publish(job_id, record["priority"])
-        self.store.confirm_published(job_id, record.get("idem_key", ""))
+        self.store.confirm_published(job_id, record.get("idem_key", ""), now_ms=now)
         return int(sent)
 
     def run(self, stop: threading.Event) -> None:

@@ -8,6 +8,7 @@ answer was lost (unknown outcome, for requests that are not safe to repeat).
 from __future__ import annotations
 
 import http.client
+import re
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -17,6 +18,8 @@ from ..errors import InvalidInput, PolicyRejected, ProviderAuthFailed, RateLimit
 
 #: Seconds to wait for connect and for each read.
 DEFAULT_TIMEOUT = 10.0
+#: Retry-After delay-seconds: ASCII digits only (``str.isdigit`` also accepts "²", which float refuses).
+_SECONDS_RE = re.compile(r"[0-9]{1,9}")
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def retry_after(value: str | None, *, now: float | None = None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if _SECONDS_RE.fullmatch(value):
         return float(value)
     try:
         moment = parsedate_to_datetime(value).timestamp()

@@ -25,7 +25,7 @@ def admit(store: Store, key: str = "k1", job_id: str = "acme.0000000000000000000
               "attempts_allowed": "3", "deadline": str(NOW + 60_000), "created_at": str(NOW),
               "updated_at": str(NOW), "idem_key": key}
     return store.admit("acme", key, job_id, fingerprint=fingerprint, ceiling=ceiling, fields=record,
-                       body=b'{"first":true}', status=202, now_ms=NOW, idem_ttl_s=60, outbox_due_ms=NOW + 10_000)
+                       body=b'{"first":true}', status=202, now_ms=NOW, idem_ttl_s=60, outbox_delay_ms=10_000)
 
 
 def claim(store: Store, job_id: str = "acme.00000000000000000001", now: int = NOW, op: str = "op-1"):
@@ -92,11 +92,13 @@ def test_claim_fences_and_only_once(acme: Store) -> None:
 def test_stale_generation_cannot_write(acme: Store) -> None:
     admit(acme)
     old = claim(acme)
-    assert acme.begin_reconcile(old.job_id, now_ms=NOW + 999, due_ms=NOW, reason="lease_expired") is False
-    assert acme.begin_reconcile(old.job_id, now_ms=NOW + 1000, due_ms=NOW, reason="lease_expired") is True
+    assert acme.begin_reconcile(old.job_id, now_ms=NOW + 999, reason="lease_expired") is False
+    assert acme.begin_reconcile(old.job_id, now_ms=NOW + 1000, reason="lease_expired") is True
+    with pytest.raises(StaleLease):  # the takeover itself fences the old worker out
+        acme.heartbeat(old, now_ms=NOW + 1000, lease_ms=1000)
     rec = acme.claim_reconcile(old.job_id, worker="r1", now_ms=NOW + 1001, lease_ms=1000)
     new = rec.claim
-    assert (new.generation, new.attempt, new.operation_id, rec.submitted) == (2, 1, "op-1", False)
+    assert (new.generation, new.attempt, new.operation_id, rec.submitted) == (3, 1, "op-1", False)
     assert acme.claim_reconcile(old.job_id, worker="r2", now_ms=NOW + 1002, lease_ms=1000) is None
     for write in (
         lambda: acme.heartbeat(old, now_ms=NOW + 1002, lease_ms=1000),
@@ -106,7 +108,7 @@ def test_stale_generation_cannot_write(acme: Store) -> None:
     ):
         with pytest.raises(StaleLease):
             write()
-    assert acme.redis.hget("reckon:stats", "stale_writes_rejected") == "4"
+    assert acme.redis.hget("reckon:stats", "stale_writes_rejected") == "5"
     assert acme.outputs(new.job_id) == {}
     assert acme.job(new.job_id)["state"] == "reconciling"
     assert [a["state"] for a in acme.attempts(new.job_id)] == ["unknown"]
@@ -141,7 +143,7 @@ def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Stor
     acme.mark_submit(held, now_ms=NOW, epoch="boot-1")
     if charged_before_crash:  # the provider had reported its outputs: the cost is known
         acme.charge(held, 20)
-    assert acme.begin_reconcile(held.job_id, now_ms=NOW + 2000, due_ms=NOW + 2000, reason="lease_expired")
+    assert acme.begin_reconcile(held.job_id, now_ms=NOW + 2000, reason="lease_expired")
     job = acme.job(held.job_id)
     held_units = 0 if charged_before_crash else 20
     assert (job["state"], job["uncertain"]) == ("reconciling", str(held_units))

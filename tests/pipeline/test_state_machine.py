@@ -29,7 +29,7 @@ LEGAL = {
     ("running", "reconciling"), ("retry_wait", "queued"), ("retry_wait", "failed"), ("retry_wait", "cancelled"),
     ("reconciling", "completed"), ("reconciling", "failed"), ("reconciling", "cancelled"),
     ("reconciling", "retry_wait"), ("reconciling", "needs_review"), ("needs_review", "queued"),
-    ("needs_review", "failed"), ("needs_review", "completed"), ("failed", "queued"),
+    ("needs_review", "failed"), ("needs_review", "completed"), ("needs_review", "cancelled"), ("failed", "queued"),
     ("running", "running"), ("reconciling", "reconciling"),  # cancel requested: an event, no move
 }
 
@@ -79,7 +79,7 @@ class Jobs(RuleBasedStateMachine):
         available = self.store.ledger("acme")["available"]
         result = self.store.admit("acme", job_id, job_id, fingerprint="f", ceiling=ceiling,
                                   fields={k: str(v) for k, v in record.items()}, body=b"{}", status=202,
-                                  now_ms=self.tick(), idem_ttl_s=60, outbox_due_ms=self.now)
+                                  now_ms=self.tick(), idem_ttl_s=60, outbox_delay_ms=0)
         assert (result.code is Code.CREATED) == (ceiling <= available)
         if result.code is Code.CREATED:
             self.model[job_id] = {"state": "queued", "gen": 0, "outputs": outputs, "stored": set(), "starts": 1}
@@ -163,7 +163,7 @@ class Jobs(RuleBasedStateMachine):
     @rule(claim=claims)
     def retry(self, claim) -> None:
         if claim is not None and self.fenced(
-                claim, lambda: self.store.retry(claim, now_ms=self.tick(), due_ms=self.now, error_class="transient")):
+                claim, lambda: self.store.retry(claim, now_ms=self.tick(), delay_ms=0, error_class="transient")):
             self.model[claim.job_id]["state"] = "retry_wait"
 
     @rule(claim=claims)
@@ -172,22 +172,22 @@ class Jobs(RuleBasedStateMachine):
             return
         job = self.model[claim.job_id]
         if job["state"] == "running" and job["gen"] == claim.generation:
-            self.store.begin_reconcile(claim.job_id, now_ms=self.tick(), due_ms=self.now, reason="u", claim=claim)
-            job["state"] = "reconciling"
+            self.store.begin_reconcile(claim.job_id, now_ms=self.tick(), reason="u", claim=claim)
+            job.update(state="reconciling", gen=job["gen"] + 1)  # the worker hands the job over
         else:
             with pytest.raises(StaleLease):
-                self.store.begin_reconcile(claim.job_id, now_ms=self.tick(), due_ms=self.now, reason="u", claim=claim)
+                self.store.begin_reconcile(claim.job_id, now_ms=self.tick(), reason="u", claim=claim)
 
     @rule(data=st.data())
     def lease_expires(self, data: st.DataObject) -> None:
         job_id = self.pick(data, "running")
         if job_id is None:
             return
-        moved = self.store.begin_reconcile(job_id, now_ms=FAR, due_ms=FAR, reason="lease_expired")
+        moved = self.store.begin_reconcile(job_id, now_ms=FAR, reason="lease_expired")
         job = self.model[job_id]
         assert moved == (job["state"] == "running")
         if moved:
-            job["state"] = "reconciling"
+            job.update(state="reconciling", gen=job["gen"] + 1)  # the takeover fences the worker out
 
     @rule(claim=claims, executed=st.booleans())
     def resolve_uncertain(self, claim, executed: bool) -> None:
@@ -200,7 +200,7 @@ class Jobs(RuleBasedStateMachine):
             return
         job = self.model[claim.job_id]
         if job["state"] == "reconciling" and self.holds(claim):
-            self.store.send_to_review(claim, now_ms=self.tick(), expires_ms=FAR, reason="r")
+            self.store.send_to_review(claim, now_ms=self.tick(), expires_in_ms=FAR, reason="r")
             job["state"] = "needs_review"
 
     @rule(data=st.data(), decision=st.sampled_from(["retry", "failed", "completed"]))
@@ -230,12 +230,12 @@ class Jobs(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
-        job_id = self.pick(data, "queued", "retry_wait", "running", "reconciling")
+        job_id = self.pick(data, "queued", "retry_wait", "running", "reconciling", "needs_review")
         if job_id is None:
             return
         job = self.model[job_id]
         state, _ = self.store.cancel(job_id, now_ms=self.tick())
-        if job["state"] in ("queued", "retry_wait"):
+        if job["state"] in ("queued", "retry_wait", "needs_review"):
             job["state"] = "cancelled"
         elif job["state"] in ("running", "reconciling"):
             job["cancel"] = True

@@ -25,7 +25,8 @@ def test_a_key_maps_to_its_tenant_and_only_its_hash_is_stored(fake) -> None:
     assert fake.smembers(keys.TENANTS) == {"acme"}
 
 
-@pytest.mark.parametrize(("name", "allowance"), [("Acme", 1), ("a" * 41, 1), ("a.b", 1), ("acme", -1)])
+@pytest.mark.parametrize(("name", "allowance"),
+                         [("Acme", 1), ("a" * 41, 1), ("a.b", 1), ("acme", -1), ("acme\n", 1), ("ａcme", 1)])
 def test_bad_tenants_are_refused(fake, name: str, allowance: int) -> None:
     with pytest.raises(TenantError):
         create_tenant(fake, name, allowance)

@@ -5,10 +5,20 @@ from __future__ import annotations
 import hashlib
 import os
 
+import orjson
 import pytest
 
 from pipeline.blobs import BlobStore
-from pipeline.errors import InvalidInput, PolicyRejected, ProviderAuthFailed, RateLimited, Transient, UnknownOutcome
+from pipeline.errors import (
+    InvalidInput,
+    InvalidRequest,
+    PolicyRejected,
+    ProviderAuthFailed,
+    RateLimited,
+    Transient,
+    UnknownOutcome,
+)
+from pipeline.jobs import fingerprint, parse_request
 from pipeline.providers.http import Response, raise_for_status, retry_after
 from pipeline.providers.sim import png
 from pipeline.settings import Settings, with_db
@@ -66,3 +76,20 @@ def test_simulated_pngs_differ_per_seed_and_are_valid() -> None:
     assert first != second
     assert first.startswith(b"\x89PNG\r\n\x1a\n") and first.endswith(b"IEND\xaeB`\x82")
     assert os.path.commonprefix([first, second]).startswith(b"\x89PNG")
+
+
+def test_parse_request_and_fingerprint_refuse_what_orjson_cannot_encode() -> None:
+    def deep(depth: int) -> dict:
+        return orjson.loads(b'{"n": ' * (depth - 1) + b"{}" + b"}" * (depth - 1))
+
+    body = {"kind": "image", "outputs": 1}
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request(body | {"workflow": deep(300)}, Settings())
+    assert caught.value.field == "workflow"
+    parse_request(body | {"workflow": deep(254)}, Settings())  # the API refuses it earlier (64 levels)
+    with pytest.raises(InvalidRequest):
+        fingerprint(body | {"workflow": deep(254)})  # the body is one level deeper than orjson encodes
+
+
+def test_retry_after_reads_only_ascii_seconds() -> None:
+    assert [retry_after(v) for v in ("12", "²", "١٢", "9" * 5000)] == [12.0, None, None, None]

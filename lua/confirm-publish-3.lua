@@ -2,16 +2,21 @@
 --
 -- Guarantees: the job leaves the outbox, and its idempotency record (if it
 -- still names this job and is pending) becomes `done`, so retries of the
--- request replay the first response instead of answering 409.
+-- request replay the first response instead of answering 409. A job still
+-- queued counts as just sent, so the sweeper does not redeliver it before a
+-- full window has passed without a claim.
 --
 -- KEYS[1] tenant's outbox (zset)
 -- KEYS[2] the job's idempotency record (hash; may have expired)
+-- KEYS[3] tenant's queued (zset)
 --
 -- ARGV[1] job id
+-- ARGV[2] now (ms; '' = Redis's clock)
 --
 -- Returns {0 OK}
 
 redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[3], 'XX', clock(ARGV[2]), ARGV[1])
 local seen = redis.call('HMGET', KEYS[2], 'job_id', 'state')
 if seen[1] == ARGV[1] and seen[2] == 'pending' then
   redis.call('HSET', KEYS[2], 'state', 'done')

@@ -1,0 +1,71 @@
+-- admit: idempotency check, cost reservation, job creation and supersession, as one step.
+--
+-- Guarantees: for one (tenant, idempotency key) at most one job ever exists
+-- while the record lives; the job's cost ceiling is reserved against the
+-- tenant's allowance in the same step, or nothing at all is written. A job that
+-- supersedes an older one of the same tenant replaces it in the same step: the
+-- older job is cancelled (reason `superseded`) if it was not yet dispatched
+-- (queued, retry_wait), otherwise only marked obsolete; an unknown older job
+-- refuses the admission and writes nothing.
+--
+-- KEYS[1] idempotency record (hash)      KEYS[7] job's event list
+-- KEYS[2] tenant ledger (hash)           KEYS[8] tenant's per-state counts (hash)
+-- KEYS[3] job record (hash)              KEYS[9] superseded job's record (hash; the new
+-- KEYS[4] tenant's job index (zset)              job's own when nothing is superseded)
+-- KEYS[5] tenant's queued index (zset)   KEYS[10] superseded job's event list (likewise)
+-- KEYS[6] tenant's outbox (zset)         KEYS[11] tenant's retry index (zset)
+--
+-- ARGV[1] now (ms; '' = Redis's clock)   ARGV[6] delay before the outbox republishes (ms)
+-- ARGV[2] new job id                     ARGV[7] job record (JSON object of strings)
+-- ARGV[3] request fingerprint (hex)      ARGV[8] first response body (JSON text)
+-- ARGV[4] cost ceiling (cost units)      ARGV[9] first response status (HTTP code)
+-- ARGV[5] idempotency retention (s)      ARGV[10] id of the superseded job ('' for none)
+--
+-- Returns {1 CREATED, job_id} | {2 REPLAYED, job_id, status, body}
+--   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
+--   | {5 INSUFFICIENT_ALLOWANCE, available, ceiling} | {6 UNKNOWN_TENANT} | {7 NOT_FOUND}
+
+local now, job_id, fingerprint = clock(ARGV[1]), ARGV[2], ARGV[3]
+local ceiling = tonumber(ARGV[4])
+
+local seen = redis.call('HMGET', KEYS[1], 'fingerprint', 'job_id', 'state', 'status', 'body')
+if seen[1] then
+  if seen[1] ~= fingerprint then return {4, seen[2]} end
+  if seen[3] ~= 'done' then return {3, seen[2]} end
+  return {2, seen[2], tonumber(seen[4]), seen[5]}
+end
+
+local ledger = redis.call('HMGET', KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
+if not ledger[1] then return {6} end
+local available = tonumber(ledger[1]) - tonumber(ledger[2] or '0')
+  - tonumber(ledger[3] or '0') - tonumber(ledger[4] or '0')
+if ceiling > available then return {5, available, ceiling} end
+local older = ''
+if ARGV[10] ~= '' then
+  older = redis.call('HGET', KEYS[9], 'state')
+  if not older then return {7} end
+end
+
+redis.call('HINCRBY', KEYS[2], 'reserved', ceiling)
+local seq = redis.call('HINCRBY', KEYS[2], 'job_seq', 1)
+local fields = {}
+for field, value in pairs(cjson.decode(ARGV[7])) do
+  fields[#fields + 1] = field
+  fields[#fields + 1] = value
+end
+redis.call('HSET', KEYS[3], 'seq', seq, unpack(fields))
+redis.call('ZADD', KEYS[4], seq, job_id)
+redis.call('ZADD', KEYS[5], now, job_id)
+redis.call('ZADD', KEYS[6], now + tonumber(ARGV[6]), job_id)
+move(KEYS[3], KEYS[8], KEYS[7], now, '', 'queued', 'admitted')
+redis.call('HSET', KEYS[1], 'fingerprint', fingerprint, 'job_id', job_id, 'state', 'pending',
+  'status', ARGV[9], 'body', ARGV[8])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+
+if older == 'queued' or older == 'retry_wait' then
+  redis.call('HSET', KEYS[9], 'cancel_requested', 1, 'external_effect', external_effect(KEYS[9]))
+  end_waiting(KEYS[9], KEYS[2], KEYS[5], KEYS[11], KEYS[6], KEYS[10], KEYS[8], now, older, 'cancelled', 'superseded')
+elseif older == 'running' or older == 'reconciling' or older == 'needs_review' then
+  redis.call('HSET', KEYS[9], 'obsolete', 1)
+end
+return {1, job_id}

@@ -1,0 +1,39 @@
+-- cancel: the client no longer wants the job.
+--
+-- Guarantees: a queued or retry_wait job is cancelled at once and settled (its
+-- unused reservation released). A needs_review job is cancelled at once too: no
+-- operator decision can run it again, and what is still uncertain is settled as
+-- charged (the release policy: releasing it would understate what may be owed).
+-- A running or reconciling job gets a cancel request: no new provider submission
+-- starts after it (mark-submit checks it), and the job ends cancelled once its
+-- outcome is known. Cancelling again changes nothing. `external_effect` says
+-- whether a provider execution may already have happened: none, possible or occurred.
+--
+-- KEYS[1] job record (hash)          KEYS[5] tenant's outbox (zset)
+-- KEYS[2] tenant ledger (hash)       KEYS[6] job's event list
+-- KEYS[3] tenant's queued (zset)     KEYS[7] tenant's per-state counts (hash)
+-- KEYS[4] tenant's retry index       KEYS[8] tenant's review index (zset)
+--
+-- ARGV[1] now (ms; '' = Redis's clock)
+--
+-- Returns {0 OK, state, external_effect} | {7 NOT_FOUND}
+
+local job, now = KEYS[1], clock(ARGV[1])
+local f = redis.call('HMGET', job, 'state', 'id')
+if not f[1] then return {7} end
+local state = f[1]
+local effect = external_effect(job)
+if state == 'queued' or state == 'retry_wait' or state == 'needs_review' then
+  redis.call('ZREM', KEYS[8], f[2])
+  redis.call('HSET', job, 'cancel_requested', 1, 'external_effect', effect)
+  end_waiting(job, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], now, state, 'cancelled', 'cancelled')
+  return {0, 'cancelled', effect}
+end
+if state == 'running' or state == 'reconciling' then
+  if redis.call('HGET', job, 'cancel_requested') ~= '1' then
+    redis.call('HSET', job, 'cancel_requested', 1, 'external_effect', effect)
+    append_event(job, KEYS[6], now, state, state, 'cancel_requested')
+  end
+  return {0, state, effect}
+end
+return {0, state, redis.call('HGET', job, 'external_effect') or effect}

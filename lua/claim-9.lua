@@ -1,0 +1,48 @@
+-- claim: a worker takes a queued job under a fenced lease and opens an attempt.
+--
+-- Guarantees: only a `queued` job is claimed; each claim raises the job's
+-- lease generation by one, and every later write by the worker must present
+-- that generation. The lease expiry is on Redis's clock, so a worker whose
+-- clock is off can neither shorten nor lengthen it. The attempt record, with
+-- the provider operation id chosen by the caller, exists before the provider
+-- is ever called. A job with too little time left before its deadline is not
+-- run: it fails `deadline_exceeded`, settled, its reservation released.
+--
+-- KEYS[1] job record (hash)          KEYS[6] job's event list
+-- KEYS[2] tenant's leases (zset)     KEYS[7] tenant's per-state counts (hash)
+-- KEYS[3] tenant's queued (zset)     KEYS[8] tenant ledger (hash)
+-- KEYS[4] tenant's outbox (zset)     KEYS[9] tenant's dead letters (zset)
+-- KEYS[5] job's attempts (hash)
+--
+-- ARGV[1] now (ms; '' = Redis's clock)   ARGV[4] provider operation id
+-- ARGV[2] worker id                      ARGV[5] provider name
+-- ARGV[3] lease length (ms)              ARGV[6] least time an attempt needs (ms)
+--
+-- Returns {0 OK, generation, attempt number, now (ms)} | {7 NOT_FOUND}
+--   | {8 NOT_CLAIMABLE, state} | {14 EXPIRED}
+
+local job = KEYS[1]
+local now = clock(ARGV[1])
+local f = redis.call('HMGET', job, 'state', 'id', 'deadline')
+if not f[1] then return {7} end
+if f[1] ~= 'queued' then return {8, f[1]} end
+if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
+  expire_queued(job, KEYS[8], KEYS[3], KEYS[4], KEYS[9], KEYS[6], KEYS[7], now, 'deadline_passed_while_queued')
+  return {14}
+end
+
+local job_id = f[2]
+local expires = now + tonumber(ARGV[3])
+local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
+local n = redis.call('HINCRBY', job, 'attempt_count', 1)
+redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0,
+  'operation_id', ARGV[4], 'provider', ARGV[5], 'submitted', 0, 'submit_epoch', '', 'attempt_charged', 0)
+redis.call('ZADD', KEYS[2], expires, job_id)
+redis.call('ZREM', KEYS[3], job_id)
+redis.call('ZREM', KEYS[4], job_id)
+redis.call('HSET', KEYS[5], n, cjson.encode({
+  number = n, worker = ARGV[2], generation = gen, provider = ARGV[5],
+  operation_id = ARGV[4], state = 'running', started_at = now,
+  submitted_at = cjson.null, ended_at = cjson.null, error_class = cjson.null}))
+move(job, KEYS[7], KEYS[6], now, 'queued', 'running', 'claimed')
+return {0, gen, n, now}
