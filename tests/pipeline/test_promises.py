@@ -1,0 +1,188 @@
+"""Regression tests for the holes a review found (issue 6 §1), in process: a real redis-server,
+the simulated ComfyUI over loopback HTTP, the executor, the router and the sweeper.
+
+Each reproduces the scenario that broke a promise and checks exact charges (the simulated
+provider's ledger), exact ledger figures and exact states.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pipeline import actors, cli
+from pipeline.broker import Publisher
+from pipeline.errors import InvalidRequest, StaleLease
+from pipeline.jobs import Admitter
+from pipeline.keys import JobKeys, TenantKeys
+from pipeline.providers import sim as simulated
+from pipeline.sweeper import Sweeper
+from tests.conftest import wait_until
+from tests.pipeline.conftest import WORKFLOW
+from tests.pipeline.test_failures import attempt, balanced, inject, reconcile, units
+
+RECONCILE_QUEUE = "dramatiq:reckon-reconcile"
+
+
+def sweeper(store, settings, *, ahead: float = 0.0) -> Sweeper:
+    return Sweeper(store, Publisher(actors.broker), settings, clock=lambda: time.time() + ahead)
+
+
+@pytest.mark.parametrize("path", ["/history", "/view"])
+def test_a_failed_read_after_submission_is_reconciled_never_resubmitted(store, admit, make_executor, make_router,
+                                                                        sim, path) -> None:
+    job_id = admit(outputs=2)
+    inject(sim, {"kind": "read_error", "path": path, "status": 503})
+    executor, router = make_executor(sim), make_router(retry_base_seconds=0.0)
+    assert attempt(executor, router, job_id) == "reconcile"
+    assert store.job(job_id)["state"] == "reconciling"
+    assert [(a["state"], a["error_class"]) for a in store.attempts(job_id)] == [("unknown", "unknown_outcome")]
+    assert reconcile(executor, router, job_id) == "reconciled"
+    assert store.job(job_id)["state"] == "completed"
+    assert units(sim) == [20]  # one execution: the same operation id was asked again
+    assert [(a["state"], a["error_class"]) for a in store.attempts(job_id)] == [("completed", None)]
+    assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 20,
+                               "available": 9_980}
+
+
+def test_reconciliation_never_livelocks_on_a_lost_output(store, settings, admit, make_executor, make_router,
+                                                         sim) -> None:
+    job_id = admit()
+    inject(sim, {"kind": "read_error", "path": "/view", "status": 404, "times": 100})
+    executor = make_executor(sim, reconcile_interval_seconds=0.0, reconcile_max_seconds=0.3)
+    router = make_router()
+    assert attempt(executor, router, job_id) == "reconcile"
+    sends = []
+    deadline = time.monotonic() + 10
+    while store.job(job_id)["state"] == "reconciling" and time.monotonic() < deadline:
+        sends.append(sweeper(store, settings).sweep_once()["reconciles_sent"])
+        assert reconcile(executor, router, job_id) in ("reconciled", "skipped")
+        time.sleep(0.05)
+    job = store.job(job_id)
+    assert (job["state"], job["error_reason"]) == ("needs_review", "reconcile_timed_out")
+    assert units(sim) == [10]
+    # it ran and its charge was booked before the fetch failed: nothing is uncertain
+    assert balanced(store) == {"allowance": 10_000, "reserved": 30, "uncertain": 0, "settled": 0,
+                               "available": 9_970}
+    assert job["charged"] == "10"
+
+
+def test_a_reconcile_message_is_not_sent_again_while_one_is_waiting(store, settings, admit, make_executor,
+                                                                    make_router, sim) -> None:
+    job_id = admit()
+    inject(sim, {"kind": "drop"})
+    assert attempt(make_executor(sim), make_router(), job_id) == "reconcile"
+    broker = actors.broker.client
+    broker.delete(RECONCILE_QUEUE)
+    window = settings.outbox_grace_seconds
+    assert sweeper(store, settings).sweep_once()["reconciles_sent"] == 1
+    for ahead in (0.0, window / 2, window * 0.9):  # nobody took the message yet: no second one
+        assert sweeper(store, settings, ahead=ahead).sweep_once()["reconciles_sent"] == 0
+    assert broker.llen(RECONCILE_QUEUE) == 1
+    assert sweeper(store, settings, ahead=window + 1).sweep_once()["reconciles_sent"] == 1  # it may be lost
+    assert sweeper(store, settings, ahead=window + 2).sweep_once()["reconciles_sent"] == 0  # window doubled
+    assert broker.llen(RECONCILE_QUEUE) == 2
+
+
+def test_cancel_of_a_job_under_review_ends_it_and_no_operator_can_run_it_again(store, admit, make_executor,
+                                                                               make_router, capsys) -> None:
+    server = simulated.start(delay=0.2)
+    try:
+        job_id = admit()
+        inject(server, {"kind": "drop"})
+        executor, router = make_executor(server), make_router()
+        assert attempt(executor, router, job_id) == "reconcile"
+        wait_until(lambda: units(server) == [10])
+        server.sim.restart()
+        assert reconcile(executor, router, job_id) == "reconciled"
+        assert store.job(job_id)["state"] == "needs_review"
+        assert store.cancel(job_id) == ("cancelled", "possible")
+        assert cli.main(["review", "resolve", job_id, "--retry"], store=store) == 1
+        assert units(server) == [10]
+    finally:
+        server.close()
+    assert "not allowed while the job is cancelled" in capsys.readouterr().err
+    assert store.redis.zcard(TenantKeys("acme").review) == 0
+    # the uncertain 10 is settled as charged (the release policy); the rest is released
+    assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 10, "available": 9_990}
+
+
+def test_a_job_whose_deadline_passed_in_the_queue_is_never_submitted(store, admit, make_executor, sim) -> None:
+    job_id = admit(deadline_s=1)
+    time.sleep(1.05)
+    assert make_executor(sim).run(job_id) is False
+    job = store.job(job_id)
+    assert (job["state"], job["error_class"], job["attempt_count"]) == ("failed", "deadline_exceeded", "0")
+    assert units(sim) == []
+    assert store.redis.zscore(TenantKeys("acme").dead, job_id) is not None
+    assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 0, "available": 10_000}
+
+
+def test_too_little_time_left_is_refused_at_claim(store, admit, make_executor, sim) -> None:
+    job_id = admit(deadline_s=2)
+    assert make_executor(sim, min_attempt_seconds=5.0).run(job_id) is False
+    assert (store.job(job_id)["state"], units(sim)) == ("failed", [])
+
+
+def test_a_queued_job_past_its_deadline_is_failed_by_the_sweeper(store, settings, admit) -> None:
+    job_id = admit(deadline_s=1)
+    done = sweeper(store, settings, ahead=settings.outbox_grace_seconds + 2).sweep_once()
+    assert done["redelivered"] == 0 and store.job(job_id)["state"] == "failed"
+    assert balanced(store)["reserved"] == 0
+
+
+def test_supersedes_is_part_of_the_admission(store, settings, tenant) -> None:
+    tenant()
+    sent: list[str] = []
+    admitter = Admitter(store, lambda job_id, priority: sent.append(job_id), settings)
+    body = {"kind": "image", "workflow": WORKFLOW, "outputs": 1}
+    older = admitter.submit("acme", "k1", body).job_id
+    with pytest.raises(InvalidRequest):
+        admitter.submit("acme", "k2", body | {"supersedes": "acme.0123456789abcdef0123"})
+    assert store.redis.exists(TenantKeys("acme").idempotency("k2")) == 0  # nothing was written
+    assert store.redis.zcard(TenantKeys("acme").jobs) == 1
+    newer = admitter.submit("acme", "k3", body | {"supersedes": older}).job_id
+    job = store.job(older)
+    assert (job["state"], job["external_effect"]) == ("cancelled", "none")
+    assert [e["reason"] for e in store.events(older)] == ["admitted", "superseded"]
+    assert store.job(newer)["supersedes"] == older
+    assert balanced(store) == {"allowance": 10_000, "reserved": 30, "uncertain": 0, "settled": 0, "available": 9_970}
+
+
+def test_a_dispatched_job_is_only_marked_obsolete_when_superseded(store, settings, admit, make_executor) -> None:
+    older = admit()
+    claim = store.claim(older, worker="w", lease_ms=60_000, operation_id="op", provider="sim")
+    assert claim is not None
+    newer = admit("intent-2", supersedes=older)
+    assert store.job(older)["state"] == "running" and store.job(older)["obsolete"] == "1"
+    assert store.job(newer)["state"] == "queued"
+
+
+def test_every_change_of_owner_fences_the_previous_holder(store, admit) -> None:
+    job_id = admit()
+    worker = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op", provider="sim")
+    store.mark_submit(worker, epoch="e")
+    store.begin_reconcile(job_id, reason="unknown_outcome", claim=worker)  # the worker hands over
+    rec = store.claim_reconcile(job_id, worker="r1", lease_ms=60_000)
+    store.reconcile_later(rec.claim, delay_ms=0)  # the first reconciler lets go
+    second = store.claim_reconcile(job_id, worker="r2", lease_ms=60_000)
+    generations = [worker.generation, rec.claim.generation, second.claim.generation]
+    assert generations == [1, 3, 5]
+    for stale in (worker, rec.claim):
+        with pytest.raises(StaleLease):
+            store.charge(stale, 10)
+    assert store.charge(second.claim, 10) == 10
+    job = store.job(job_id)
+    # the uncertain 10 held at the hand-over was resolved by the charge itself
+    assert (job["uncertain"], job["charged"], job["reserved"]) == ("0", "10", "20")
+    assert store.redis.hget("reckon:stats", "stale_writes_rejected") == "2"
+
+
+def test_a_lease_lives_on_redis_time_whatever_the_caller_clock_says(store, admit) -> None:
+    job_id = admit()
+    claim = store.claim(job_id, worker="w", lease_ms=30_000, operation_id="op", provider="sim")
+    expires = int(store.job(job_id)["lease_expires"])
+    assert abs(expires - (store.server_ms() + 30_000)) < 2_000
+    assert store.redis.zscore(JobKeys(job_id).tenant.leases, job_id) == expires
+    assert claim.claimed_ms == expires - 30_000
