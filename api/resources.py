@@ -10,6 +10,7 @@ import falcon
 import orjson
 import redis
 
+from pipeline import views
 from pipeline.blobs import BlobStore
 from pipeline.jobs import Admitter, State, iso, job_view
 from pipeline.keys import tenant_of
@@ -31,12 +32,12 @@ MAX_SCAN = 1000
 
 
 def owned_job(store: Store, tenant: str, job_id: str) -> dict[str, str]:
-    """The job record if it belongs to ``tenant``; otherwise 404 (never 403)."""
+    """The job record's view fields if it belongs to ``tenant``; otherwise 404 (never 403)."""
     try:
         owner = tenant_of(job_id)
     except ValueError:
         owner = None
-    record = store.job(job_id) if owner == tenant else None
+    record = views.job_record(store.redis, job_id) if owner == tenant else None
     if not record:
         raise Problem(404, "job-not-found", "Job not found")
     return record
@@ -81,7 +82,7 @@ class Jobs:
         jobs: list[dict[str, Any]] = []
         rows = self.store.job_page(req.context.tenant, before=before, limit=limit if state is None else MAX_SCAN)
         sequence = {job_id: seq for job_id, seq in rows}
-        for record, outputs in self.store.jobs_with_outputs([job_id for job_id, _ in rows]):
+        for record, outputs in views.jobs_with_outputs(self.store.redis, [job_id for job_id, _ in rows]):
             before = sequence[record["id"]]
             if state is None or record["state"] == state:
                 jobs.append(job_view(record, outputs))

@@ -1,0 +1,46 @@
+"""Reads for the jobs clients see: only the record fields ``job_view`` shows, never the workflow.
+
+A job record carries its workflow (up to ``RECKON_MAX_WORKFLOW_BYTES``); HGETALL would move it
+over the wire for every job in a listing only to drop it. HMGET of the view's fields does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from .keys import JobKeys
+
+#: Every record field ``pipeline.jobs.job_view`` reads (a test keeps the two in step).
+VIEW_FIELDS = (
+    "id", "state", "kind", "priority", "outputs_requested", "attempt_count",
+    "ceiling", "reserved", "charged", "uncertain", "settled",
+    "cancel_requested", "obsolete", "external_effect",
+    "deadline", "created_at", "updated_at", "error_class", "error_reason",
+)
+
+
+def job_record(client: Any, job_id: str) -> dict[str, str] | None:
+    """The view fields of one job's record, or None if there is no such job."""
+    return _record(client.hmget(JobKeys(job_id).record, VIEW_FIELDS))
+
+
+def jobs_with_outputs(client: Any, job_ids: list[str]) -> list[tuple[dict[str, str], dict[int, dict[str, Any]]]]:
+    """(view fields, outputs) of each existing job, in order, in one pipelined round trip."""
+    pipe = client.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hmget(JobKeys(job_id).record, VIEW_FIELDS)
+        pipe.hgetall(JobKeys(job_id).outputs)
+    replies = pipe.execute()
+    pairs = ((_record(values), outputs) for values, outputs in zip(replies[::2], replies[1::2], strict=True))
+    return [(record, _outputs(outputs)) for record, outputs in pairs if record is not None]
+
+
+def _record(values: list[str | None]) -> dict[str, str] | None:
+    record = {name: value for name, value in zip(VIEW_FIELDS, values, strict=True) if value is not None}
+    return record if "id" in record else None
+
+
+def _outputs(raw: dict[str, str]) -> dict[int, dict[str, Any]]:
+    return {int(index): orjson.loads(value) for index, value in sorted(raw.items(), key=lambda kv: int(kv[0]))}
