@@ -13,11 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# Debian's redis-server (Redis 7) when the machine has none.
+# Debian's redis-server (Redis 7) and faketime (a worker whose clock is off, in the tests)
+# when the machine has none.
 redis-server:
-	@command -v redis-server >/dev/null || { \
+	@command -v redis-server >/dev/null && command -v faketime >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server faketime; }
 
 run: $(STAMP) redis-server
 	@bash ops/run.sh

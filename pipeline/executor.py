@@ -100,6 +100,7 @@ class Executor:
 
     def run(self, job_id: str, worker: str | None = None) -> bool:
         """Run one attempt if the job is claimable; False for a duplicate, finished or deferred job."""
+        faultpoints.reached("before_claim")
         blocked = self.store.provider_block(self.provider.name)
         if blocked:
             self.store.defer(job_id, delay_ms=int(self.settings.auth_recheck_seconds * 1000), reason=blocked)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 
 import dramatiq
@@ -11,6 +13,7 @@ from pipeline import actors
 from pipeline.broker import Publisher
 from pipeline.providers import sim as simulated
 from pipeline.routing import Router, backoff
+from pipeline.store import Store
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
 
@@ -70,3 +73,39 @@ def test_a_failure_inside_routing_fails_the_message_and_the_job_is_recovered(
     sweeper = Sweeper(store, Publisher(broker), settings, clock=lambda: time.time() + 60)
     assert sweeper.sweep_once()["leases_expired"] == 1
     assert store.job(job_id)["state"] == "reconciling"
+
+
+class FlakyClaims(Store):
+    """The state database drops the connection on the first claim, then recovers."""
+
+    failures = 1
+
+    def claim(self, *args, **kwargs):
+        if self.failures:
+            self.failures -= 1
+            raise redis.ConnectionError("connection reset before the claim")
+        return super().claim(*args, **kwargs)
+
+
+def test_an_error_before_the_claim_loses_no_job(store, settings, admit, make_executor, make_router, broker,
+                                                sim) -> None:
+    job_id = admit()
+    executor = make_executor(sim)
+    executor.store = FlakyClaims(store.redis)
+    actors.use(executor, make_router())
+    grace = 0.5
+    sweeper = Sweeper(store, Publisher(broker), dataclasses.replace(settings, outbox_grace_seconds=grace,
+                                                                    sweep_interval_seconds=0.1))
+    stop = threading.Event()
+    sweeping = threading.Thread(target=sweeper.run, args=(stop,))
+    sweeping.start()
+    started = time.monotonic()
+    try:
+        run_worker(broker, lambda: store.job(job_id)["state"] == "completed")
+    finally:
+        stop.set()
+        sweeping.join()
+    assert time.monotonic() - started < grace + 3  # the window, one sweep, and the run itself
+    assert broker.client.zcard(DEAD_LETTERS) == 1  # the first message failed; the job did not
+    assert [a["state"] for a in store.attempts(job_id)] == ["completed"]
+    assert [c["units"] for c in sim.sim.charges] == [10]
