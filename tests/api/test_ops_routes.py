@@ -9,6 +9,8 @@ from pipeline.keys import TenantKeys
 from pipeline.store import Store, connect
 from tests.conftest import free_port
 
+from .conftest import auth, job_body
+
 
 def test_health_and_readiness(client) -> None:
     assert client.simulate_get("/healthz").json == {"status": "ok"}
@@ -16,17 +18,27 @@ def test_health_and_readiness(client) -> None:
     assert ready["status"] == "ready" and "admit" in ready["scripts"] and "finish" in ready["scripts"]
 
 
-def test_metrics_expose_states_ledgers_and_indexes(client, submit, tenant, store) -> None:
-    key = tenant()
-    submit(key)
+def test_metrics_sum_every_tenant_and_name_none(client, submit, tenant, store) -> None:
+    acme, globex = tenant("acme", 10_000), tenant("globex", 500)
+    submit(acme)
+    submit(globex, key="g-1", body=job_body(outputs=2))
+    cancelled = submit(globex, key="g-2", body=job_body(outputs=2)).json["id"]
+    assert client.simulate_post(f"/v1/jobs/{cancelled}/cancel", headers=auth(globex)).status_code == 200
     store.block_provider("comfyui", "provider_credentials", now_ms=1)
     text = client.simulate_get("/metrics").text
-    assert 'reckon_jobs{state="queued",tenant="acme"} 1.0' in text
-    assert 'reckon_ledger_units{kind="reserved",tenant="acme"} 30.0' in text
-    assert 'reckon_index_jobs{index="queued",tenant="acme"} 1.0' in text
-    assert 'reckon_index_jobs{index="outbox",tenant="acme"} 0.0' in text
-    assert 'reckon_provider_blocked{provider="comfyui"} 1.0' in text
-    assert store.redis.zcard(TenantKeys("acme").queued) == 1
+    assert "tenant=" not in text and "acme" not in text and "globex" not in text
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in text.splitlines() if line.startswith("reckon_")}
+    assert {k: v for k, v in samples.items() if k.startswith("reckon_jobs")} == {
+        'reckon_jobs{state="cancelled"}': 1.0, 'reckon_jobs{state="queued"}': 2.0}
+    assert {k: v for k, v in samples.items() if k.startswith("reckon_ledger_units")} == {  # 30 + 60 reserved
+        'reckon_ledger_units{kind="allowance"}': 10_500.0, 'reckon_ledger_units{kind="reserved"}': 90.0,
+        'reckon_ledger_units{kind="uncertain"}': 0.0, 'reckon_ledger_units{kind="settled"}': 0.0,
+        'reckon_ledger_units{kind="available"}': 10_410.0}
+    assert samples['reckon_index_jobs{index="queued"}'] == 2.0
+    assert samples['reckon_index_jobs{index="outbox"}'] == 0.0
+    assert samples['reckon_provider_blocked{provider="comfyui"}'] == 1.0
+    assert store.redis.zcard(TenantKeys("acme").queued) == store.redis.zcard(TenantKeys("globex").queued) == 1
 
 
 def test_unreachable_state_is_a_503_problem(settings) -> None:
