@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from typing import Any, Callable
@@ -12,12 +13,15 @@ import redis
 
 from pipeline import views
 from pipeline.blobs import BlobStore
+from pipeline.errors import BlobMissing, BlobUnreadable
 from pipeline.jobs import Admitter, State, iso, job_view
 from pipeline.keys import tenant_of
 from pipeline.store import Store
 
 from .body import read_json
 from .problems import Problem
+
+log = logging.getLogger(__name__)
 
 #: Validation patterns are used with ``fullmatch``: ``$`` would accept a trailing newline,
 #: and ``str.isdigit`` accepts non-ASCII digits ("١٢", "²") that ``int`` reads or refuses.
@@ -154,8 +158,18 @@ class Output:
         if req.get_header("If-None-Match") == etag:
             resp.status = falcon.HTTP_304
             return
+        try:
+            data = self.blobs.read(output["sha256"])
+        except BlobMissing:
+            log.error("output %d of job %s is missing from blob storage", index, job_id)
+            raise Problem(410, "output-missing", "Output missing",
+                          f"output {index} was stored but its bytes are gone") from None
+        except BlobUnreadable:
+            log.error("output %d of job %s cannot be read from blob storage", index, job_id)
+            raise Problem(503, "output-unavailable", "Output unavailable", f"output {index} cannot be read now",
+                          headers={"Retry-After": "5"}) from None
         resp.content_type = output["content_type"]
-        resp.data = self.blobs.read(output["sha256"])
+        resp.data = data
 
 
 class Usage:

@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import BlobMissing, BlobUnreadable
+
 
 class BlobStore:
     def __init__(self, root: str | Path) -> None:
@@ -42,4 +44,11 @@ class BlobStore:
         return digest
 
     def read(self, digest: str) -> bytes:
-        return self.path(digest).read_bytes()
+        """The stored bytes; BlobMissing or BlobUnreadable, never an error that names the path
+        (an output's location stays out of logs and responses)."""
+        try:
+            return self.path(digest).read_bytes()
+        except FileNotFoundError:
+            raise BlobMissing("stored output bytes are missing") from None
+        except OSError as exc:
+            raise BlobUnreadable(f"stored output bytes cannot be read ({type(exc).__name__})") from None

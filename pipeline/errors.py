@@ -101,6 +101,14 @@ class OperationFailed(ProviderError):
     error_class = "provider_failed"
 
 
+class BlobMissing(ReckonError):
+    """A stored output's bytes are gone from blob storage; the message names no location."""
+
+
+class BlobUnreadable(ReckonError):
+    """A stored output's bytes cannot be read now (an I/O error); the message names no location."""
+
+
 class InvalidRequest(ReckonError):
     """A well-formed job request that cannot be accepted as it is (HTTP 422)."""
 
