@@ -13,7 +13,7 @@ from .jobs import iso
 from .keys import ProviderKeys, TenantKeys
 from .settings import Settings
 from .store import Store, connect
-from .tenants import TenantError, create_key, create_tenant
+from .tenants import TenantError, create_key, create_tenant, is_disabled, list_keys, revoke_key, set_disabled
 
 #: Job record fields never printed: the workflow is the client's private input.
 PRIVATE_FIELDS = frozenset({"workflow"})
@@ -29,8 +29,25 @@ def tenant_create(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def tenant_disable(store: Store, args: argparse.Namespace) -> int:
+    set_disabled(store.redis, args.name, args.verb == "disable")
+    _print({"tenant": args.name, "disabled": is_disabled(store.redis, args.name)})
+    return 0
+
+
 def key_create(store: Store, args: argparse.Namespace) -> int:
     print(create_key(store.redis, args.tenant))
+    return 0
+
+
+def key_list(store: Store, args: argparse.Namespace) -> int:
+    _print({"tenant": args.tenant, "key_hashes": list_keys(store.redis, args.tenant)})
+    return 0
+
+
+def key_revoke(store: Store, args: argparse.Namespace) -> int:
+    tenant = revoke_key(store.redis, args.key)
+    _print({"tenant": tenant, "revoked": True})
     return 0
 
 
@@ -53,7 +70,7 @@ def status(store: Store, args: argparse.Namespace) -> int:
     tenants = {}
     for tenant in store.tenants():
         counts = store.state_counts(tenant)
-        tenants[tenant] = {"jobs": counts, "ledger": store.ledger(tenant)}
+        tenants[tenant] = {"jobs": counts, "ledger": store.ledger(tenant), "disabled": is_disabled(store.redis, tenant)}
         for state, n in counts.items():
             totals[state] = totals.get(state, 0) + n
     _print({"jobs": totals, "tenants": tenants})
@@ -114,15 +131,8 @@ def provider_status(store: Store, args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="reckon", description=__doc__)
     verbs = root.add_subparsers(dest="noun", required=True)
-    tenant = verbs.add_parser("tenant").add_subparsers(dest="verb", required=True)
-    create = tenant.add_parser("create", help="create a tenant with an allowance in cost units")
-    create.add_argument("name")
-    create.add_argument("--allowance", type=int, required=True)
-    create.set_defaults(run=tenant_create)
-    key = verbs.add_parser("key").add_subparsers(dest="verb", required=True)
-    kcreate = key.add_parser("create", help="print a new API key for a tenant (shown once)")
-    kcreate.add_argument("tenant")
-    kcreate.set_defaults(run=key_create)
+    _tenant_commands(verbs.add_parser("tenant").add_subparsers(dest="verb", required=True))
+    _key_commands(verbs.add_parser("key").add_subparsers(dest="verb", required=True))
     job = verbs.add_parser("job").add_subparsers(dest="verb", required=True)
     show = job.add_parser("show", help="a job's record, outputs, attempts and events")
     show.add_argument("id")
@@ -149,6 +159,31 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("name", nargs="?", default="comfyui")
         sub.set_defaults(run=run)
     return root
+
+
+def _tenant_commands(tenant: Any) -> None:
+    create = tenant.add_parser("create", help="create a tenant with an allowance in cost units")
+    create.add_argument("name")
+    create.add_argument("--allowance", type=int, required=True)
+    create.set_defaults(run=tenant_create)
+    for verb, text in (("disable", "refuse every key of the tenant (401 on every route); jobs already "
+                                   "admitted run on"),
+                       ("enable", "accept the tenant's keys again")):
+        sub = tenant.add_parser(verb, help=text)
+        sub.add_argument("name")
+        sub.set_defaults(run=tenant_disable)
+
+
+def _key_commands(key: Any) -> None:
+    create = key.add_parser("create", help="print a new API key for a tenant (shown once)")
+    create.add_argument("tenant")
+    create.set_defaults(run=key_create)
+    listing = key.add_parser("list", help="the sha256 of each of a tenant's keys")
+    listing.add_argument("tenant")
+    listing.set_defaults(run=key_list)
+    revoke = key.add_parser("revoke", help="revoke a key, given as the key or its sha256 (401 from then on)")
+    revoke.add_argument("key", metavar="KEY_OR_HASH")
+    revoke.set_defaults(run=key_revoke)
 
 
 def main(argv: list[str] | None = None, store: Store | None = None) -> int:

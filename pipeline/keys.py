@@ -146,3 +146,13 @@ class ProviderKeys:
     def status(self) -> str:
         """Hash: why dispatch is stopped -> since when (ms): ``provider_credentials``, ``dispatch_paused``."""
         return f"{PREFIX}:{{p:{self.name}}}:status"
+
+
+def tenant_disabled(tenant: str) -> str:
+    """String: exists while the tenant is disabled (value: since when, ms); its keys are refused."""
+    return f"{PREFIX}:{{t:{tenant}}}:disabled"
+
+
+def tenant_api_keys(tenant: str) -> str:
+    """Set: the sha256 of each API key created for the tenant (``reckon key list``)."""
+    return f"{PREFIX}:{{t:{tenant}}}:apikeys"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 
 import redis
@@ -10,6 +11,9 @@ import redis
 from . import keys
 from .errors import ReckonError
 from .keys import TenantKeys
+
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class TenantError(ReckonError):
@@ -33,13 +37,61 @@ def create_tenant(client: redis.Redis, name: str, allowance: int) -> None:
 
 def create_key(client: redis.Redis, tenant: str) -> str:
     """A new API key for ``tenant``; the only time the key itself is seen."""
-    if not client.exists(TenantKeys(tenant).ledger):
-        raise TenantError(f"no tenant {tenant}")
+    _require(client, tenant)
     api_key = "rk_" + secrets.token_urlsafe(24)
-    client.set(keys.api_key(hash_key(api_key)), tenant)
+    key_hash = hash_key(api_key)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.set(keys.api_key(key_hash), tenant)
+        pipe.sadd(keys.tenant_api_keys(tenant), key_hash)
+        pipe.execute()
     return api_key
 
 
+def list_keys(client: redis.Redis, tenant: str) -> list[str]:
+    """The sha256 of each key created for ``tenant`` (keys created before this list existed are absent)."""
+    _require(client, tenant)
+    return sorted(_text(h) for h in client.smembers(keys.tenant_api_keys(tenant)))
+
+
+def revoke_key(client: redis.Redis, key_or_hash: str) -> str:
+    """Revoke an API key given as the key or as its sha256; the tenant it belonged to."""
+    key_hash = key_or_hash if _SHA256_RE.fullmatch(key_or_hash) else hash_key(key_or_hash)
+    tenant = client.get(keys.api_key(key_hash))
+    if tenant is None:
+        raise TenantError("no such API key")
+    with client.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.api_key(key_hash))
+        pipe.srem(keys.tenant_api_keys(_text(tenant)), key_hash)
+        pipe.execute()
+    return _text(tenant)
+
+
+def set_disabled(client: redis.Redis, tenant: str, disabled: bool) -> None:
+    """Disable a tenant (every one of its keys is refused, reads included) or enable it again."""
+    _require(client, tenant)
+    if disabled:
+        seconds, micros = client.time()
+        client.set(keys.tenant_disabled(tenant), seconds * 1000 + micros // 1000, nx=True)
+    else:
+        client.delete(keys.tenant_disabled(tenant))
+
+
+def is_disabled(client: redis.Redis, tenant: str) -> bool:
+    return bool(client.exists(keys.tenant_disabled(tenant)))
+
+
 def tenant_for_key(client: redis.Redis, api_key: str) -> str | None:
+    """The tenant an API key authenticates, or None (unknown or revoked key, disabled tenant)."""
     tenant = client.get(keys.api_key(hash_key(api_key)))
-    return tenant.decode() if isinstance(tenant, bytes) else tenant
+    if tenant is None or is_disabled(client, _text(tenant)):
+        return None
+    return _text(tenant)
+
+
+def _require(client: redis.Redis, tenant: str) -> None:
+    if not client.exists(TenantKeys(tenant).ledger):
+        raise TenantError(f"no tenant {tenant}")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -9,7 +9,7 @@ import orjson
 from pipeline import actors, cli
 from pipeline.broker import Publisher
 from pipeline.sweeper import Sweeper
-from pipeline.tenants import tenant_for_key
+from pipeline.tenants import hash_key, tenant_for_key
 
 
 def run(store, capsys, *argv: str) -> tuple[int, str, str]:
@@ -56,3 +56,24 @@ def test_pause_stops_dispatch_without_losing_work(store, settings, capsys, admit
     assert sweeper.sweep_once()["retries_promoted"] == 1
     assert make_executor(sim).run(job_id) is True
     assert store.job(job_id)["state"] == "completed" and len(sim.sim.charges) == 1
+
+
+def test_tenant_disable_enable_and_key_revoke(store, capsys) -> None:
+    run(store, capsys, "tenant", "create", "acme", "--allowance", "500")
+    first = run(store, capsys, "key", "create", "acme")[1].strip()
+    second = run(store, capsys, "key", "create", "acme")[1].strip()
+    code, out, _ = run(store, capsys, "tenant", "disable", "acme")
+    assert (code, orjson.loads(out)) == (0, {"tenant": "acme", "disabled": True})
+    assert tenant_for_key(store.redis, first) is None
+    assert orjson.loads(run(store, capsys, "status")[1])["tenants"]["acme"]["disabled"] is True
+    code, out, _ = run(store, capsys, "tenant", "enable", "acme")
+    assert (code, orjson.loads(out)["disabled"], tenant_for_key(store.redis, first)) == (0, False, "acme")
+    assert run(store, capsys, "tenant", "disable", "nobody")[0] == 1
+    hashes = orjson.loads(run(store, capsys, "key", "list", "acme")[1])["key_hashes"]
+    assert len(hashes) == 2 and first not in str(hashes)
+    code, out, _ = run(store, capsys, "key", "revoke", first)
+    assert (code, orjson.loads(out)) == (0, {"tenant": "acme", "revoked": True})
+    assert run(store, capsys, "key", "revoke", hash_key(second))[0] == 0
+    assert (tenant_for_key(store.redis, first), tenant_for_key(store.redis, second)) == (None, None)
+    code, _, err = run(store, capsys, "key", "revoke", first)
+    assert (code, err.strip()) == (1, "reckon: no such API key")

@@ -6,7 +6,17 @@ import fakeredis
 import pytest
 
 from pipeline import keys
-from pipeline.tenants import TenantError, create_key, create_tenant, hash_key, tenant_for_key
+from pipeline.tenants import (
+    TenantError,
+    create_key,
+    create_tenant,
+    hash_key,
+    is_disabled,
+    list_keys,
+    revoke_key,
+    set_disabled,
+    tenant_for_key,
+)
 
 
 @pytest.fixture
@@ -40,3 +50,32 @@ def test_a_tenant_is_created_once_and_keys_need_a_tenant(fake) -> None:
     assert fake.hget("reckon:{t:acme}:ledger", "allowance") == "500"
     with pytest.raises(TenantError):
         create_key(fake, "globex")
+
+
+def test_a_key_is_revoked_given_itself_or_its_hash(fake) -> None:
+    create_tenant(fake, "acme", 500)
+    first, second, third = (create_key(fake, "acme") for _ in range(3))
+    assert list_keys(fake, "acme") == sorted(hash_key(k) for k in (first, second, third))
+    assert revoke_key(fake, first) == "acme"
+    assert revoke_key(fake, hash_key(second)) == "acme"
+    assert (tenant_for_key(fake, first), tenant_for_key(fake, second), tenant_for_key(fake, third)) == (
+        None, None, "acme")
+    assert list_keys(fake, "acme") == [hash_key(third)]
+    with pytest.raises(TenantError):
+        revoke_key(fake, first)
+    with pytest.raises(TenantError):
+        list_keys(fake, "globex")
+
+
+def test_a_disabled_tenant_authenticates_no_key_until_enabled(fake) -> None:
+    create_tenant(fake, "acme", 500)
+    create_tenant(fake, "globex", 500)
+    acme, globex = create_key(fake, "acme"), create_key(fake, "globex")
+    set_disabled(fake, "acme", True)
+    assert (tenant_for_key(fake, acme), tenant_for_key(fake, globex)) == (None, "globex")
+    assert is_disabled(fake, "acme") and fake.exists(keys.tenant_disabled("acme"))
+    set_disabled(fake, "acme", False)
+    assert tenant_for_key(fake, acme) == "acme" and not is_disabled(fake, "acme")
+    with pytest.raises(TenantError):
+        set_disabled(fake, "nobody", True)
+    assert not fake.exists(keys.tenant_disabled("nobody"))
