@@ -1,6 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+import http.client
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,6 +15,10 @@ from falcon import testing
 from api.app import create_app
 from pipeline.settings import Settings
 from pipeline.store import Store
+from tests.conftest import free_port, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 
 WORKFLOW = {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}
 
@@ -35,3 +45,70 @@ def submit(client: testing.TestClient) -> Callable[..., testing.Result]:
 
 def auth(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"}
+
+
+class Web:
+    """The API under gunicorn with ops/gunicorn.conf.py on a free loopback port, stopped by its PID.
+
+    HOME is private to the test and XDG_RUNTIME_DIR unset, so anything gunicorn would create at a
+    per-user default path (its control socket) lands where the test can see it.
+    """
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = free_port()
+        self.home = tmp_path / "home"
+        self.home.mkdir()
+        self.log = tmp_path / "gunicorn.log"
+        env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+        self.env = env | {"PORT": str(self.port), "HOME": str(self.home),
+                          "RECKON_BLOB_DIR": str(tmp_path / "blobs")}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "api.app:create_app()"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(lambda: self._ready(), timeout=20)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)  # the group gunicorn's master (this PID) leads
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def _ready(self) -> bool:
+        assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
+        try:
+            return self.request("GET", "/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def request(self, method: str, path: str, body: bytes | Iterable[bytes] | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        """One request; an iterable body goes out chunked (Transfer-Encoding, no Content-Length)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request(method, path, body, headers or {})
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+
+@pytest.fixture
+def web(redis_client, tmp_path: Path) -> Iterator[Web]:
+    server = Web(tmp_path)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
