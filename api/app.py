@@ -27,7 +27,7 @@ from pipeline.store import Store, connect
 from . import resources
 from .auth import Authenticate
 from .metrics import Metrics
-from .openapi import SPEC
+from .openapi import document
 from .problems import Problem, serialize
 
 
@@ -60,7 +60,7 @@ def create_app(
     app.add_route("/v1/usage", resources.Usage(store))
     app.add_route("/healthz", resources.Health())
     app.add_route("/readyz", resources.Ready(store))
-    app.add_route("/openapi.json", resources.Document(SPEC))
+    app.add_route("/openapi.json", resources.Document(document(settings)))
     app.add_route("/metrics", Metrics(store))
     return app
 

@@ -1,11 +1,19 @@
-"""The OpenAPI 3.1 document served at /openapi.json; tests check the app against it."""
+"""The OpenAPI 3.1 document served at /openapi.json; tests check the app against it.
+
+Business rules a client can meet with well-formed data are declared too, so a checker (schemathesis
+with every check) can tell a rule from a bug: the answers 402, 409, 410, 413, 415, 422 and 503 are
+documented where they occur, and ``document(settings)`` states max_cost's minimum (one attempt at
+the configured price) as JSON Schema.
+"""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from pipeline.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_OUTPUTS, PRIORITIES
+from pipeline.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_DEPTH, MAX_OUTPUTS, PRIORITIES
 from pipeline.keys import JOB_ID_RE
+from pipeline.settings import Settings
 
 STATES = ["queued", "running", "retry_wait", "reconciling", "needs_review", "completed", "failed", "cancelled"]
 
@@ -20,7 +28,9 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
 
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_AUTH_ERRORS = {"401": _problem("missing or unknown API key"), "404": _problem("no such job for this tenant")}
+_UNAVAILABLE = {"503": _problem("job state cannot be read or written now (Retry-After); nothing was changed")}
+_AUTH = {"401": _problem("missing, unknown or revoked API key, or a disabled tenant"), **_UNAVAILABLE}
+_AUTH_ERRORS = {**_AUTH, "404": _problem("no such job for this tenant")}
 _TIME = {"type": "string", "format": "date-time"}
 _NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
 
@@ -91,13 +101,17 @@ SPEC: dict[str, Any] = {
                     "202": {**_json({"$ref": "#/components/schemas/Job"}, "accepted, or the first response replayed"),
                             "headers": {"Location": {"schema": {"type": "string"}},
                                         "Idempotent-Replayed": {"schema": {"type": "string"}}}},
-                    "400": _problem("malformed JSON or Idempotency-Key"),
-                    "401": _problem("missing or unknown API key"),
-                    "402": _problem("the cost ceiling exceeds the available allowance"),
+                    "400": _problem("malformed JSON (malformed-json) or Idempotency-Key (idempotency-key-invalid)"),
+                    **_AUTH,
+                    "402": _problem("the cost ceiling exceeds the available allowance (insufficient-allowance)"),
                     "409": _problem("the first request with this key is still being processed"),
-                    "413": _problem("request body too large"),
-                    "422": _problem("invalid job, or the key was used with a different request"),
-                    "503": _problem("job state unavailable; nothing was written"),
+                    "413": _problem("request body larger than RECKON_MAX_BODY_BYTES (payload-too-large)"),
+                    "415": _problem("the body is not application/json or application/*+json"),
+                    "422": _problem(
+                        f"invalid job (invalid-job; nested deeper than {MAX_DEPTH} levels, too large a workflow, "
+                        "supersedes naming no job of the tenant), max_cost below one attempt (max-cost-too-low), "
+                        "a member name repeated in one object (duplicate-member), or the key used before with "
+                        "another request (idempotency-key-reused)"),
                 },
             },
             "get": {
@@ -112,7 +126,7 @@ SPEC: dict[str, Any] = {
                         "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}},
                         "next_cursor": {"type": ["string", "null"]}}}),
                     "400": _problem("invalid query parameter"),
-                    "401": _problem("missing or unknown API key"),
+                    **_AUTH,
                 },
             },
         },
@@ -150,14 +164,16 @@ SPEC: dict[str, Any] = {
                                      "schema": {"type": "integer", "minimum": 0}}],
             "responses": {"200": {"description": "the bytes", "headers": {"ETag": {"schema": {"type": "string"}}},
                                   "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}},
-                          "304": {"description": "not modified"}, **_AUTH_ERRORS}}},
+                          "304": {"description": "not modified"},
+                          "410": _problem("the output was stored but its bytes are gone (output-missing)"),
+                          **_AUTH_ERRORS}}},
         "/v1/usage": {"get": {
             "summary": "The tenant's ledger",
             "responses": {"200": _json({"type": "object", "required": [
                 "allowance", "reserved", "uncertain", "settled", "available"],
                 "properties": {k: {"type": "integer"} for k in (
                     "allowance", "reserved", "uncertain", "settled", "available")}}),
-                "401": _problem("missing or unknown API key")}}},
+                **_AUTH}}},
         "/healthz": {"get": {"summary": "Process up", "security": [],
                              "responses": {"200": _json({"type": "object"})}}},
         "/readyz": {"get": {"summary": "Redis reachable and scripts loaded", "security": [],
@@ -165,7 +181,21 @@ SPEC: dict[str, Any] = {
         "/openapi.json": {"get": {"summary": "This document", "security": [],
                                   "responses": {"200": _json({"type": "object"})}}},
         "/metrics": {"get": {"summary": "Prometheus exposition", "security": [],
-                             "responses": {"200": {"description": "text exposition",
-                                                   "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+                             "responses": {"200": {"description": "text exposition, no tenant named",
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}},
+                                           **_UNAVAILABLE}}},
     },
 }
+
+
+def document(settings: Settings) -> dict[str, Any]:
+    """SPEC plus the rules that depend on settings: max_cost, when given, covers one attempt
+    (outputs x price per output); below that the answer is 422 max-cost-too-low."""
+    spec = copy.deepcopy(SPEC)
+    price = settings.price_per_output
+    spec["components"]["schemas"]["JobRequest"]["anyOf"] = [
+        {"properties": {"max_cost": False}},
+        *({"properties": {"outputs": {"const": n}, "max_cost": {"minimum": n * price}}}
+          for n in range(1, MAX_OUTPUTS + 1)),
+    ]
+    return spec

@@ -1,53 +1,49 @@
-"""The app against its own OpenAPI document, with schemathesis generating the requests."""
+"""The deployed API against its own OpenAPI document: schemathesis with every check, over a socket.
+
+``st run --checks all`` runs all four phases (examples, coverage, fuzzing, stateful) against the app
+under gunicorn (ops/gunicorn.conf.py), authenticated with a real key of a real tenant. The seed is
+fixed so a failure reproduces; ``st replay`` with the printed case id shows it again.
+"""
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
+import subprocess
 
-import pytest
-import schemathesis
+import orjson
 from falcon import testing
 from falcon.inspect import inspect_routes
-from hypothesis import HealthCheck, given
-from hypothesis import settings as hsettings
-from hypothesis import strategies as st
 
 from api.app import create_app
-from api.openapi import SPEC
 from pipeline.settings import Settings
 from pipeline.store import Store
 
-OPERATIONS = [(path, method) for path, item in SPEC["paths"].items() for method in item]
+from .conftest import BIN, job_body
+
+HOOKS = os.path.join(os.path.dirname(__file__), "st_hooks.py")
 
 
-@pytest.fixture
-def app(settings: Settings, store: Store):
-    return create_app(settings, store=store)
+def test_the_deployed_api_passes_every_schemathesis_check(web, tenant, tmp_path) -> None:
+    api_key = tenant("acme", 10**9)
+    status, _, body = web.request("POST", "/v1/jobs", orjson.dumps(job_body()), {
+        "Authorization": f"Bearer {api_key}", "Idempotency-Key": "first", "Content-Type": "application/json"})
+    assert status == 202, body
+    job_id = orjson.loads(body)["id"]
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(f'[auth.openapi.bearer]\nbearer = "{api_key}"\n\n[parameters]\n"path.job_id" = "{job_id}"\n')
+    result = subprocess.run(
+        [str(BIN / "st"), "--no-color", "--config-file", str(config), "run", f"{web.url}/openapi.json",
+         "--checks", "all", "--max-examples", "50", "--seed", "1"],
+        env=os.environ | {"SCHEMATHESIS_HOOKS": HOOKS, "RECKON_TEST_JOB_ID": job_id},
+        cwd=tmp_path, capture_output=True, text=True, timeout=100,
+    )
+    assert result.returncode == 0, result.stdout[-10_000:] + result.stderr[-2_000:]
+    assert re.search(r"\d+ generated, \d+ passed", result.stdout), result.stdout[-2_000:]
 
 
-@pytest.mark.parametrize(("path", "method"), OPERATIONS, ids=[f"{m.upper()} {p}" for p, m in OPERATIONS])
-def test_app_matches_its_openapi_document(app, tenant, settings: Settings, path: str, method: str) -> None:
-    headers = {"Authorization": f"Bearer {tenant('acme', 1_000_000)}"}
-    operation = schemathesis.openapi.from_wsgi("/openapi.json", app)[path][method]
-
-    @given(data=st.data())
-    @hsettings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    def check(data: st.DataObject) -> None:
-        case = data.draw(operation.as_strategy())
-        if method == "post":  # a generated key may repeat with another body: each case is a new intent
-            case.headers = {**(case.headers or {}), "Idempotency-Key": uuid.uuid4().hex}
-            body = case.body if isinstance(case.body, dict) else {}
-            body.pop("supersedes", None)  # must name an existing job of the tenant: tested in test_cancel
-            if "max_cost" in body and "outputs" in body:
-                # A rule JSON Schema cannot state: max_cost covers one attempt (outputs x price).
-                body["max_cost"] = max(int(body["max_cost"]), int(body["outputs"]) * settings.price_per_output)
-        case.call_and_validate(headers=headers)
-
-    check()
-
-
-def test_spec_documents_exactly_the_routes_the_app_serves(app) -> None:
+def test_spec_documents_exactly_the_routes_the_app_serves(settings: Settings, store: Store) -> None:
+    app = create_app(settings, store=store)
     spec = testing.TestClient(app).simulate_get("/openapi.json").json
     assert spec["openapi"] == "3.1.0"
     served = {re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.path) for route in inspect_routes(app)}
