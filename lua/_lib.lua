@@ -14,6 +14,13 @@ local function clock(given)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Tells the sweeper that the job's tenant has work due at `at` (ms): the tenant's entry
+-- in the wake set only ever moves earlier here; the sweeper sets it to the true next due
+-- time after each visit.
+local function wake(wakeset, job, at)
+  redis.call('ZADD', wakeset, 'LT', at, redis.call('HGET', job, 'tenant'))
+end
+
 -- Appends one state-change event to the job's event list (seq counts from 1).
 local function append_event(job, events, now, from, to, reason)
   local seq = redis.call('HINCRBY', job, 'event_seq', 1)
@@ -101,24 +108,36 @@ local function settle(job, ledger, now)
   redis.call('HSET', job, 'reserved', 0, 'charged', 0, 'settled_at', now)
 end
 
--- Ends a job that is queued or waiting to retry: cancelled (or failed) and settled at once.
-local function end_waiting(job, ledger, queued, retry, outbox, events, counts, now, from, to, reason)
+-- Ends a job for good (completed, failed or cancelled): settled once, entered in the
+-- tenant's done index for the retention period (then the sweeper purges it), and its
+-- workflow dropped unless it failed (a dead letter keeps what a replay needs).
+-- `k` names the keys: ledger, done, workflow, wake.
+local function finalize(job, k, now, outcome)
+  settle(job, k.ledger, now)
+  redis.call('ZADD', k.done, now, redis.call('HGET', job, 'id'))
+  if outcome ~= 'failed' then redis.call('DEL', k.workflow) end
+  wake(k.wake, job, now)
+end
+
+-- Ends a job that is queued, waiting to retry or waiting for review: it leaves those
+-- indexes and is finalized. `k` adds queued, retry, outbox, events, counts to finalize's keys.
+local function end_waiting(job, k, now, from, to, reason)
   local job_id = redis.call('HGET', job, 'id')
-  redis.call('ZREM', queued, job_id)
-  redis.call('ZREM', retry, job_id)
-  redis.call('ZREM', outbox, job_id)
-  settle(job, ledger, now)
-  move(job, counts, events, now, from, to, reason)
+  redis.call('ZREM', k.queued, job_id)
+  redis.call('ZREM', k.retry, job_id)
+  redis.call('ZREM', k.outbox, job_id)
+  finalize(job, k, now, to)
+  move(job, k.counts, k.events, now, from, to, reason)
 end
 
 -- Fails a queued job whose deadline has passed before any worker took it: settled,
--- dead-lettered, never dispatched.
-local function expire_queued(job, ledger, queued, outbox, dead, events, counts, now, reason)
+-- dead-lettered, never dispatched. `k`: finalize's keys plus queued, outbox, dead, events, counts.
+local function expire_queued(job, k, now, reason)
   local job_id = redis.call('HGET', job, 'id')
-  redis.call('ZREM', queued, job_id)
-  redis.call('ZREM', outbox, job_id)
-  settle(job, ledger, now)
+  redis.call('ZREM', k.queued, job_id)
+  redis.call('ZREM', k.outbox, job_id)
+  finalize(job, k, now, 'failed')
   redis.call('HSET', job, 'error_class', 'deadline_exceeded', 'error_reason', reason)
-  redis.call('ZADD', dead, now, job_id)
-  move(job, counts, events, now, 'queued', 'failed', 'deadline_exceeded')
+  redis.call('ZADD', k.dead, now, job_id)
+  move(job, k.counts, k.events, now, 'queued', 'failed', 'deadline_exceeded')
 end

@@ -4,7 +4,8 @@
 -- still names this job and is pending) becomes `done`, so retries of the
 -- request replay the first response instead of answering 409. A job still
 -- queued counts as just sent, so the sweeper does not redeliver it before a
--- full window has passed without a claim.
+-- full window has passed without a claim (the tenant's
+-- wake entry, set at admission, is earlier still).
 --
 -- KEYS[1] tenant's outbox (zset)
 -- KEYS[2] the job's idempotency record (hash; may have expired)

@@ -16,7 +16,6 @@ import time
 import uuid
 from typing import Any, Callable
 
-import orjson
 import redis
 
 from . import faultpoints
@@ -135,7 +134,7 @@ class Executor:
         self.store.mark_submit(claim, epoch=epoch)
         if not heartbeat.fresh():  # frozen since the mark: the lease may be someone else's now
             raise UnknownOutcome("submission_window_passed")
-        self.provider.submit(claim.operation_id, orjson.loads(job["workflow"]), missing)
+        self.provider.submit(claim.operation_id, self.store.workflow(claim.job_id), missing)
         faultpoints.reached("after_submit")
         deadline = time.monotonic() + (int(job["deadline"]) - claim.claimed_ms) / 1000
         try:

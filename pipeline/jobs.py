@@ -174,7 +174,7 @@ class Admitter:
         job_id = self.new_job_id(tenant)
         record = {
             "id": job_id, "tenant": tenant, "state": State.QUEUED.value, "kind": request.kind,
-            "priority": request.priority, "workflow": orjson.dumps(request.workflow).decode(),
+            "priority": request.priority,
             "outputs_requested": request.outputs, "price": self.settings.price_per_output, "ceiling": ceiling,
             "reserved": ceiling, "charged": 0, "uncertain": 0, "settled": 0, "per_attempt": per_attempt,
             "attempts_allowed": attempts, "attempt_count": 0, "lease_gen": 0, "deadline_s": request.deadline_s,
@@ -184,7 +184,8 @@ class Admitter:
         first = orjson.dumps(job_view(record, {}))
         admission = self.store.admit(
             tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,
-            fields={k: str(v) for k, v in record.items()}, body=first, status=202, now_ms=now_ms,
+            fields={k: str(v) for k, v in record.items()}, workflow=orjson.dumps(request.workflow), body=first,
+            status=202, now_ms=now_ms,
             idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
             outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000),
         )

@@ -16,6 +16,8 @@ PREFIX = "reckon"
 TENANTS = f"{PREFIX}:tenants"
 #: Counters of process-level events (e.g. rejected stale writes), a hash.
 STATS = f"{PREFIX}:stats"
+#: Sorted set: tenant -> when its next work is due (ms). The sweeper visits only due tenants.
+WAKE = f"{PREFIX}:wake"
 
 #: Use with ``fullmatch`` (``$`` would also accept a trailing newline).
 TENANT_RE = re.compile(r"[a-z0-9_]{1,40}")
@@ -96,6 +98,11 @@ class TenantKeys:
         """Sorted set: dead-lettered (failed) job id scored by when it failed (ms)."""
         return self._k("dead")
 
+    @property
+    def done(self) -> str:
+        """Sorted set: finished (terminal) job id scored by when it finished (ms); purged after retention."""
+        return self._k("done")
+
     def idempotency(self, key: str) -> str:
         """Hash: fingerprint, job_id, state (pending|done), status, body; expires."""
         return self._k(f"idem:{key}")
@@ -131,6 +138,11 @@ class JobKeys:
     def outputs(self) -> str:
         """Hash: output index -> JSON {sha256, bytes, content_type}."""
         return self._k(":outputs")
+
+    @property
+    def workflow(self) -> str:
+        """String: the job's workflow (JSON); dropped when the job ends, except for dead letters."""
+        return self._k(":workflow")
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ DEFAULT_RECONCILE_INTERVAL_SECONDS = 5.0
 DEFAULT_RECONCILE_MAX_SECONDS = 2 * 3600
 #: A needs_review job nobody resolves is failed and settled as charged after this long.
 DEFAULT_REVIEW_EXPIRY_SECONDS = 7 * 24 * 3600
+#: Finished jobs (record, attempts, events, output records) are kept this long, then purged.
+DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600
 #: An attempt whose outcome cannot be known may be retried automatically only when the
 #: possible duplicate cost (its uncertain units) is at most this; 0 sends it to review.
 DEFAULT_DUPLICATE_COST_ALLOWANCE = 0
@@ -80,6 +82,7 @@ class Settings:
     reconcile_max_seconds: float = DEFAULT_RECONCILE_MAX_SECONDS
     review_expiry_seconds: int = DEFAULT_REVIEW_EXPIRY_SECONDS
     duplicate_cost_allowance: int = DEFAULT_DUPLICATE_COST_ALLOWANCE
+    retention_seconds: int = DEFAULT_RETENTION_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -111,6 +114,7 @@ class Settings:
             "reconcile_max_seconds": ("RECKON_RECONCILE_MAX_SECONDS", float),
             "review_expiry_seconds": ("RECKON_REVIEW_EXPIRY_SECONDS", int),
             "duplicate_cost_allowance": ("RECKON_DUPLICATE_COST_ALLOWANCE", int),
+            "retention_seconds": ("RECKON_RETENTION_SECONDS", int),
         }
         values = {name: parse(env[var]) for name, (var, parse) in fields.items() if var in env}
         if "RECKON_REDIS_URL" in env and "RECKON_BROKER_URL" not in env:

@@ -79,17 +79,17 @@ class Store:
 
     def admit(
         self, tenant: str, idem_key: str, job_id: str, *, fingerprint: str, ceiling: int,
-        fields: dict[str, str], body: bytes, status: int, idem_ttl_s: int, outbox_delay_ms: int,
-        now_ms: int | None = None, supersedes: str = "",
+        fields: dict[str, str], workflow: bytes, body: bytes, status: int, idem_ttl_s: int,
+        outbox_delay_ms: int, now_ms: int | None = None, supersedes: str = "",
     ) -> Admission:
         t, j = TenantKeys(tenant), JobKeys(job_id)
         older = JobKeys(supersedes) if supersedes else j
         reply = self.scripts(
             "admit",
             [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
-             older.record, older.events, t.retry],
+             older.record, older.events, t.retry, j.workflow, t.done, older.workflow, keys.WAKE],
             [_at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
-             orjson.dumps(fields), body, status, supersedes],
+             orjson.dumps(fields), body, status, supersedes, workflow],
         )
         code = Code(reply[0])
         if code is Code.UNKNOWN_TENANT:
@@ -116,7 +116,8 @@ class Store:
         t = j.tenant
         reply = self.scripts(
             "claim",
-            [j.record, t.leases, t.queued, t.outbox, j.attempts, j.events, t.counts, t.ledger, t.dead],
+            [j.record, t.leases, t.queued, t.outbox, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
+             j.workflow, keys.WAKE],
             [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms],
         )
         if Code(reply[0]) is not Code.OK:
@@ -158,7 +159,8 @@ class Store:
         t = j.tenant
         self._fenced(
             "finish",
-            [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead],
+            [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
+             j.workflow, keys.WAKE],
             [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome],
         )
 
@@ -169,7 +171,7 @@ class Store:
         t = j.tenant
         reply = self._fenced(
             "retry",
-            [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile],
+            [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, keys.WAKE],
             [claim.generation, _at(now_ms), delay_ms, error_class, int(free)],
         )
         return int(reply[1])
@@ -181,7 +183,7 @@ class Store:
         t = j.tenant
         reply = self.scripts(
             "reconcile-begin",
-            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs],
+            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs, keys.WAKE],
             [claim.generation if claim else "", _at(now_ms), delay_ms, reason],
         )
         if claim is not None:
@@ -192,7 +194,8 @@ class Store:
                         now_ms: int | None = None) -> Reconcile | None:
         j = JobKeys(job_id)
         t = j.tenant
-        reply = self.scripts("reconcile-claim", [j.record, t.leases, t.reconcile], [_at(now_ms), worker, lease_ms])
+        reply = self.scripts("reconcile-claim", [j.record, t.leases, t.reconcile, keys.WAKE],
+                             [_at(now_ms), worker, lease_ms])
         if Code(reply[0]) is not Code.OK:
             return None
         claim = Claim(job_id, int(reply[1]), int(reply[5]), reply[2], int(reply[6]))
@@ -204,13 +207,13 @@ class Store:
 
     def reconcile_later(self, claim: Claim, *, delay_ms: int, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
-        self._fenced("reconcile-later", [j.record, j.tenant.leases, j.tenant.reconcile],
+        self._fenced("reconcile-later", [j.record, j.tenant.leases, j.tenant.reconcile, keys.WAKE],
                      [claim.generation, delay_ms, _at(now_ms)])
 
     def send_to_review(self, claim: Claim, *, expires_in_ms: int, reason: str, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
         t = j.tenant
-        self._fenced("review", [j.record, t.leases, t.reconcile, t.review, j.events, t.counts],
+        self._fenced("review", [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, keys.WAKE],
                      [claim.generation, _at(now_ms), expires_in_ms, reason])
 
     def resolve_review(self, job_id: str, decision: str, *, reason: str, now_ms: int | None = None) -> str:
@@ -218,7 +221,8 @@ class Store:
         t = j.tenant
         reply = self.scripts(
             "resolve-review",
-            [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs],
+            [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs, t.done,
+             j.workflow, keys.WAKE],
             [_at(now_ms), decision, reason],
         )
         return self._check(reply)[1]
@@ -228,7 +232,8 @@ class Store:
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "promote", [j.record, t.ledger, t.retry, t.queued, t.outbox, j.events, t.counts, t.dead],
+            "promote", [j.record, t.ledger, t.retry, t.queued, t.outbox, j.events, t.counts, t.dead, t.done,
+                        j.workflow, keys.WAKE],
             [_at(now_ms), job_id],
         )
         return reply[1] if Code(reply[0]) is Code.OK else None
@@ -239,14 +244,34 @@ class Store:
         j = JobKeys(job_id)
         t = j.tenant
         index = t.queued if state == "queued" else t.reconcile
-        reply = self.scripts("redeliver", [j.record, index, t.ledger, t.outbox, t.dead, j.events, t.counts],
+        reply = self.scripts("redeliver", [j.record, index, t.ledger, t.outbox, t.dead, j.events, t.counts, t.done,
+                                           j.workflow, keys.WAKE],
                              [_at(now_ms), job_id, state, window_ms])
         return Code(reply[0])
+
+    def purge(self, job_id: str, *, retention_ms: int, now_ms: int | None = None) -> bool:
+        """Remove a finished job past its retention with everything it owns; False if not due or gone."""
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts("purge", [j.record, j.attempts, j.events, j.outputs, j.workflow, t.jobs, t.dead, t.done],
+                             [job_id, _at(now_ms), retention_ms])
+        return Code(reply[0]) is Code.OK
+
+    def take_due(self, *, limit: int, hold_ms: int, now_ms: int | None = None) -> list[str]:
+        """Tenants with work due, each held for ``hold_ms`` so a second sweeper takes others."""
+        return self.scripts("take-due", [keys.WAKE], [_at(now_ms), limit, hold_ms])[1:]
+
+    def rearm(self, tenant: str, *, window_ms: int, retention_ms: int) -> int | None:
+        """Set the tenant's wake entry to when its next work is due; None when it has none."""
+        t = TenantKeys(tenant)
+        reply = self.scripts("rearm", [keys.WAKE, t.leases, t.reconcile, t.queued, t.retry, t.review, t.outbox,
+                                       t.done], [tenant, window_ms, retention_ms])
+        return None if int(reply[1]) < 0 else int(reply[1])
 
     def defer(self, job_id: str, *, delay_ms: int, reason: str, now_ms: int | None = None) -> bool:
         j = JobKeys(job_id)
         t = j.tenant
-        reply = self.scripts("defer", [j.record, t.queued, t.retry, j.events, t.counts],
+        reply = self.scripts("defer", [j.record, t.queued, t.retry, j.events, t.counts, keys.WAKE],
                              [_at(now_ms), delay_ms, reason])
         return Code(reply[0]) is Code.OK
 
@@ -255,7 +280,8 @@ class Store:
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "cancel", [j.record, t.ledger, t.queued, t.retry, t.outbox, j.events, t.counts, t.review],
+            "cancel", [j.record, t.ledger, t.queued, t.retry, t.outbox, j.events, t.counts, t.review, t.done,
+                       j.workflow, keys.WAKE],
             [_at(now_ms)],
         )
         self._check(reply)
@@ -265,7 +291,8 @@ class Store:
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts], [_at(now_ms)]
+            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, t.done, keys.WAKE],
+            [_at(now_ms)]
         )
         if Code(reply[0]) is Code.INSUFFICIENT_ALLOWANCE:
             raise InsufficientAllowance(reply[1], reply[2])
@@ -316,6 +343,11 @@ class Store:
         replies = pipe.execute()
         pairs = zip(replies[::2], replies[1::2], strict=True)
         return [(record, _outputs(outputs)) for record, outputs in pairs if record]
+
+    def workflow(self, job_id: str) -> Any:
+        """The job's workflow (decoded); None once the job has ended (it is dropped then)."""
+        raw = self.redis.get(JobKeys(job_id).workflow)
+        return None if raw is None else orjson.loads(raw)
 
     def attempts(self, job_id: str) -> list[dict[str, Any]]:
         raw = self.redis.hgetall(JobKeys(job_id).attempts)

@@ -2,11 +2,16 @@
 
 - expired leases -> reconciling (the worker stopped reporting; the provider may not have)
 - due reconciliations -> a reconcile message (again only after a window without a claim)
-- queued jobs not claimed within the window -> published again (their message may be lost),
-  or failed past their deadline
-- due retries -> queued (unless the provider awaits credential repair), or failed past the deadline
+- due outbox entries -> published; queued jobs not claimed within the window -> published
+  again (their message may be lost), or failed past their deadline
+- due retries -> queued (unless dispatch to the provider is stopped), or failed past the deadline
 - expired reviews -> failed, settled as charged
-- due outbox entries -> published
+- finished jobs past their retention -> purged
+
+A pass visits only tenants whose work is due: every script that schedules work also
+moves the tenant's entry in the wake set (``reckon:wake``) earlier, and after a visit
+``rearm`` sets it to the tenant's true next due time. An idle pass is one command.
+Two sweepers at once take different tenants (``take-due`` holds a tenant for one pass).
 
 Run it: ``python -m pipeline.sweeper`` (the ``sweeper`` process in the Procfile).
 """
@@ -25,14 +30,18 @@ from .settings import Settings
 from .store import Store
 
 log = logging.getLogger(__name__)
-#: Jobs handled per index per tenant in one pass; the next pass takes the rest.
+#: Jobs handled per index per tenant in one visit; the tenant stays due for the rest.
 BATCH = 500
+#: Tenants taken per pass; more wait for the next pass.
+TENANTS_PER_PASS = 1000
+#: A tenant taken by a sweeper is not taken again for this long (a sweeper that died mid-pass).
+HOLD_MS = 30_000
 
 
 class Sweeper:
     """One pass moves every due job one step. Time is Redis's clock (``clock`` lets tests
     look into the future); every move is a fenced or state-checked script, so two
-    sweepers at once never move a job twice (they only duplicate harmless publishes)."""
+    sweepers at once never move a job twice."""
 
     def __init__(
         self, store: Store, publish: Callable[[str, str], None], settings: Settings, *, provider: str = "comfyui",
@@ -40,32 +49,50 @@ class Sweeper:
     ) -> None:
         self.store, self.publish, self.settings, self.provider, self.clock = store, publish, settings, provider, clock
         self.window_ms = int(settings.outbox_grace_seconds * 1000)
+        self.retention_ms = int(settings.retention_seconds * 1000)
 
     def now_ms(self) -> int:
         return self.store.server_ms() if self.clock is None else int(self.clock() * 1000)
 
     def sweep_once(self) -> Counter[str]:
-        """One pass over every tenant; returns how many jobs each step moved."""
+        """One pass over the tenants with due work; returns how many jobs each step moved."""
         done: Counter[str] = Counter()
         now = self.now_ms()
-        blocked = self.store.provider_block(self.provider) is not None
-        for tenant in self.store.tenants():
-            t = TenantKeys(tenant)
-            for job_id in self.store.index(t.leases, until_ms=now, limit=BATCH):
-                done["leases_expired"] += self.store.begin_reconcile(job_id, now_ms=now, reason="lease_expired")
-            for job_id in self.store.index(t.reconcile, until_ms=now, limit=BATCH):
-                done["reconciles_sent"] += self._redeliver(job_id, "reconciling", "reconcile", now)
-            for job_id in self.store.index(t.outbox, until_ms=now, limit=BATCH):
-                done["republished"] += self._republish(job_id, now)
-            for job_id in self.store.index(t.queued, until_ms=now - self.window_ms, limit=BATCH):
-                done["redelivered"] += self._redeliver(job_id, "queued", None, now)
-            if not blocked:
-                for job_id in self.store.index(t.retry, until_ms=now, limit=BATCH):
-                    done["retries_promoted"] += self.store.promote(job_id, now_ms=now) is not None
-            for job_id in self.store.index(t.review, until_ms=now, limit=BATCH):
-                self.store.resolve_review(job_id, "failed", now_ms=now, reason="review_expired")
-                done["reviews_expired"] += 1
-        return done
+        tenants = self.store.take_due(limit=TENANTS_PER_PASS, hold_ms=HOLD_MS, now_ms=now)
+        blocked = bool(tenants) and self.store.provider_block(self.provider) is not None
+        for tenant in tenants:
+            try:
+                self._visit(TenantKeys(tenant), now, blocked, done)
+            finally:
+                self.store.rearm(tenant, window_ms=self.window_ms, retention_ms=self.retention_ms)
+        return +done  # only the steps that moved something
+
+    def _visit(self, t: TenantKeys, now: int, blocked: bool, done: Counter[str]) -> None:
+        due = self._due(t, now)
+        for job_id in due["leases"]:
+            done["leases_expired"] += self.store.begin_reconcile(job_id, now_ms=now, reason="lease_expired")
+        for job_id in due["reconcile"]:
+            done["reconciles_sent"] += self._redeliver(job_id, "reconciling", "reconcile", now)
+        for job_id in due["outbox"]:
+            done["republished"] += self._republish(job_id, now)
+        for job_id in due["queued"]:
+            done["redelivered"] += self._redeliver(job_id, "queued", None, now)
+        for job_id in [] if blocked else due["retry"]:
+            done["retries_promoted"] += self.store.promote(job_id, now_ms=now) is not None
+        for job_id in due["review"]:
+            self.store.resolve_review(job_id, "failed", now_ms=now, reason="review_expired")
+            done["reviews_expired"] += 1
+        for job_id in due["done"]:
+            done["purged"] += self.store.purge(job_id, retention_ms=self.retention_ms, now_ms=now)
+
+    def _due(self, t: TenantKeys, now: int) -> dict[str, list[str]]:
+        """Due job ids of each of the tenant's indexes, read in one round trip."""
+        until = {"leases": now, "reconcile": now, "outbox": now, "queued": now - self.window_ms, "retry": now,
+                 "review": now, "done": now - self.retention_ms}
+        pipe = self.store.redis.pipeline(transaction=False)
+        for index, score in until.items():
+            pipe.zrangebyscore(getattr(t, index), "-inf", score, start=0, num=BATCH)
+        return dict(zip(until, pipe.execute(), strict=True))
 
     def _redeliver(self, job_id: str, state: str, route: str | None, now: int) -> int:
         """Publish a job again whose message may be lost (at most once per window)."""

@@ -19,7 +19,7 @@ def test_a_listing_of_jobs_with_large_workflows_does_not_transfer_them(client, s
     key = tenant()
     workflow = {"3": {"class_type": "KSampler", "inputs": {"text": "x" * 200_000}}}
     ids = [submit(key, key=f"intent-{i}", body=job_body(workflow=workflow)).json["id"] for i in range(3)]
-    assert all(len(store.redis.hget(JobKeys(i).record, "workflow")) > 200_000 for i in ids)
+    assert all(store.redis.strlen(JobKeys(i).workflow) > 200_000 for i in ids)
     before = sent_bytes(store)
     listing = client.simulate_get("/v1/jobs", headers=auth(key))
     one = client.simulate_get(f"/v1/jobs/{ids[0]}", headers=auth(key))
@@ -35,9 +35,8 @@ def test_the_view_fields_are_every_field_job_view_reads(submit, tenant, store) -
         "charged": 7, "uncertain": 3, "error_class": "transient", "error_reason": "connect",
         "cancel_requested": "1", "obsolete": "1", "external_effect": "possible"})
     full = store.job(job_id)
-    assert full is not None and "workflow" in full
     partial = views.job_record(store.redis, job_id)
-    assert partial is not None and "workflow" not in partial
+    assert full is not None and partial is not None
     assert job_view(partial, {}) == job_view(full, {})
     assert views.job_record(store.redis, "acme.0123456789abcdef0123") is None
     assert [record["id"] for record, _ in views.jobs_with_outputs(

@@ -24,7 +24,7 @@ def admit(store: Store, key: str = "k1", job_id: str = "acme.0000000000000000000
               "lease_gen": "0", "per_attempt": str(10 * outputs), "deadline_s": "60",
               "attempts_allowed": "3", "deadline": str(NOW + 60_000), "created_at": str(NOW),
               "updated_at": str(NOW), "idem_key": key}
-    return store.admit("acme", key, job_id, fingerprint=fingerprint, ceiling=ceiling, fields=record,
+    return store.admit("acme", key, job_id, fingerprint=fingerprint, ceiling=ceiling, fields=record, workflow=b"{}",
                        body=b'{"first":true}', status=202, now_ms=NOW, idem_ttl_s=60, outbox_delay_ms=10_000)
 
 

@@ -12,12 +12,14 @@ import redis
 from pipeline import actors
 from pipeline.broker import Publisher
 from pipeline.providers import sim as simulated
+from pipeline.jobs import Admitter
 from pipeline.routing import Router, backoff
 from pipeline.store import Store
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
 
 DEAD_LETTERS = "dramatiq:reckon-interactive.XQ"
+BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 1}
 
 
 def run_worker(broker, until) -> None:
@@ -87,15 +89,16 @@ class FlakyClaims(Store):
         return super().claim(*args, **kwargs)
 
 
-def test_an_error_before_the_claim_loses_no_job(store, settings, admit, make_executor, make_router, broker,
+def test_an_error_before_the_claim_loses_no_job(store, settings, tenant, make_executor, make_router, broker,
                                                 sim) -> None:
-    job_id = admit()
+    tenant()
+    grace = 0.5
+    settings = dataclasses.replace(settings, outbox_grace_seconds=grace, sweep_interval_seconds=0.1)
+    job_id = Admitter(store, Publisher(broker), settings).submit("acme", "k", BODY).job_id
     executor = make_executor(sim)
     executor.store = FlakyClaims(store.redis)
     actors.use(executor, make_router())
-    grace = 0.5
-    sweeper = Sweeper(store, Publisher(broker), dataclasses.replace(settings, outbox_grace_seconds=grace,
-                                                                    sweep_interval_seconds=0.1))
+    sweeper = Sweeper(store, Publisher(broker), settings)
     stop = threading.Event()
     sweeping = threading.Thread(target=sweeper.run, args=(stop,))
     sweeping.start()

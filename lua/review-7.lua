@@ -7,6 +7,7 @@
 -- KEYS[1] job record (hash)          KEYS[4] tenant's review index (zset)
 -- KEYS[2] tenant's leases (zset)     KEYS[5] job's event list
 -- KEYS[3] tenant's reconcile index   KEYS[6] tenant's per-state counts (hash)
+--                                    KEYS[7] wake set (zset)
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -22,5 +23,6 @@ release(KEYS[1], KEYS[2], job_id)
 redis.call('HSET', KEYS[1], 'error_class', 'needs_review', 'error_reason', ARGV[4])
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), job_id)
+wake(KEYS[7], KEYS[1], now + tonumber(ARGV[3]))
 move(KEYS[1], KEYS[6], KEYS[5], now, 'reconciling', 'needs_review', ARGV[4])
 return {0}

@@ -6,20 +6,24 @@
 -- supersedes an older one of the same tenant replaces it in the same step: the
 -- older job is cancelled (reason `superseded`) if it was not yet dispatched
 -- (queued, retry_wait), otherwise only marked obsolete; an unknown older job
--- refuses the admission and writes nothing.
+-- refuses the admission and writes nothing. The workflow is kept in a key of
+-- its own, so the record stays small and the workflow can go when the job ends.
 --
--- KEYS[1] idempotency record (hash)      KEYS[7] job's event list
--- KEYS[2] tenant ledger (hash)           KEYS[8] tenant's per-state counts (hash)
--- KEYS[3] job record (hash)              KEYS[9] superseded job's record (hash; the new
--- KEYS[4] tenant's job index (zset)              job's own when nothing is superseded)
--- KEYS[5] tenant's queued index (zset)   KEYS[10] superseded job's event list (likewise)
--- KEYS[6] tenant's outbox (zset)         KEYS[11] tenant's retry index (zset)
+-- KEYS[1] idempotency record (hash)      KEYS[9]  superseded job's record (hash; the new
+-- KEYS[2] tenant ledger (hash)                    job's own when nothing is superseded)
+-- KEYS[3] job record (hash)              KEYS[10] superseded job's event list (likewise)
+-- KEYS[4] tenant's job index (zset)      KEYS[11] tenant's retry index (zset)
+-- KEYS[5] tenant's queued index (zset)   KEYS[12] job's workflow (string)
+-- KEYS[6] tenant's outbox (zset)         KEYS[13] tenant's done index (zset)
+-- KEYS[7] job's event list               KEYS[14] superseded job's workflow (likewise)
+-- KEYS[8] tenant's per-state counts      KEYS[15] wake set (zset: tenant -> when work is due)
 --
--- ARGV[1] now (ms; '' = Redis's clock)   ARGV[6] delay before the outbox republishes (ms)
--- ARGV[2] new job id                     ARGV[7] job record (JSON object of strings)
--- ARGV[3] request fingerprint (hex)      ARGV[8] first response body (JSON text)
--- ARGV[4] cost ceiling (cost units)      ARGV[9] first response status (HTTP code)
--- ARGV[5] idempotency retention (s)      ARGV[10] id of the superseded job ('' for none)
+-- ARGV[1] now (ms; '' = Redis's clock)   ARGV[7]  job record (JSON object of strings)
+-- ARGV[2] new job id                     ARGV[8]  first response body (JSON text)
+-- ARGV[3] request fingerprint (hex)      ARGV[9]  first response status (HTTP code)
+-- ARGV[4] cost ceiling (cost units)      ARGV[10] id of the superseded job ('' for none)
+-- ARGV[5] idempotency retention (s)      ARGV[11] workflow (JSON text)
+-- ARGV[6] delay before the outbox republishes (ms)
 --
 -- Returns {1 CREATED, job_id} | {2 REPLAYED, job_id, status, body}
 --   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
@@ -54,9 +58,11 @@ for field, value in pairs(cjson.decode(ARGV[7])) do
   fields[#fields + 1] = value
 end
 redis.call('HSET', KEYS[3], 'seq', seq, unpack(fields))
+redis.call('SET', KEYS[12], ARGV[11])
 redis.call('ZADD', KEYS[4], seq, job_id)
 redis.call('ZADD', KEYS[5], now, job_id)
 redis.call('ZADD', KEYS[6], now + tonumber(ARGV[6]), job_id)
+wake(KEYS[15], KEYS[3], now + tonumber(ARGV[6]))
 move(KEYS[3], KEYS[8], KEYS[7], now, '', 'queued', 'admitted')
 redis.call('HSET', KEYS[1], 'fingerprint', fingerprint, 'job_id', job_id, 'state', 'pending',
   'status', ARGV[9], 'body', ARGV[8])
@@ -64,7 +70,9 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 
 if older == 'queued' or older == 'retry_wait' then
   redis.call('HSET', KEYS[9], 'cancel_requested', 1, 'external_effect', external_effect(KEYS[9]))
-  end_waiting(KEYS[9], KEYS[2], KEYS[5], KEYS[11], KEYS[6], KEYS[10], KEYS[8], now, older, 'cancelled', 'superseded')
+  end_waiting(KEYS[9], {ledger = KEYS[2], queued = KEYS[5], retry = KEYS[11], outbox = KEYS[6],
+    events = KEYS[10], counts = KEYS[8], done = KEYS[13], workflow = KEYS[14], wake = KEYS[15]},
+    now, older, 'cancelled', 'superseded')
 elseif older == 'running' or older == 'reconciling' or older == 'needs_review' then
   redis.call('HSET', KEYS[9], 'obsolete', 1)
 end

@@ -1,16 +1,18 @@
 -- finish: ends a running or reconciling job as completed, failed or cancelled,
 -- and settles its cost, once.
 --
--- Guarantees: only the current lease generation finishes the job, and its lease ends; a job
--- completes only with every requested output recorded; in the same step the
--- job is settled (what was charged) and the rest of its reservation released. A failed job gets a dead-letter entry; a cancelled one
--- records whether a provider execution happened (external_effect).
+-- Guarantees: only the current lease generation finishes the job, and its lease
+-- ends; a job completes only with every requested output recorded; in the same
+-- step the job is settled (what was charged) and the rest of its reservation
+-- released. A failed job gets a dead-letter entry; a cancelled one records
+-- whether a provider execution happened (external_effect).
 --
--- KEYS[1] job record (hash)          KEYS[6] job's outputs (hash)
--- KEYS[2] tenant ledger (hash)       KEYS[7] tenant's per-state counts (hash)
--- KEYS[3] tenant's leases (zset)     KEYS[8] tenant's reconcile index (zset)
--- KEYS[4] job's attempts (hash)      KEYS[9] tenant's dead letters (zset)
--- KEYS[5] job's event list
+-- KEYS[1] job record (hash)          KEYS[7]  tenant's per-state counts (hash)
+-- KEYS[2] tenant ledger (hash)       KEYS[8]  tenant's reconcile index (zset)
+-- KEYS[3] tenant's leases (zset)     KEYS[9]  tenant's dead letters (zset)
+-- KEYS[4] job's attempts (hash)      KEYS[10] tenant's done index (zset)
+-- KEYS[5] job's event list           KEYS[11] job's workflow (string)
+-- KEYS[6] job's outputs (hash)       KEYS[12] wake set (zset)
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -35,7 +37,7 @@ local from = redis.call('HGET', job, 'state')
 if outcome == 'cancelled' then
   redis.call('HSET', job, 'external_effect', external_effect(job))
 end
-settle(job, KEYS[2], now)
+finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12]}, now, outcome)
 end_attempt(job, KEYS[4], now, outcome, ARGV[4])
 release(job, KEYS[3], job_id)
 redis.call('ZREM', KEYS[8], job_id)

@@ -4,6 +4,7 @@
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant's leases (zset)
 -- KEYS[3] tenant's reconcile index (zset)
+-- KEYS[4] wake set (zset)
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] delay (ms)
@@ -14,5 +15,7 @@
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local job_id = redis.call('HGET', KEYS[1], 'id')
 release(KEYS[1], KEYS[2], job_id)
-redis.call('ZADD', KEYS[3], clock(ARGV[3]) + tonumber(ARGV[2]), job_id)
+local due = clock(ARGV[3]) + tonumber(ARGV[2])
+redis.call('ZADD', KEYS[3], due, job_id)
+wake(KEYS[4], KEYS[1], due)
 return {0}

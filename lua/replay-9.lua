@@ -7,7 +7,8 @@
 -- KEYS[1] job record (hash)          KEYS[5] tenant's outbox (zset)
 -- KEYS[2] tenant ledger (hash)       KEYS[6] job's event list
 -- KEYS[3] tenant's dead letters      KEYS[7] tenant's per-state counts (hash)
--- KEYS[4] tenant's queued (zset)
+-- KEYS[4] tenant's queued (zset)     KEYS[8] tenant's done index (zset)
+--                                    KEYS[9] wake set (zset)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 --
@@ -27,6 +28,8 @@ redis.call('HSET', job, 'reserved', ceiling, 'error_class', '', 'error_reason', 
   'deadline', now + 1000 * tonumber(f[6]), 'cancel_requested', 0)
 redis.call('HDEL', job, 'settled_at')
 redis.call('ZREM', KEYS[3], f[2])
+redis.call('ZREM', KEYS[8], f[2])
+wake(KEYS[9], job, now)
 redis.call('ZADD', KEYS[4], now, f[2])
 redis.call('ZADD', KEYS[5], now, f[2])
 move(job, KEYS[7], KEYS[6], now, 'failed', 'queued', 'replayed')

@@ -5,11 +5,12 @@
 -- `failed` (uncertain is settled as charged, dead-letter entry); `completed`
 -- (only when every output is already stored; uncertain is settled as charged).
 --
--- KEYS[1] job record (hash)          KEYS[6] tenant's dead letters (zset)
--- KEYS[2] tenant ledger (hash)       KEYS[7] job's event list
--- KEYS[3] tenant's review index      KEYS[8] tenant's per-state counts (hash)
--- KEYS[4] tenant's queued (zset)     KEYS[9] job's outputs (hash)
--- KEYS[5] tenant's outbox (zset)
+-- KEYS[1] job record (hash)          KEYS[7]  job's event list
+-- KEYS[2] tenant ledger (hash)       KEYS[8]  tenant's per-state counts (hash)
+-- KEYS[3] tenant's review index      KEYS[9]  job's outputs (hash)
+-- KEYS[4] tenant's queued (zset)     KEYS[10] tenant's done index (zset)
+-- KEYS[5] tenant's outbox (zset)     KEYS[11] job's workflow (string)
+-- KEYS[6] tenant's dead letters      KEYS[12] wake set (zset)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] decision: retry | failed | completed
@@ -32,10 +33,11 @@ if decision == 'retry' then
   redis.call('HSET', job, 'error_class', '', 'error_reason', '')
   redis.call('ZADD', KEYS[4], now, job_id)
   redis.call('ZADD', KEYS[5], now, job_id)
+  wake(KEYS[12], job, now)
   move(job, KEYS[8], KEYS[7], now, 'needs_review', 'queued', ARGV[3])
   return {0, 'queued'}
 end
-settle(job, KEYS[2], now)
+finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12]}, now, decision)
 if decision == 'failed' then
   redis.call('ZADD', KEYS[6], now, job_id)
   redis.call('HSET', job, 'error_class', 'needs_review', 'error_reason', ARGV[3])

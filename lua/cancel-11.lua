@@ -9,10 +9,12 @@
 -- outcome is known. Cancelling again changes nothing. `external_effect` says
 -- whether a provider execution may already have happened: none, possible or occurred.
 --
--- KEYS[1] job record (hash)          KEYS[5] tenant's outbox (zset)
--- KEYS[2] tenant ledger (hash)       KEYS[6] job's event list
--- KEYS[3] tenant's queued (zset)     KEYS[7] tenant's per-state counts (hash)
--- KEYS[4] tenant's retry index       KEYS[8] tenant's review index (zset)
+-- KEYS[1] job record (hash)          KEYS[7]  tenant's per-state counts (hash)
+-- KEYS[2] tenant ledger (hash)       KEYS[8]  tenant's review index (zset)
+-- KEYS[3] tenant's queued (zset)     KEYS[9]  tenant's done index (zset)
+-- KEYS[4] tenant's retry index       KEYS[10] job's workflow (string)
+-- KEYS[5] tenant's outbox (zset)     KEYS[11] wake set (zset)
+-- KEYS[6] job's event list
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 --
@@ -26,7 +28,8 @@ local effect = external_effect(job)
 if state == 'queued' or state == 'retry_wait' or state == 'needs_review' then
   redis.call('ZREM', KEYS[8], f[2])
   redis.call('HSET', job, 'cancel_requested', 1, 'external_effect', effect)
-  end_waiting(job, KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], now, state, 'cancelled', 'cancelled')
+  end_waiting(job, {ledger = KEYS[2], queued = KEYS[3], retry = KEYS[4], outbox = KEYS[5], events = KEYS[6],
+    counts = KEYS[7], done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, state, 'cancelled', 'cancelled')
   return {0, 'cancelled', effect}
 end
 if state == 'running' or state == 'reconciling' then

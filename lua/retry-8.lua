@@ -8,7 +8,7 @@
 -- KEYS[1] job record (hash)          KEYS[5] tenant's per-state counts (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[6] tenant's retry index (zset)
 -- KEYS[3] job's attempts (hash)      KEYS[7] tenant's reconcile index (zset)
--- KEYS[4] job's event list
+-- KEYS[4] job's event list          KEYS[8] wake set (zset)
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -28,6 +28,7 @@ if ARGV[5] == '1' then redis.call('HINCRBY', job, 'attempts_allowed', 1) end
 release(job, KEYS[2], job_id)
 redis.call('ZREM', KEYS[7], job_id)
 redis.call('ZADD', KEYS[6], due, job_id)
+wake(KEYS[8], job, due)
 redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[4], 'retry_at', due)
 move(job, KEYS[5], KEYS[4], now, from, 'retry_wait', ARGV[4])
 return {0, due}

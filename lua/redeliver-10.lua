@@ -8,18 +8,20 @@
 -- is not flooded with copies; a claim resets it. A queued job past its deadline
 -- fails `deadline_exceeded` here instead, settled, never dispatched.
 --
--- KEYS[1] job record (hash)          KEYS[5] tenant's dead letters (zset)
--- KEYS[2] index the job waits in     KEYS[6] job's event list
---         (queued or reconcile zset) KEYS[7] tenant's per-state counts (hash)
--- KEYS[3] tenant ledger (hash)
--- KEYS[4] tenant's outbox (zset)
+-- KEYS[1] job record (hash)          KEYS[6]  job's event list
+-- KEYS[2] index the job waits in     KEYS[7]  tenant's per-state counts (hash)
+--         (queued or reconcile zset) KEYS[8]  tenant's done index (zset)
+-- KEYS[3] tenant ledger (hash)       KEYS[9]  job's workflow (string)
+-- KEYS[4] tenant's outbox (zset)     KEYS[10] wake set (zset)
+-- KEYS[5] tenant's dead letters (zset)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] job id
 -- ARGV[3] state the index holds: queued | reconciling
 -- ARGV[4] redelivery window (ms)
 --
--- Returns {0 OK, sends so far} (publish now) | {14 EXPIRED} | {7 NOT_FOUND} (index cleaned)
+-- Returns {0 OK, sends so far} (publish now) | {14 EXPIRED} | {11 NOT_DUE}
+--   | {7 NOT_FOUND} (index cleaned)
 
 local job, now, job_id, state = KEYS[1], clock(ARGV[1]), ARGV[2], ARGV[3]
 local f = redis.call('HMGET', job, 'state', 'deadline')
@@ -27,13 +29,18 @@ if f[1] ~= state then
   redis.call('ZREM', KEYS[2], job_id)
   return {7}
 end
+-- queued is scored by when the wait began (due after one window), reconcile by when it is due
+local score = tonumber(redis.call('ZSCORE', KEYS[2], job_id) or now)
+if state == 'queued' then score = score + tonumber(ARGV[4]) end
+if score > now then return {11} end
 if state == 'queued' and tonumber(f[2]) <= now then
-  expire_queued(job, KEYS[3], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7], now, 'deadline_passed_while_queued')
+  expire_queued(job, {ledger = KEYS[3], queued = KEYS[2], outbox = KEYS[4], dead = KEYS[5], events = KEYS[6],
+    counts = KEYS[7], done = KEYS[8], workflow = KEYS[9], wake = KEYS[10]}, now, 'deadline_passed_while_queued')
   return {14}
 end
 local sends = redis.call('HINCRBY', job, 'sends', 1)
 local window = tonumber(ARGV[4]) * 2 ^ math.min(sends - 1, 5)
--- queued is scored by when the wait began (due after one window), reconcile by when it is due
 if state == 'queued' then window = window * 2 - tonumber(ARGV[4]) end
 redis.call('ZADD', KEYS[2], now + window, job_id)
+wake(KEYS[10], job, now + tonumber(ARGV[4]))
 return {0, sends}

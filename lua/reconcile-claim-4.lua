@@ -9,6 +9,7 @@
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant's leases (zset)
 -- KEYS[3] tenant's reconcile index (zset)
+-- KEYS[4] wake set (zset)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] worker id
@@ -27,5 +28,6 @@ local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
 redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0)
 redis.call('ZADD', KEYS[2], expires, f[3])
 redis.call('ZADD', KEYS[3], expires, f[3])
+wake(KEYS[4], job, expires)
 return {0, gen, f[4] or '', tonumber(f[5] or '0'), f[6] or '', tonumber(f[7] or '0'), now,
   tonumber(f[8] or tostring(now))}

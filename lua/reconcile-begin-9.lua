@@ -12,6 +12,7 @@
 -- KEYS[2] tenant ledger (hash)       KEYS[6] tenant's per-state counts (hash)
 -- KEYS[3] tenant's leases (zset)     KEYS[7] tenant's reconcile index (zset)
 -- KEYS[4] job's attempts (hash)      KEYS[8] job's outputs (hash)
+--                                    KEYS[9] wake set (zset)
 --
 -- ARGV[1] lease generation held by the caller, or '' for lease expiry
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -41,6 +42,7 @@ end
 end_attempt(job, KEYS[4], now, 'unknown', ARGV[4])
 release(job, KEYS[3], f[4])
 redis.call('ZADD', KEYS[7], now + tonumber(ARGV[3]), f[4])
+wake(KEYS[9], job, now + tonumber(ARGV[3]))
 redis.call('HSET', job, 'reconcile_since', now, 'sends', 0)
 move(job, KEYS[6], KEYS[5], now, 'running', 'reconciling', ARGV[4])
 return {0, held}

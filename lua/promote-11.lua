@@ -4,10 +4,12 @@
 -- `deadline_exceeded` instead, settled and dead-lettered; a promoted job enters
 -- the outbox, so it is published even if the sweeper dies right after.
 --
--- KEYS[1] job record (hash)          KEYS[5] tenant's outbox (zset)
--- KEYS[2] tenant ledger (hash)       KEYS[6] job's event list
--- KEYS[3] tenant's retry index       KEYS[7] tenant's per-state counts (hash)
--- KEYS[4] tenant's queued (zset)     KEYS[8] tenant's dead letters (zset)
+-- KEYS[1] job record (hash)          KEYS[7]  tenant's per-state counts (hash)
+-- KEYS[2] tenant ledger (hash)       KEYS[8]  tenant's dead letters (zset)
+-- KEYS[3] tenant's retry index       KEYS[9]  tenant's done index (zset)
+-- KEYS[4] tenant's queued (zset)     KEYS[10] job's workflow (string)
+-- KEYS[5] tenant's outbox (zset)     KEYS[11] wake set (zset)
+-- KEYS[6] job's event list
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] job id
@@ -23,7 +25,7 @@ end
 if tonumber(f[2]) > now then return {11} end
 redis.call('ZREM', KEYS[3], job_id)
 if tonumber(f[3]) <= now then
-  settle(job, KEYS[2], now)
+  finalize(job, {ledger = KEYS[2], done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'failed')
   redis.call('HSET', job, 'error_class', 'deadline_exceeded', 'error_reason', 'deadline_exceeded')
   redis.call('ZADD', KEYS[8], now, job_id)
   move(job, KEYS[7], KEYS[6], now, 'retry_wait', 'failed', 'deadline_exceeded')
@@ -31,5 +33,6 @@ if tonumber(f[3]) <= now then
 end
 redis.call('ZADD', KEYS[4], now, job_id)
 redis.call('ZADD', KEYS[5], now, job_id)
+wake(KEYS[11], job, now)
 move(job, KEYS[7], KEYS[6], now, 'retry_wait', 'queued', 'retry_due')
 return {0, 'queued'}
