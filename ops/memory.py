@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Redis memory per finished job, within retention and after it.
+
+Run: ``.venv/bin/python ops/memory.py --jobs 5000 --workflow-bytes 10240``.
+Starts a private redis-server (ops/redis.conf, AOF off: memory is what is measured) on a
+free loopback port, admits the jobs through the real admission path, runs each through the
+real scripts (claim, mark-submit, charge, store-output, finish) with one output, and prints
+``used_memory`` per job: after admission (workflow held), once finished (within retention,
+idempotency records included), and after the sweeper purged them past their retention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ops.bench import free_port, wait_for  # noqa: E402
+from pipeline.jobs import Admitter  # noqa: E402
+from pipeline.settings import Settings  # noqa: E402
+from pipeline.store import Store, connect  # noqa: E402
+from pipeline.sweeper import Sweeper  # noqa: E402
+from pipeline.tenants import create_tenant  # noqa: E402
+
+
+def used(store: Store) -> int:
+    return int(store.redis.info("memory")["used_memory"])
+
+
+def run_all(store: Store, job_ids: list[str]) -> None:
+    for n, job_id in enumerate(job_ids):
+        claim = store.claim(job_id, worker="memory/1", lease_ms=30_000, operation_id=f"op-{n:08d}", provider="sim")
+        assert claim is not None
+        store.mark_submit(claim, epoch="boot")
+        store.charge(claim, 10)
+        store.store_output(claim, 0, {"sha256": f"{n:064x}", "bytes": 1234, "content_type": "image/png"})
+        store.finish(claim, "completed")
+
+
+def measure(jobs: int, workflow_bytes: int, tenants: int) -> dict[str, float]:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as workdir:
+        server = subprocess.Popen(
+            ["redis-server", str(ROOT / "ops/redis.conf"), "--port", str(port), "--dir", workdir,
+             "--appendonly", "no", "--save", ""], stdout=subprocess.DEVNULL)
+        try:
+            store = Store(connect(f"redis://127.0.0.1:{port}/0"))
+            wait_for(lambda: store.redis.ping())
+            settings = dataclasses.replace(Settings(), retention_seconds=3600)
+            for t in range(tenants):
+                create_tenant(store.redis, f"t{t}", 10**12)
+            admitter = Admitter(store, lambda job_id, priority: None, settings)
+            workflow = {"3": {"class_type": "KSampler", "inputs": {"text": "x" * (workflow_bytes - 60)}}}
+            assert abs(len(orjson.dumps(workflow)) - workflow_bytes) < 60
+            store.scripts.load()  # the script cache is not per job
+            base = used(store)
+            ids = [admitter.submit(f"t{n % tenants}", f"intent-{n}", {"kind": "image", "workflow": workflow,
+                                                                        "outputs": 1}).job_id
+                   for n in range(jobs)]
+            admitted = used(store)
+            run_all(store, ids)
+            finished = used(store)
+            sweeper = Sweeper(store, lambda job_id, route: None, settings,
+                              clock=lambda: time.time() + settings.retention_seconds + 1)
+            purged = 0
+            while True:
+                moved = sweeper.sweep_once().get("purged", 0)
+                if not moved:
+                    break
+                purged += moved
+            assert purged == jobs, purged
+            # Idempotency records expire on their own, after RECKON_IDEMPOTENCY_TTL_SECONDS (1 day,
+            # before the 7-day retention ends): let them go as expiry would.
+            for key in store.redis.scan_iter(match="reckon:*:idem:*", count=1000):
+                store.redis.delete(key)
+            time.sleep(0.5)  # let Redis's cron shrink the emptied dictionaries
+            after = used(store)
+            left = store.redis.dbsize()
+            return {"bytes_per_job_admitted": round((admitted - base) / jobs),
+                    "bytes_per_job_finished": round((finished - base) / jobs),
+                    "bytes_per_job_after_retention": round((after - base) / jobs), "jobs_purged": purged, "keys_left": left}
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--workflow-bytes", type=int, default=10240)
+    parser.add_argument("--tenants", type=int, default=10)
+    args = parser.parse_args()
+    print(orjson.dumps(measure(args.jobs, args.workflow_bytes, args.tenants), option=orjson.OPT_INDENT_2).decode())
+
+
+if __name__ == "__main__":
+    main()
