@@ -127,6 +127,9 @@ def test_numbers_in_the_workflow_are_hashed_as_sent(submit, tenant, store, first
         (b'{"kind": "image", "outputs": 1, "workflow": {"3": {"xs": [1, {"a": 1, "a": 1}]}}}', "workflow"),
         (b'{"kind": "image", "outputs": 1, "workflow": {"3": {"text": "a: b", "text": "c: d"}}}', "workflow"),
         (b'{"kind": "image", "outputs": 1, "workflow": {"3": {"a": 1, "a": 2, "b": "\\u003a"}}}', "workflow"),
+        (b'{"kind": "image", "outputs": 1, "workflow": {"3": {"a": 1, "a": 2, "b": "\\u003A"}}}', "workflow"),
+        (b'{"kind": "image", "outputs": 1, "workflow": {"3": {"a": 1, "a": 2}}, "workflow": {"3": {}}}', "workflow"),
+        (b'[{"a": 1, "a": 2}]', "body"),
     ],
 )
 def test_a_duplicate_member_name_is_422_anywhere(client, tenant, store, data, field) -> None:
@@ -147,6 +150,9 @@ def test_colons_and_escapes_in_strings_are_not_duplicates(client, tenant) -> Non
     workflow = {"3": {"inputs": {"text": 'style: "anime" \\ {x: [1]}', "ckpt": "a:b:c"}}, "4:x": {"y": "\u003a"}}
     resp = post_raw(client, tenant(), orjson.dumps(job_body(workflow=workflow)))
     assert resp.status_code == 202, resp.text
+    escaped = b'{"kind": "image", "outputs": 1, "workflow": {"3": {"y": "\\u003a\\u003A\\\\u003a"}}}'
+    resp = post_raw(client, tenant("globex"), escaped)
+    assert resp.status_code == 202, resp.text
 
 
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
@@ -162,3 +168,11 @@ def test_a_body_that_is_not_json_media_is_415(client, tenant, store, content_typ
 def test_json_media_types_are_accepted(client, tenant, content_type) -> None:
     resp = post_raw(client, tenant(), orjson.dumps(job_body()), content_type=content_type)
     assert resp.status_code == 202, resp.text
+
+
+def test_a_dropped_duplicate_nested_past_the_limit_is_422(client, tenant, store) -> None:
+    deep = b'{"n": ' * 1000 + b"{}" + b"}" * 1000  # orjson keeps the later, shallow "workflow"
+    data = b'{"kind": "image", "outputs": 1, "workflow": ' + deep + b', "workflow": {"3": {}}}'
+    resp = post_raw(client, tenant(), data)
+    assert (resp.status_code, resp.json["type"], resp.json["field"]) == (422, P + "invalid-job", "body")
+    assert_nothing_written(store)
