@@ -1,0 +1,95 @@
+"""The sweeper at scale and bounded memory: the wake set, two sweepers at once, retention."""
+
+from __future__ import annotations
+
+import time
+
+from pipeline import actors, keys
+from pipeline.broker import Publisher
+from pipeline.keys import JobKeys, TenantKeys
+from pipeline.sweeper import Sweeper
+from pipeline.tenants import create_tenant
+from tests.pipeline.test_failures import attempt, balanced, inject
+
+DAY = 24 * 3600
+
+
+def sweeper(store, settings, *, ahead: float = 0.0) -> Sweeper:
+    return Sweeper(store, Publisher(actors.broker), settings, clock=lambda: time.time() + ahead)
+
+
+def commands(store) -> int:
+    return int(store.redis.info("stats")["total_commands_processed"])
+
+
+def job_keys(job_id: str) -> list[str]:
+    j = JobKeys(job_id)
+    return [j.record, j.attempts, j.events, j.outputs, j.workflow]
+
+
+def test_a_finished_job_drops_its_workflow_and_is_purged_after_retention(store, settings, admit,
+                                                                         make_executor, sim) -> None:
+    job_id = admit()
+    assert store.workflow(job_id) is not None
+    assert make_executor(sim).run(job_id) is True
+    t = TenantKeys("acme")
+    assert store.redis.exists(*job_keys(job_id)) == 4  # everything but the workflow
+    assert store.redis.zscore(t.done, job_id) is not None
+    retention = settings.retention_seconds
+    assert sweeper(store, settings, ahead=retention - 60).sweep_once().get("purged", 0) == 0
+    assert sweeper(store, settings, ahead=retention + 1).sweep_once()["purged"] == 1
+    assert store.redis.exists(*job_keys(job_id)) == 0
+    assert [store.redis.zscore(index, job_id) for index in (t.jobs, t.done, t.dead)] == [None, None, None]
+    assert store.redis.zscore(keys.WAKE, "acme") is None  # nothing left to do for this tenant
+    assert balanced(store)["settled"] == 10  # the money stays on the ledger
+
+
+def test_a_dead_letter_keeps_its_workflow_for_replay_until_retention(store, settings, admit, make_executor,
+                                                                     make_router, sim) -> None:
+    job_id = admit()
+    inject(sim, {"kind": "policy"})
+    assert attempt(make_executor(sim), make_router(), job_id) == "dead_letter"
+    assert store.workflow(job_id) is not None
+    store.replay(job_id)
+    assert store.redis.zscore(TenantKeys("acme").done, job_id) is None  # live again: not purged
+    assert make_executor(sim).run(job_id) is True
+    assert store.workflow(job_id) is None
+
+
+def test_an_idle_pass_costs_one_command_whatever_the_number_of_tenants(store, settings) -> None:
+    for n in range(200):
+        create_tenant(store.redis, f"idle{n}", 100)
+    before = commands(store)
+    assert sweeper(store, settings).sweep_once() == {}
+    # one round trip: take-due (EVALSHA and the one range query it runs), plus the INFO read here
+    assert commands(store) - before == 3
+
+
+def test_the_wake_entry_is_the_true_next_due_time(store, settings, admit, make_executor, make_router) -> None:
+    job_id = admit()
+    claim = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op", provider="sim")
+    store.retry(claim, delay_ms=45_000, error_class="transient")
+    due = int(store.job(job_id)["retry_at"])
+    sweeper(store, settings, ahead=settings.outbox_grace_seconds + 1).sweep_once()  # visits: the outbox was due
+    assert store.redis.zscore(keys.WAKE, "acme") == due
+    assert sweeper(store, settings, ahead=30).sweep_once() == {}  # not due: the tenant is not even visited
+    assert sweeper(store, settings, ahead=46).sweep_once()["retries_promoted"] == 1
+
+
+def test_two_sweepers_at_once_take_different_tenants(store, settings) -> None:
+    for n in range(10):
+        create_tenant(store.redis, f"t{n}", 100)
+        store.redis.zadd(keys.WAKE, {f"t{n}": 1})
+    first = store.take_due(limit=6, hold_ms=30_000)
+    second = store.take_due(limit=6, hold_ms=30_000)
+    assert len(first) == 6 and len(second) == 4 and not set(first) & set(second)
+    assert store.take_due(limit=6, hold_ms=30_000) == []
+
+
+def test_a_sweeper_that_dies_mid_pass_leaves_the_tenant_due_after_the_hold(store, settings, admit) -> None:
+    admit()
+    ahead = settings.outbox_grace_seconds + 1
+    now = int((time.time() + ahead) * 1000)
+    assert store.take_due(limit=10, hold_ms=30_000, now_ms=now) == ["acme"]  # ...and the sweeper dies here
+    assert sweeper(store, settings, ahead=ahead).sweep_once() == {}
+    assert sweeper(store, settings, ahead=ahead + 31).sweep_once()["redelivered"] == 1
