@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import BlobMissing, BlobUnreadable
@@ -42,6 +44,20 @@ class BlobStore:
         finally:
             os.close(dir_fd)
         return digest
+
+    def collect(self, keep: Iterable[str], *, min_age_s: float, now: float | None = None) -> tuple[int, int]:
+        """Delete every stored blob not in ``keep`` and older than ``min_age_s`` (a blob just
+        written may not be recorded on its job yet); returns (removed, kept)."""
+        keep = set(keep)
+        cutoff = (time.time() if now is None else now) - min_age_s
+        removed = kept = 0
+        for path in self.root.glob("[0-9a-f][0-9a-f]/[0-9a-f][0-9a-f]/*"):
+            if path.name in keep or path.name.startswith(".tmp-") or path.stat().st_mtime > cutoff:
+                kept += 1
+                continue
+            path.unlink(missing_ok=True)
+            removed += 1
+        return removed, kept
 
     def read(self, digest: str) -> bytes:
         """The stored bytes; BlobMissing or BlobUnreadable, never an error that names the path

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from .blobs import BlobStore
 from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed
 from .jobs import iso
 from .keys import ProviderKeys, TenantKeys
@@ -158,7 +159,18 @@ def parser() -> argparse.ArgumentParser:
         sub = provider.add_parser(verb, help=text)
         sub.add_argument("name", nargs="?", default="comfyui")
         sub.set_defaults(run=run)
+    blobs = verbs.add_parser("blobs").add_subparsers(dest="verb", required=True)
+    gc = blobs.add_parser("gc", help="delete stored outputs no job on record holds (after retention purged them)")
+    gc.add_argument("--min-age", type=float, default=3600.0, help="seconds; younger blobs are kept (default 3600)")
+    gc.set_defaults(run=blobs_gc)
     return root
+
+
+def blobs_gc(store: Store, args: argparse.Namespace) -> int:
+    keep = store.referenced_blobs()
+    removed, kept = BlobStore(Settings.from_env().blob_dir).collect(keep, min_age_s=args.min_age)
+    _print({"removed": removed, "kept": kept, "referenced": len(keep)})
+    return 0
 
 
 def _tenant_commands(tenant: Any) -> None:

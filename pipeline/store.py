@@ -349,6 +349,18 @@ class Store:
         raw = self.redis.get(JobKeys(job_id).workflow)
         return None if raw is None else orjson.loads(raw)
 
+    def referenced_blobs(self) -> set[str]:
+        """The sha256 of every output any job still on record holds (one round trip per tenant)."""
+        digests: set[str] = set()
+        for tenant in self.tenants():
+            job_ids = self.redis.zrange(TenantKeys(tenant).jobs, 0, -1)
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hvals(JobKeys(job_id).outputs)
+            for values in pipe.execute():
+                digests.update(orjson.loads(value)["sha256"] for value in values)
+        return digests
+
     def attempts(self, job_id: str) -> list[dict[str, Any]]:
         raw = self.redis.hgetall(JobKeys(job_id).attempts)
         return [orjson.loads(raw[n]) for n in sorted(raw, key=int)]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 
-from pipeline import actors, keys
+import orjson
+
+from pipeline import actors, cli, keys
+from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.keys import JobKeys, TenantKeys
 from pipeline.sweeper import Sweeper
@@ -93,3 +97,23 @@ def test_a_sweeper_that_dies_mid_pass_leaves_the_tenant_due_after_the_hold(store
     assert store.take_due(limit=10, hold_ms=30_000, now_ms=now) == ["acme"]  # ...and the sweeper dies here
     assert sweeper(store, settings, ahead=ahead).sweep_once() == {}
     assert sweeper(store, settings, ahead=ahead + 31).sweep_once()["redelivered"] == 1
+
+
+def test_blob_gc_removes_only_what_no_job_on_record_holds(store, settings, admit, make_executor, sim, capsys,
+                                                           monkeypatch) -> None:
+    monkeypatch.setenv("RECKON_BLOB_DIR", settings.blob_dir)
+    job_id = admit()
+    assert make_executor(sim).run(job_id) is True
+    blobs = BlobStore(settings.blob_dir)
+    held = blobs.path(store.outputs(job_id)[0]["sha256"])
+    orphan, fresh = blobs.path(blobs.put(b"orphan")), blobs.path(blobs.put(b"just written"))
+    hour_ago = time.time() - 3601
+    for path in (held, orphan):
+        os.utime(path, (hour_ago, hour_ago))
+    assert cli.main(["blobs", "gc"], store=store) == 0
+    assert orjson.loads(capsys.readouterr().out) == {"removed": 1, "kept": 2, "referenced": 1}
+    assert (held.exists(), orphan.exists(), fresh.exists()) == (True, False, True)
+    sweeper(store, settings, ahead=settings.retention_seconds + 1).sweep_once()  # the job is purged
+    assert cli.main(["blobs", "gc"], store=store) == 0
+    assert orjson.loads(capsys.readouterr().out) == {"removed": 1, "kept": 1, "referenced": 0}
+    assert not held.exists()
