@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-import time
-from typing import Any, Callable
+from typing import Any
 
 import falcon
 import orjson

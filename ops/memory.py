@@ -87,7 +87,8 @@ def measure(jobs: int, workflow_bytes: int, tenants: int) -> dict[str, float]:
             left = store.redis.dbsize()
             return {"bytes_per_job_admitted": round((admitted - base) / jobs),
                     "bytes_per_job_finished": round((finished - base) / jobs),
-                    "bytes_per_job_after_retention": round((after - base) / jobs), "jobs_purged": purged, "keys_left": left}
+                    "bytes_per_job_after_retention": round((after - base) / jobs),
+                    "jobs_purged": purged, "keys_left": left}
         finally:
             server.terminate()
             server.wait(timeout=10)

@@ -11,8 +11,8 @@ import redis
 
 from pipeline import actors
 from pipeline.broker import Publisher
-from pipeline.providers import sim as simulated
 from pipeline.jobs import Admitter
+from pipeline.providers import sim as simulated
 from pipeline.routing import Router, backoff
 from pipeline.store import Store
 from pipeline.sweeper import Sweeper
