@@ -44,16 +44,12 @@ def worker_name() -> str:
 class Heartbeat:
     """Renews a claim's lease every third of its length until stopped or fenced out.
 
-    The lease lives on Redis's clock; this thread only says "still here". ``fresh``
-    tells whether the lease was renewed recently enough, by this process's own
-    monotonic clock, to act on it: a process that was frozen (SIGSTOP, a long GC,
-    a hung VM) must not act on a lease it may have lost meanwhile.
+    The lease lives on Redis's clock; this thread only says "still here".
     """
 
     def __init__(self, store: Store, claim: Claim, *, lease_ms: int) -> None:
         self.store, self.claim, self.lease_ms = store, claim, lease_ms
         self.lost = threading.Event()
-        self._renewed = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{claim.job_id}", daemon=True)
 
@@ -69,15 +65,10 @@ class Heartbeat:
         if self.lost.is_set():
             raise StaleLease("lease lost while running")
 
-    def fresh(self) -> bool:
-        """True if the lease was renewed within half its length (and never lost)."""
-        return not self.lost.is_set() and (time.monotonic() - self._renewed) * 1000 < self.lease_ms / 2
-
     def _run(self) -> None:
         while not self._stop.wait(self.lease_ms / 3000):
             try:
                 self.store.heartbeat(self.claim, lease_ms=self.lease_ms)
-                self._renewed = time.monotonic()
             except StaleLease:
                 self.lost.set()
                 return
@@ -131,8 +122,9 @@ class Executor:
         if not missing:
             return
         epoch = self.provider.epoch()
-        self.store.mark_submit(claim, epoch=epoch)
-        if not heartbeat.fresh():  # frozen since the mark: the lease may be someone else's now
+        marked = time.monotonic()
+        self.store.mark_submit(claim, epoch=epoch, lease_ms=self.lease_ms)  # renews the lease from `marked`
+        if (time.monotonic() - marked) * 1000 >= self.lease_ms / 2:  # frozen since: the lease may be gone
             raise UnknownOutcome("submission_window_passed")
         self.provider.submit(claim.operation_id, self.store.workflow(claim.job_id), missing)
         faultpoints.reached("after_submit")

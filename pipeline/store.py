@@ -129,10 +129,12 @@ class Store:
         reply = self._fenced("heartbeat", [j.record, j.tenant.leases], [claim.generation, _at(now_ms), lease_ms])
         return int(reply[1])
 
-    def mark_submit(self, claim: Claim, *, epoch: str, now_ms: int | None = None) -> None:
-        """Record that the provider request is about to go out; CancelRequested if cancelled."""
+    def mark_submit(self, claim: Claim, *, epoch: str, lease_ms: int = 0, now_ms: int | None = None) -> None:
+        """Record that the provider request is about to go out, renewing the lease for ``lease_ms``;
+        CancelRequested if cancelled."""
         j = JobKeys(claim.job_id)
-        reply = self.scripts("mark-submit", [j.record, j.attempts], [claim.generation, _at(now_ms), epoch])
+        reply = self.scripts("mark-submit", [j.record, j.attempts, j.tenant.leases],
+                             [claim.generation, _at(now_ms), epoch, lease_ms])
         if Code(reply[0]) is Code.CANCELLED:
             raise CancelRequested(claim.job_id)
         self._check(reply)

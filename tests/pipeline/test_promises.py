@@ -186,3 +186,12 @@ def test_a_lease_lives_on_redis_time_whatever_the_caller_clock_says(store, admit
     assert abs(expires - (store.server_ms() + 30_000)) < 2_000
     assert store.redis.zscore(JobKeys(job_id).tenant.leases, job_id) == expires
     assert claim.claimed_ms == expires - 30_000
+
+
+def test_marking_the_submission_renews_the_lease(store, admit) -> None:
+    job_id = admit()
+    claim = store.claim(job_id, worker="w", lease_ms=1_000, operation_id="op", provider="sim", now_ms=10_000)
+    store.mark_submit(claim, epoch="e", lease_ms=1_000, now_ms=10_900)
+    assert store.job(job_id)["lease_expires"] == "11900"
+    assert store.redis.zscore(TenantKeys("acme").leases, job_id) == 11_900
+    assert store.begin_reconcile(job_id, reason="lease_expired", now_ms=11_500) is False  # still alive
