@@ -16,7 +16,7 @@ import redis
 from .errors import IncompleteOutputs, NotAllowed, ScriptError, StaleLease
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
-_NAME_RE = re.compile(r"^([a-z-]+)-(\d+)\.lua$")
+_NAME_RE = re.compile(r"([a-z-]+)-([0-9]+)\.lua")  # fullmatch; \d would take "١" too
 
 
 class Code(IntEnum):
@@ -59,7 +59,7 @@ class Scripts:
         prelude = (lua_dir / "_lib.lua").read_text()
         self._scripts: dict[str, tuple[int, Any]] = {}
         for path in sorted(lua_dir.glob("*.lua")):
-            match = _NAME_RE.match(path.name)
+            match = _NAME_RE.fullmatch(path.name)
             if not match:
                 continue
             verb = match.group(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 
+import fakeredis
 import orjson
 import pytest
 
@@ -21,6 +22,7 @@ from pipeline.errors import (
 from pipeline.jobs import fingerprint, parse_request
 from pipeline.providers.http import Response, raise_for_status, retry_after
 from pipeline.providers.sim import png
+from pipeline.scripts import Scripts
 from pipeline.settings import Settings, with_db
 
 
@@ -93,3 +95,10 @@ def test_parse_request_and_fingerprint_refuse_what_orjson_cannot_encode() -> Non
 
 def test_retry_after_reads_only_ascii_seconds() -> None:
     assert [retry_after(v) for v in ("12", "²", "١٢", "9" * 5000)] == [12.0, None, None, None]
+
+
+def test_script_names_are_verb_dash_ascii_key_count(tmp_path) -> None:
+    (tmp_path / "_lib.lua").write_text("")
+    for name in ("ping-1.lua", "pong-١.lua", "Ping-2.lua"):
+        (tmp_path / name).write_text("return 1")
+    assert Scripts(fakeredis.FakeRedis(), lua_dir=tmp_path).verbs == ["ping"]
