@@ -120,22 +120,21 @@ local function finalize(job, k, now, outcome)
 end
 
 -- Ends a job that is queued, waiting to retry or waiting for review: it leaves those
--- indexes and is finalized. `k` adds queued, retry, outbox, events, counts to finalize's keys.
+-- indexes and is finalized. `k` adds queued, retry, events, counts to finalize's keys.
+-- (An outbox entry stays until the sweeper confirms it: that marks the idempotency record done.)
 local function end_waiting(job, k, now, from, to, reason)
   local job_id = redis.call('HGET', job, 'id')
   redis.call('ZREM', k.queued, job_id)
   redis.call('ZREM', k.retry, job_id)
-  redis.call('ZREM', k.outbox, job_id)
   finalize(job, k, now, to)
   move(job, k.counts, k.events, now, from, to, reason)
 end
 
 -- Fails a queued job whose deadline has passed before any worker took it: settled,
--- dead-lettered, never dispatched. `k`: finalize's keys plus queued, outbox, dead, events, counts.
+-- dead-lettered, never dispatched. `k`: finalize's keys plus queued, dead, events, counts.
 local function expire_queued(job, k, now, reason)
   local job_id = redis.call('HGET', job, 'id')
   redis.call('ZREM', k.queued, job_id)
-  redis.call('ZREM', k.outbox, job_id)
   finalize(job, k, now, 'failed')
   redis.call('HSET', job, 'error_class', 'deadline_exceeded', 'error_reason', reason)
   redis.call('ZADD', k.dead, now, job_id)

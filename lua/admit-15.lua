@@ -70,7 +70,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 
 if older == 'queued' or older == 'retry_wait' then
   redis.call('HSET', KEYS[9], 'cancel_requested', 1, 'external_effect', external_effect(KEYS[9]))
-  end_waiting(KEYS[9], {ledger = KEYS[2], queued = KEYS[5], retry = KEYS[11], outbox = KEYS[6],
+  end_waiting(KEYS[9], {ledger = KEYS[2], queued = KEYS[5], retry = KEYS[11],
     events = KEYS[10], counts = KEYS[8], done = KEYS[13], workflow = KEYS[14], wake = KEYS[15]},
     now, older, 'cancelled', 'superseded')
 elseif older == 'running' or older == 'reconciling' or older == 'needs_review' then

@@ -4,7 +4,8 @@
 -- provider before paying again; a job whose cancel was requested is never
 -- submitted (the cancel and this check are each atomic, so exactly one wins).
 -- The lease is renewed in the same step, so the worker knows it holds the job
--- for a full lease length from the moment it sent this call.
+-- for a full lease length from the moment it sent this call. A job with too little
+-- time left before its deadline is not submitted (the caller fails it).
 --
 -- KEYS[1] job record (hash)
 -- KEYS[2] job's attempts (hash)
@@ -14,14 +15,17 @@
 -- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] provider epoch seen just before submission ('' when the provider has none)
 -- ARGV[4] lease length (ms)
+-- ARGV[5] least time an attempt needs (ms)
 --
--- Returns {0 OK} | {9 STALE_LEASE} | {12 CANCELLED}
+-- Returns {0 OK} | {9 STALE_LEASE} | {12 CANCELLED} | {14 EXPIRED}
 
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
-if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then return {12} end
+local f = redis.call('HMGET', KEYS[1], 'cancel_requested', 'deadline')
+if f[1] == '1' then return {12} end
 local now = clock(ARGV[2])
+if now + tonumber(ARGV[5]) >= tonumber(f[2]) then return {14} end
 local expires = now + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'submitted', 1, 'submit_epoch', ARGV[3], 'lease_expires', expires)
+redis.call('HSET', KEYS[1], 'submitted', 1, 'submit_epoch', ARGV[3], 'submitted_at', now, 'lease_expires', expires)
 redis.call('ZADD', KEYS[3], expires, redis.call('HGET', KEYS[1], 'id'))
 local n = redis.call('HGET', KEYS[1], 'attempt_count')
 local attempt = cjson.decode(redis.call('HGET', KEYS[2], n))

@@ -16,11 +16,12 @@
 -- ARGV[3] lease length (ms)
 --
 -- Returns {0 OK, generation, operation id, submitted (0|1), provider epoch at submit,
---   attempt number, now (ms), reconciling since (ms)} | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
+--   attempt number, now (ms), reconciling since (ms), submitted at (ms, 0 if never)}
+--   | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
 
 local job, now = KEYS[1], clock(ARGV[1])
 local f = redis.call('HMGET', job, 'state', 'lease_expires', 'id', 'operation_id', 'submitted', 'submit_epoch',
-  'attempt_count', 'reconcile_since')
+  'attempt_count', 'reconcile_since', 'submitted_at')
 if not f[1] then return {7} end
 if f[1] ~= 'reconciling' or tonumber(f[2] or '0') > now then return {8, f[1]} end
 local expires = now + tonumber(ARGV[3])
@@ -30,4 +31,4 @@ redis.call('ZADD', KEYS[2], expires, f[3])
 redis.call('ZADD', KEYS[3], expires, f[3])
 wake(KEYS[4], job, expires)
 return {0, gen, f[4] or '', tonumber(f[5] or '0'), f[6] or '', tonumber(f[7] or '0'), now,
-  tonumber(f[8] or tostring(now))}
+  tonumber(f[8] or tostring(now)), tonumber(f[9] or '0')}

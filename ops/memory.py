@@ -40,7 +40,7 @@ def run_all(store: Store, job_ids: list[str]) -> None:
     for n, job_id in enumerate(job_ids):
         claim = store.claim(job_id, worker="memory/1", lease_ms=30_000, operation_id=f"op-{n:08d}", provider="sim")
         assert claim is not None
-        store.mark_submit(claim, epoch="boot")
+        store.mark_submit(claim, epoch="boot", lease_ms=30_000)
         store.charge(claim, 10)
         store.store_output(claim, 0, {"sha256": f"{n:064x}", "bytes": 1234, "content_type": "image/png"})
         store.finish(claim, "completed")

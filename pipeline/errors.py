@@ -38,6 +38,10 @@ class CancelRequested(ReckonError):
     """The client cancelled the job before the provider was called."""
 
 
+class DeadlineExceeded(ReckonError):
+    """Too little time is left before the job's deadline to submit an attempt."""
+
+
 class NotAllowed(ReckonError):
     """An operator or client action does not apply to the job in its current state."""
 

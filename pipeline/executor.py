@@ -23,6 +23,7 @@ from .blobs import BlobStore
 from .errors import (
     AttemptFailed,
     CancelRequested,
+    DeadlineExceeded,
     IncompleteOutputs,
     NotExecuted,
     OperationFailed,
@@ -108,6 +109,10 @@ class Executor:
             except CancelRequested:
                 self.store.finish(claim, "cancelled", reason="cancelled")
                 return True
+            except DeadlineExceeded:  # nothing was submitted: fail it now, settled, nothing paid
+                self.store.finish(claim, "failed", error_class="deadline_exceeded",
+                                  reason="deadline_passed_before_submission")
+                return True
             except ProviderError as exc:
                 raise AttemptFailed(claim, exc) from exc
             self.store.finish(claim, "completed")
@@ -123,7 +128,8 @@ class Executor:
             return
         epoch = self.provider.epoch()
         marked = time.monotonic()
-        self.store.mark_submit(claim, epoch=epoch, lease_ms=self.lease_ms)  # renews the lease from `marked`
+        self.store.mark_submit(claim, epoch=epoch, lease_ms=self.lease_ms,  # renews the lease from `marked`
+                               min_attempt_ms=int(self.settings.min_attempt_seconds * 1000))
         if (time.monotonic() - marked) * 1000 >= self.lease_ms / 2:  # frozen since: the lease may be gone
             raise UnknownOutcome("submission_window_passed")
         self.provider.submit(claim.operation_id, self.store.workflow(claim.job_id), missing)
@@ -168,8 +174,17 @@ class Executor:
         rec = self.store.claim_reconcile(job_id, worker=worker or worker_name(), lease_ms=self.lease_ms)
         if rec is None:
             return False
+        if rec.claim.claimed_ms - rec.since_ms >= self.settings.reconcile_max_seconds * 1000:
+            self._review(rec.claim, "reconcile_timed_out")  # however the earlier tries ended
+            return True
         with Heartbeat(self.store, rec.claim, lease_ms=self.lease_ms) as heartbeat:
-            self._reconcile(rec, heartbeat)
+            try:
+                self._reconcile(rec, heartbeat)
+            except (AttemptFailed, StaleLease):
+                raise
+            except Exception:  # e.g. storage failing: ask again later, until the age limit
+                log.exception("reconcile %s failed; asking again later", rec.claim.job_id)
+                self._later(rec)
         return True
 
     def _reconcile(self, rec: Reconcile, heartbeat: Heartbeat) -> None:
@@ -210,6 +225,8 @@ class Executor:
         has not restarted since we submitted (same epoch); otherwise the policy decides."""
         claim = rec.claim
         if rec.epoch and epoch == rec.epoch:
+            if claim.claimed_ms - rec.submitted_ms < self.settings.submit_settle_seconds * 1000:
+                return self._later(rec)  # the request may still be on its way to the provider
             self.store.resolve_uncertain(claim, executed=False)
             raise AttemptFailed(claim, NotExecuted("not_found_same_epoch"))
         uncertain = int((self.store.job(claim.job_id) or {}).get("uncertain", 0))

@@ -43,6 +43,9 @@ DEFAULT_RETRY_REFUND_TOKENS = 1
 DEFAULT_AUTH_RECHECK_SECONDS = 30.0
 #: How often a reconciling job asks the provider again while the provider is still working.
 DEFAULT_RECONCILE_INTERVAL_SECONDS = 5.0
+#: "No record of the operation, same provider epoch" proves non-execution only once the
+#: submission is this old: a request still in transit (a timed-out POST) may land later.
+DEFAULT_SUBMIT_SETTLE_SECONDS = 30.0
 #: A job still reconciling after this long (the provider keeps failing to answer, or lost
 #: its outputs) goes to needs_review instead of asking forever.
 DEFAULT_RECONCILE_MAX_SECONDS = 2 * 3600
@@ -80,6 +83,7 @@ class Settings:
     auth_recheck_seconds: float = DEFAULT_AUTH_RECHECK_SECONDS
     reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
     reconcile_max_seconds: float = DEFAULT_RECONCILE_MAX_SECONDS
+    submit_settle_seconds: float = DEFAULT_SUBMIT_SETTLE_SECONDS
     review_expiry_seconds: int = DEFAULT_REVIEW_EXPIRY_SECONDS
     duplicate_cost_allowance: int = DEFAULT_DUPLICATE_COST_ALLOWANCE
     retention_seconds: int = DEFAULT_RETENTION_SECONDS
@@ -112,6 +116,7 @@ class Settings:
             "auth_recheck_seconds": ("RECKON_AUTH_RECHECK_SECONDS", float),
             "reconcile_interval_seconds": ("RECKON_RECONCILE_INTERVAL_SECONDS", float),
             "reconcile_max_seconds": ("RECKON_RECONCILE_MAX_SECONDS", float),
+            "submit_settle_seconds": ("RECKON_SUBMIT_SETTLE_SECONDS", float),
             "review_expiry_seconds": ("RECKON_REVIEW_EXPIRY_SECONDS", int),
             "duplicate_cost_allowance": ("RECKON_DUPLICATE_COST_ALLOWANCE", int),
             "retention_seconds": ("RECKON_RETENTION_SECONDS", int),

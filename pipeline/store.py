@@ -9,7 +9,7 @@ import orjson
 import redis
 
 from . import keys
-from .errors import CancelRequested, InsufficientAllowance, InvalidRequest, UnknownTenant
+from .errors import CancelRequested, DeadlineExceeded, InsufficientAllowance, InvalidRequest, UnknownTenant
 from .keys import JobKeys, ProviderKeys, TenantKeys
 from .scripts import Code, Scripts, raise_for
 
@@ -54,6 +54,8 @@ class Reconcile:
     epoch: str
     #: When the job began reconciling, on Redis's clock (ms).
     since_ms: int = 0
+    #: When the unknown attempt was marked as submitted, on Redis's clock (ms; 0: never).
+    submitted_ms: int = 0
 
 
 def _at(now_ms: int | None) -> int | str:
@@ -116,7 +118,7 @@ class Store:
         t = j.tenant
         reply = self.scripts(
             "claim",
-            [j.record, t.leases, t.queued, t.outbox, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
+            [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
              j.workflow, keys.WAKE],
             [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms],
         )
@@ -129,14 +131,17 @@ class Store:
         reply = self._fenced("heartbeat", [j.record, j.tenant.leases], [claim.generation, _at(now_ms), lease_ms])
         return int(reply[1])
 
-    def mark_submit(self, claim: Claim, *, epoch: str, lease_ms: int = 0, now_ms: int | None = None) -> None:
+    def mark_submit(self, claim: Claim, *, epoch: str, lease_ms: int, min_attempt_ms: int = 0,
+                    now_ms: int | None = None) -> None:
         """Record that the provider request is about to go out, renewing the lease for ``lease_ms``;
-        CancelRequested if cancelled."""
+        CancelRequested if cancelled, DeadlineExceeded if too little time is left to run it."""
         j = JobKeys(claim.job_id)
         reply = self.scripts("mark-submit", [j.record, j.attempts, j.tenant.leases],
-                             [claim.generation, _at(now_ms), epoch, lease_ms])
+                             [claim.generation, _at(now_ms), epoch, lease_ms, min_attempt_ms])
         if Code(reply[0]) is Code.CANCELLED:
             raise CancelRequested(claim.job_id)
+        if Code(reply[0]) is Code.EXPIRED:
+            raise DeadlineExceeded(claim.job_id)
         self._check(reply)
 
     def store_output(self, claim: Claim, index: int, record: dict[str, Any], *, now_ms: int | None = None) -> bool:
@@ -201,7 +206,7 @@ class Store:
         if Code(reply[0]) is not Code.OK:
             return None
         claim = Claim(job_id, int(reply[1]), int(reply[5]), reply[2], int(reply[6]))
-        return Reconcile(claim, bool(reply[3]), reply[4], int(reply[7]))
+        return Reconcile(claim, bool(reply[3]), reply[4], int(reply[7]), int(reply[8]))
 
     def resolve_uncertain(self, claim: Claim, *, executed: bool) -> int:
         j = JobKeys(claim.job_id)
@@ -246,7 +251,7 @@ class Store:
         j = JobKeys(job_id)
         t = j.tenant
         index = t.queued if state == "queued" else t.reconcile
-        reply = self.scripts("redeliver", [j.record, index, t.ledger, t.outbox, t.dead, j.events, t.counts, t.done,
+        reply = self.scripts("redeliver", [j.record, index, t.ledger, t.dead, j.events, t.counts, t.done,
                                            j.workflow, keys.WAKE],
                              [_at(now_ms), job_id, state, window_ms])
         return Code(reply[0])
@@ -282,7 +287,7 @@ class Store:
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "cancel", [j.record, t.ledger, t.queued, t.retry, t.outbox, j.events, t.counts, t.review, t.done,
+            "cancel", [j.record, t.ledger, t.queued, t.retry, j.events, t.counts, t.review, t.done,
                        j.workflow, keys.WAKE],
             [_at(now_ms)],
         )

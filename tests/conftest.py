@@ -88,7 +88,7 @@ def store(redis_client: redis.Redis) -> Store:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return dataclasses.replace(Settings.from_env(), blob_dir=str(tmp_path / "blobs"), lease_seconds=5.0,
-                               poll_interval_seconds=0.01)
+                               poll_interval_seconds=0.01, submit_settle_seconds=0.0)
 
 
 @pytest.fixture

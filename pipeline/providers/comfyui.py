@@ -13,6 +13,7 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
+from ..errors import Transient
 from .base import OperationStatus, OutputRef
 from .http import HttpTransport
 
@@ -39,26 +40,42 @@ class ComfyUI:
         entry = self._history(operation_id)
         if entry:
             return _from_history(entry)
-        queue = orjson.loads(self.transport.request("GET", "/queue").body)
-        for state, items in (("running", queue.get("queue_running", [])), ("pending", queue.get("queue_pending", []))):
-            if any(len(item) > 1 and item[1] == operation_id for item in items):
+        queue = _json_object(self.transport.request("GET", "/queue").body, "queue_running", "queue_pending")
+        for state, items in (("running", queue["queue_running"]), ("pending", queue["queue_pending"])):
+            if any(isinstance(item, list) and len(item) > 1 and item[1] == operation_id for item in items):
                 return OperationStatus(state)
         entry = self._history(operation_id)
         return _from_history(entry) if entry else OperationStatus("unknown")
 
     def _history(self, operation_id: str) -> dict[str, Any] | None:
-        history = orjson.loads(self.transport.request("GET", f"/history/{quote(operation_id)}").body)
-        return history.get(operation_id)
+        history = _json_object(self.transport.request("GET", f"/history/{quote(operation_id)}").body)
+        entry = history.get(operation_id)
+        if entry is not None and not isinstance(entry, dict):
+            raise Transient("provider_answer_malformed")
+        return entry
 
     def epoch(self) -> str:
         """ComfyUI shows no process id; a server that adds ``system.reckon_boot_id`` to
         ``/system_stats`` (the simulated one does) lets reconciliation prove non-execution."""
-        stats = orjson.loads(self.transport.request("GET", "/system_stats").body)
-        return str((stats.get("system") or {}).get("reckon_boot_id", ""))
+        stats = _json_object(self.transport.request("GET", "/system_stats").body)
+        system = stats.get("system")
+        return str(system.get("reckon_boot_id", "")) if isinstance(system, dict) else ""
 
     def fetch(self, ref: OutputRef) -> bytes:
         query = urlencode({"filename": ref.filename, "subfolder": ref.subfolder, "type": ref.folder_type})
         return self.transport.request("GET", f"/view?{query}").body
+
+
+def _json_object(body: bytes, *lists: str) -> dict[str, Any]:
+    """A JSON object with the given list members, or Transient: an answer we cannot read is
+    never taken to mean "no such operation"."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise Transient("provider_answer_malformed") from None
+    if not isinstance(value, dict) or any(not isinstance(value.get(name), list) for name in lists):
+        raise Transient("provider_answer_malformed")
+    return value
 
 
 def _from_history(entry: dict[str, Any]) -> OperationStatus:

@@ -27,7 +27,7 @@ def test_cancel_a_running_job_is_a_request(client, submit, tenant, store: Store)
     key = tenant()
     job_id = submit(key).json["id"]
     claim = store.claim(job_id, worker="w", now_ms=1, lease_ms=10**13, operation_id="op", provider="sim")
-    store.mark_submit(claim, now_ms=2, epoch="e")
+    store.mark_submit(claim, now_ms=2, epoch="e", lease_ms=10**13)
     resp = client.simulate_post(f"/v1/jobs/{job_id}/cancel", headers=auth(key))
     assert resp.status_code == 202
     assert (resp.json["state"], resp.json["cancel_requested"], resp.json["external_effect"]) == (

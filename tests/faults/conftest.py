@@ -39,6 +39,7 @@ class Stack:
             "RECKON_LEASE_SECONDS": "2",
             "RECKON_RECONCILE_INTERVAL_SECONDS": "0.3",
             "RECKON_OUTBOX_GRACE_SECONDS": "1",
+            "RECKON_SUBMIT_SETTLE_SECONDS": "1",
             "PORT": str(self.web_port),
             **env,
         }

@@ -40,9 +40,8 @@ def test_a_worker_whose_clock_runs_a_minute_behind_keeps_its_lease(stack, redis_
 
 
 def test_a_worker_frozen_past_its_lease_is_fenced_out_when_it_wakes(stack, redis_client, store) -> None:
-    stack.env |= {"RECKON_LEASE_SECONDS": "1"}
     auth = setup(stack, redis_client)
-    stack.start_provider(delay=3.0)
+    stack.start_provider(delay=4.0)  # longer than the 2 s lease
     stack.start_web()
     stack.start("frozen", *DRAMATIQ)
     stack.start_sweeper()

@@ -86,7 +86,7 @@ def test_claim_fences_and_only_once(acme: Store) -> None:
     attempts = acme.attempts(first.job_id)
     assert [(a["number"], a["operation_id"], a["state"]) for a in attempts] == [(1, "op-1", "running")]
     assert acme.redis.zscore(TenantKeys("acme").leases, first.job_id) == NOW + 1000
-    assert acme.redis.zcard(TenantKeys("acme").outbox) == 0
+    assert acme.redis.zcard(TenantKeys("acme").outbox) == 1  # until confirmed: that marks the key done
 
 
 def test_stale_generation_cannot_write(acme: Store) -> None:
@@ -140,7 +140,7 @@ def test_finish_needs_all_outputs_and_settles_once(acme: Store) -> None:
 def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Store, charged_before_crash) -> None:
     admit(acme, outputs=2, ceiling=60)
     held = claim(acme)
-    acme.mark_submit(held, now_ms=NOW, epoch="boot-1")
+    acme.mark_submit(held, now_ms=NOW, epoch="boot-1", lease_ms=1000)
     if charged_before_crash:  # the provider had reported its outputs: the cost is known
         acme.charge(held, 20)
     assert acme.begin_reconcile(held.job_id, now_ms=NOW + 2000, reason="lease_expired")

@@ -7,16 +7,23 @@ provider's ledger), exact ledger figures and exact states.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
+import redis
 
 from pipeline import actors, cli
+from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.errors import InvalidRequest, StaleLease
+from pipeline.executor import Executor
 from pipeline.jobs import Admitter
 from pipeline.keys import JobKeys, TenantKeys
 from pipeline.providers import sim as simulated
+from pipeline.providers.comfyui import ComfyUI
+from pipeline.providers.http import HttpTransport
+from pipeline.store import Store
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
 from tests.pipeline.conftest import WORKFLOW
@@ -162,7 +169,7 @@ def test_a_dispatched_job_is_only_marked_obsolete_when_superseded(store, setting
 def test_every_change_of_owner_fences_the_previous_holder(store, admit) -> None:
     job_id = admit()
     worker = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op", provider="sim")
-    store.mark_submit(worker, epoch="e")
+    store.mark_submit(worker, epoch="e", lease_ms=60_000)
     store.begin_reconcile(job_id, reason="unknown_outcome", claim=worker)  # the worker hands over
     rec = store.claim_reconcile(job_id, worker="r1", lease_ms=60_000)
     store.reconcile_later(rec.claim, delay_ms=0)  # the first reconciler lets go
@@ -195,3 +202,91 @@ def test_marking_the_submission_renews_the_lease(store, admit) -> None:
     assert store.job(job_id)["lease_expires"] == "11900"
     assert store.redis.zscore(TenantKeys("acme").leases, job_id) == 11_900
     assert store.begin_reconcile(job_id, reason="lease_expired", now_ms=11_500) is False  # still alive
+
+
+class LateSubmit(ComfyUI):
+    """The first POST /prompt reaches the provider only after our client gave up on it."""
+
+    def __init__(self, server: simulated.SimServer) -> None:
+        super().__init__(HttpTransport(server.url, timeout=1.0), price_per_output=server.sim.price_per_output)
+        self.server = server
+
+    def submit(self, operation_id, workflow, indices) -> None:
+        inject(self.server, {"kind": "latency", "seconds": 2.5, "times": 1})
+        super().submit(operation_id, workflow, indices)
+
+
+def test_no_record_yet_is_not_proof_while_the_submission_may_still_land(store, settings, admit, make_router,
+                                                                         sim) -> None:
+    job_id = admit()
+    executor = Executor(store, LateSubmit(sim), BlobStore(settings.blob_dir),
+                        dataclasses.replace(settings, submit_settle_seconds=5.0))
+    router = make_router(retry_base_seconds=0.0)
+    assert attempt(executor, router, job_id) == "reconcile"  # the POST timed out: unknown outcome
+    assert reconcile(executor, router, job_id) == "reconciled"  # no record yet, but too soon to tell
+    assert store.job(job_id)["state"] == "reconciling"
+    wait_until(lambda: units(sim) == [10])  # the request lands late and runs
+    assert reconcile(executor, router, job_id) == "reconciled"
+    assert store.job(job_id)["state"] == "completed"
+    assert units(sim) == [10]
+    assert balanced(store)["settled"] == 10
+
+
+def test_an_unreadable_queue_answer_is_never_taken_for_no_such_operation(store, admit, make_executor,
+                                                                          make_router) -> None:
+    server = simulated.start(delay=1.0)
+    try:
+        job_id = admit()
+        inject(server, {"kind": "read_error", "path": "/queue", "status": 200, "times": 2})
+        executor, router = make_executor(server), make_router(retry_base_seconds=0.0)
+        assert attempt(executor, router, job_id) == "reconcile"
+        assert reconcile(executor, router, job_id) == "reconciled"
+        wait_until(lambda: reconcile(executor, router, job_id) == "reconciled"
+                   and store.job(job_id)["state"] == "completed", timeout=10)
+        assert units(server) == [10]
+    finally:
+        server.close()
+
+
+def test_an_admission_whose_confirmation_failed_is_confirmed_by_the_sweeper(store, settings, tenant,
+                                                                            make_executor, make_router, sim) -> None:
+    class LosesTheConfirmation(Store):
+        def confirm_published(self, *args, **kwargs) -> None:
+            raise redis.ConnectionError("connection reset after the publish")
+
+    tenant()
+    body = {"kind": "image", "workflow": WORKFLOW, "outputs": 1}
+    first = Admitter(LosesTheConfirmation(store.redis), Publisher(actors.broker), settings).submit("acme", "k", body)
+    assert attempt(make_executor(sim), make_router(), first.job_id) == "done"
+    sweeper(store, settings, ahead=settings.outbox_grace_seconds + 1).sweep_once()
+    again = Admitter(store, Publisher(actors.broker), settings).submit("acme", "k", body)
+    assert (again.status, again.replayed, again.job_id, again.body) == (202, True, first.job_id, first.body)
+
+
+def test_reconciliation_that_keeps_failing_for_any_reason_ends_in_review(store, settings, admit, make_executor,
+                                                                         make_router, sim, tmp_path) -> None:
+    job_id = admit()
+    inject(sim, {"kind": "drop"})
+    assert attempt(make_executor(sim), make_router(), job_id) == "reconcile"
+    (tmp_path / "not-a-dir").write_text("")
+    broken = make_executor(sim, reconcile_interval_seconds=0.0, reconcile_max_seconds=0.5)
+    broken.blobs = BlobStore(tmp_path / "not-a-dir" / "blobs")  # every blob write fails
+    wait_until(lambda: units(sim) == [10])
+    deadline = time.monotonic() + 10
+    while store.job(job_id)["state"] == "reconciling" and time.monotonic() < deadline:
+        assert broken.reconcile(job_id) in (True, False)
+        time.sleep(0.1)
+    job = store.job(job_id)
+    assert (job["state"], job["error_reason"]) == ("needs_review", "reconcile_timed_out")
+    assert units(sim) == [10] and job["charged"] == "10"
+
+
+def test_a_deadline_that_passes_before_the_submission_stops_it(store, admit, make_executor, make_router,
+                                                               sim) -> None:
+    job_id = admit(deadline_s=2)  # the claim sees 2 s left: enough
+    inject(sim, {"kind": "latency", "seconds": 2.5, "times": 1})  # then the epoch read takes 2.5 s
+    assert attempt(make_executor(sim), make_router(), job_id) == "done"
+    job = store.job(job_id)
+    assert (job["state"], job["error_class"], job["submitted"]) == ("failed", "deadline_exceeded", "0")
+    assert units(sim) == []
+    assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 0, "available": 10_000}

@@ -125,9 +125,9 @@ class Jobs(RuleBasedStateMachine):
         job = self.model[claim.job_id]
         if self.holds(claim) and job.get("cancel"):
             with pytest.raises(CancelRequested):
-                self.store.mark_submit(claim, now_ms=self.tick(), epoch="e")
+                self.store.mark_submit(claim, now_ms=self.tick(), epoch="e", lease_ms=1000)
             return
-        if self.fenced(claim, lambda: self.store.mark_submit(claim, now_ms=self.tick(), epoch="e")):
+        if self.fenced(claim, lambda: self.store.mark_submit(claim, now_ms=self.tick(), epoch="e", lease_ms=1000)):
             self.store.charge(claim, job["outputs"] * PRICE)
 
     @rule(claim=claims, index=st.integers(0, 2))

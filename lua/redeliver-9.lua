@@ -8,12 +8,11 @@
 -- is not flooded with copies; a claim resets it. A queued job past its deadline
 -- fails `deadline_exceeded` here instead, settled, never dispatched.
 --
--- KEYS[1] job record (hash)          KEYS[6]  job's event list
--- KEYS[2] index the job waits in     KEYS[7]  tenant's per-state counts (hash)
---         (queued or reconcile zset) KEYS[8]  tenant's done index (zset)
--- KEYS[3] tenant ledger (hash)       KEYS[9]  job's workflow (string)
--- KEYS[4] tenant's outbox (zset)     KEYS[10] wake set (zset)
--- KEYS[5] tenant's dead letters (zset)
+-- KEYS[1] job record (hash)          KEYS[5] job's event list
+-- KEYS[2] index the job waits in     KEYS[6] tenant's per-state counts (hash)
+--         (queued or reconcile zset) KEYS[7] tenant's done index (zset)
+-- KEYS[3] tenant ledger (hash)       KEYS[8] job's workflow (string)
+-- KEYS[4] tenant's dead letters      KEYS[9] wake set (zset)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] job id
@@ -34,13 +33,13 @@ local score = tonumber(redis.call('ZSCORE', KEYS[2], job_id) or now)
 if state == 'queued' then score = score + tonumber(ARGV[4]) end
 if score > now then return {11} end
 if state == 'queued' and tonumber(f[2]) <= now then
-  expire_queued(job, {ledger = KEYS[3], queued = KEYS[2], outbox = KEYS[4], dead = KEYS[5], events = KEYS[6],
-    counts = KEYS[7], done = KEYS[8], workflow = KEYS[9], wake = KEYS[10]}, now, 'deadline_passed_while_queued')
+  expire_queued(job, {ledger = KEYS[3], queued = KEYS[2], dead = KEYS[4], events = KEYS[5], counts = KEYS[6],
+    done = KEYS[7], workflow = KEYS[8], wake = KEYS[9]}, now, 'deadline_passed_while_queued')
   return {14}
 end
 local sends = redis.call('HINCRBY', job, 'sends', 1)
 local window = tonumber(ARGV[4]) * 2 ^ math.min(sends - 1, 5)
 if state == 'queued' then window = window * 2 - tonumber(ARGV[4]) end
 redis.call('ZADD', KEYS[2], now + window, job_id)
-wake(KEYS[10], job, now + tonumber(ARGV[4]))
+wake(KEYS[9], job, now + tonumber(ARGV[4]))
 return {0, sends}

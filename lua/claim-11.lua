@@ -8,12 +8,12 @@
 -- is ever called. A job with too little time left before its deadline is not
 -- run: it fails `deadline_exceeded`, settled, its reservation released.
 --
--- KEYS[1] job record (hash)          KEYS[7]  tenant's per-state counts (hash)
--- KEYS[2] tenant's leases (zset)     KEYS[8]  tenant ledger (hash)
--- KEYS[3] tenant's queued (zset)     KEYS[9]  tenant's dead letters (zset)
--- KEYS[4] tenant's outbox (zset)     KEYS[10] tenant's done index (zset)
--- KEYS[5] job's attempts (hash)      KEYS[11] job's workflow (string)
--- KEYS[6] job's event list           KEYS[12] wake set (zset)
+-- KEYS[1] job record (hash)          KEYS[7]  tenant ledger (hash)
+-- KEYS[2] tenant's leases (zset)     KEYS[8]  tenant's dead letters (zset)
+-- KEYS[3] tenant's queued (zset)     KEYS[9]  tenant's done index (zset)
+-- KEYS[4] job's attempts (hash)      KEYS[10] job's workflow (string)
+-- KEYS[5] job's event list           KEYS[11] wake set (zset)
+-- KEYS[6] tenant's per-state counts (hash)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)   ARGV[4] provider operation id
 -- ARGV[2] worker id                      ARGV[5] provider name
@@ -28,8 +28,8 @@ local f = redis.call('HMGET', job, 'state', 'id', 'deadline')
 if not f[1] then return {7} end
 if f[1] ~= 'queued' then return {8, f[1]} end
 if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
-  expire_queued(job, {ledger = KEYS[8], queued = KEYS[3], outbox = KEYS[4], dead = KEYS[9], events = KEYS[6],
-    counts = KEYS[7], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12]}, now, 'deadline_passed_while_queued')
+  expire_queued(job, {ledger = KEYS[7], queued = KEYS[3], dead = KEYS[8], events = KEYS[5], counts = KEYS[6],
+    done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'deadline_passed_while_queued')
   return {14}
 end
 
@@ -38,14 +38,14 @@ local expires = now + tonumber(ARGV[3])
 local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
 local n = redis.call('HINCRBY', job, 'attempt_count', 1)
 redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0,
-  'operation_id', ARGV[4], 'provider', ARGV[5], 'submitted', 0, 'submit_epoch', '', 'attempt_charged', 0)
+  'operation_id', ARGV[4], 'provider', ARGV[5], 'submitted', 0, 'submit_epoch', '', 'submitted_at', 0,
+  'attempt_charged', 0)
 redis.call('ZADD', KEYS[2], expires, job_id)
-wake(KEYS[12], job, expires)
+wake(KEYS[11], job, expires)
 redis.call('ZREM', KEYS[3], job_id)
-redis.call('ZREM', KEYS[4], job_id)
-redis.call('HSET', KEYS[5], n, cjson.encode({
+redis.call('HSET', KEYS[4], n, cjson.encode({
   number = n, worker = ARGV[2], generation = gen, provider = ARGV[5],
   operation_id = ARGV[4], state = 'running', started_at = now,
   submitted_at = cjson.null, ended_at = cjson.null, error_class = cjson.null}))
-move(job, KEYS[7], KEYS[6], now, 'queued', 'running', 'claimed')
+move(job, KEYS[6], KEYS[5], now, 'queued', 'running', 'claimed')
 return {0, gen, n, now}

@@ -9,12 +9,11 @@
 -- outcome is known. Cancelling again changes nothing. `external_effect` says
 -- whether a provider execution may already have happened: none, possible or occurred.
 --
--- KEYS[1] job record (hash)          KEYS[7]  tenant's per-state counts (hash)
--- KEYS[2] tenant ledger (hash)       KEYS[8]  tenant's review index (zset)
--- KEYS[3] tenant's queued (zset)     KEYS[9]  tenant's done index (zset)
--- KEYS[4] tenant's retry index       KEYS[10] job's workflow (string)
--- KEYS[5] tenant's outbox (zset)     KEYS[11] wake set (zset)
--- KEYS[6] job's event list
+-- KEYS[1] job record (hash)          KEYS[6]  tenant's per-state counts (hash)
+-- KEYS[2] tenant ledger (hash)       KEYS[7]  tenant's review index (zset)
+-- KEYS[3] tenant's queued (zset)     KEYS[8]  tenant's done index (zset)
+-- KEYS[4] tenant's retry index       KEYS[9]  job's workflow (string)
+-- KEYS[5] job's event list           KEYS[10] wake set (zset)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 --
@@ -26,16 +25,16 @@ if not f[1] then return {7} end
 local state = f[1]
 local effect = external_effect(job)
 if state == 'queued' or state == 'retry_wait' or state == 'needs_review' then
-  redis.call('ZREM', KEYS[8], f[2])
+  redis.call('ZREM', KEYS[7], f[2])
   redis.call('HSET', job, 'cancel_requested', 1, 'external_effect', effect)
-  end_waiting(job, {ledger = KEYS[2], queued = KEYS[3], retry = KEYS[4], outbox = KEYS[5], events = KEYS[6],
-    counts = KEYS[7], done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, state, 'cancelled', 'cancelled')
+  end_waiting(job, {ledger = KEYS[2], queued = KEYS[3], retry = KEYS[4], events = KEYS[5], counts = KEYS[6],
+    done = KEYS[8], workflow = KEYS[9], wake = KEYS[10]}, now, state, 'cancelled', 'cancelled')
   return {0, 'cancelled', effect}
 end
 if state == 'running' or state == 'reconciling' then
   if redis.call('HGET', job, 'cancel_requested') ~= '1' then
     redis.call('HSET', job, 'cancel_requested', 1, 'external_effect', effect)
-    append_event(job, KEYS[6], now, state, state, 'cancel_requested')
+    append_event(job, KEYS[5], now, state, state, 'cancel_requested')
   end
   return {0, state, effect}
 end
