@@ -16,6 +16,7 @@ import argparse
 import http.client
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -498,7 +499,7 @@ def parse_args() -> argparse.Namespace:
                    "jobs (redelivery windows reach 32 x RECKON_OUTBOX_GRACE_SECONDS), 3x for running/reconciling")
     p.add_argument("--no-chaos", action="store_true", help="provider faults only: no process is killed")
     p.add_argument("--short", action="store_true", help="300 jobs, less chaos (the test suite's run)")
-    p.add_argument("--workdir", help="redis dir, blobs and logs (default: a new temp dir)")
+    p.add_argument("--workdir", help="redis dir, blobs and logs (default: a temp dir, removed if every check passes)")
     p.add_argument("--env", action="append", default=[], help="extra KEY=VALUE for every process")
     p.add_argument("--json", help="write the report here")
     opts = p.parse_args()
@@ -514,6 +515,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     opts = parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM, like Ctrl-C, stops the stack first
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
     rng = random.Random(opts.seed)
     stack = Stack(Path(opts.workdir or tempfile.mkdtemp(prefix="reckon-soak-")), opts)
     try:
@@ -524,6 +526,8 @@ def main() -> int:
     if opts.json:
         Path(opts.json).write_bytes(orjson.dumps(rep, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
     print(checks.summary(rep), flush=True)
+    if rep["ok"] and not opts.workdir:
+        shutil.rmtree(stack.work, ignore_errors=True)  # kept on failure: AOF, blobs and every process's log
     return 0 if rep["ok"] else 1
 
 
