@@ -93,6 +93,13 @@ class NotExecuted(Transient):
     error_class = "not_executed"
 
 
+class PossibleDuplicate(Transient):
+    """The outcome was unknowable and the policy (the duplicate-cost allowance) retried it anyway,
+    paying for the unknown attempt as if it ran: a possible duplicate, visible as such."""
+
+    error_class = "possible_duplicate"
+
+
 class UnknownOutcome(ProviderError):
     """The request may have been accepted: only the provider can say what happened."""
 

@@ -27,6 +27,7 @@ from .errors import (
     IncompleteOutputs,
     NotExecuted,
     OperationFailed,
+    PossibleDuplicate,
     ProviderError,
     StaleLease,
     UnknownOutcome,
@@ -233,5 +234,5 @@ class Executor:
         allowance = self.settings.duplicate_cost_allowance
         if 0 < allowance and uncertain <= allowance:
             self.store.resolve_uncertain(claim, executed=True)  # paid as if it ran: a possible duplicate
-            raise AttemptFailed(claim, NotExecuted("unknowable_retried_within_allowance"))
+            raise AttemptFailed(claim, PossibleDuplicate("unknowable_retried_within_allowance"))
         self._review(claim, "outcome_unknowable")

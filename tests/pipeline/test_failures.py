@@ -291,7 +291,9 @@ def test_unknowable_outcome_within_the_duplicate_allowance_is_retried_and_paid(
         wait_until(lambda: units(server) == [10])
         server.sim.restart()
         assert reconcile(executor, router, job_id) == "retry"
-        assert store.job(job_id)["charged"] == "10"  # the possible duplicate is paid for, not hidden
+        job = store.job(job_id)
+        assert (job["charged"], job["error_class"]) == ("10", "possible_duplicate")  # paid for, and said so
+        assert [a["error_class"] for a in store.attempts(job_id)] == ["possible_duplicate"]
         assert sweep(store, settings)["retries_promoted"] == 1
         assert attempt(executor, router, job_id) == "done"
     finally:
