@@ -42,7 +42,7 @@ def snapshot(client: Client, tenant: str) -> tuple[dict[str, int], list[dict[str
                     pipe.hmget(JobKeys(job_id).record, *MONEY)
                 ledger, *rows = pipe.execute()
                 return ({k: int(v) for k, v in ledger.items()},
-                        [{k: int(v or 0) for k, v in zip(MONEY, row)} for row in rows])
+                        [{k: int(v or 0) for k, v in zip(MONEY, row, strict=True)} for row in rows])
             except redis.WatchError:
                 continue
 
@@ -240,7 +240,7 @@ def stalled(jobs: dict[str, dict[str, Any]], margin_s: float, limits: dict[str, 
     for rows in stints.values():
         rows.sort()
         soonest, best = [], (float("inf"), "")
-        for entered, left, job_id in reversed(rows):  # soonest[i]: earliest exit among stints entered at i or later
+        for _entered, left, job_id in reversed(rows):  # soonest[i]: earliest exit among stints entered at i or later
             best = min(best, (left, job_id))
             soonest.append(best)
         soonest.reverse()

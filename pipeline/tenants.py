@@ -12,7 +12,6 @@ from . import keys
 from .errors import ReckonError
 from .keys import TenantKeys
 
-
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 

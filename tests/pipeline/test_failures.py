@@ -191,16 +191,21 @@ def test_partial_outputs_survive_and_only_missing_ones_are_asked_for(
     assert balanced(store)["settled"] == 30
 
 
+def lost_in_a_restart(executor, router, job_id: str, server: simulated.SimServer) -> None:
+    """The answer to the submission is lost, the prompt runs (charged), then the provider
+    restarts and forgets it: reconciliation cannot know what happened."""
+    inject(server, {"kind": "drop"})
+    assert attempt(executor, router, job_id) == "reconcile"
+    wait_until(lambda: units(server) == [10])
+    server.sim.restart()
+    assert reconcile(executor, router, job_id) == "reconciled"
+
+
 def test_restarted_provider_leaves_the_outcome_to_review(store, admit, make_executor, make_router, capsys) -> None:
     server = simulated.start(delay=0.2)
     try:
         job_id = admit()
-        inject(server, {"kind": "drop"})
-        executor, router = make_executor(server), make_router()
-        assert attempt(executor, router, job_id) == "reconcile"
-        wait_until(lambda: units(server) == [10])
-        server.sim.restart()  # history lost: ran and charged, but nobody can tell us
-        assert reconcile(executor, router, job_id) == "reconciled"
+        lost_in_a_restart(make_executor(server), make_router(), job_id, server)
     finally:
         server.close()
     job = store.job(job_id)

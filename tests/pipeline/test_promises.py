@@ -27,7 +27,7 @@ from pipeline.store import Store
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
 from tests.pipeline.conftest import WORKFLOW
-from tests.pipeline.test_failures import attempt, balanced, inject, reconcile, units
+from tests.pipeline.test_failures import attempt, balanced, inject, lost_in_a_restart, reconcile, units
 
 RECONCILE_QUEUE = "dramatiq:reckon-reconcile"
 
@@ -97,12 +97,7 @@ def test_cancel_of_a_job_under_review_ends_it_and_no_operator_can_run_it_again(s
     server = simulated.start(delay=0.2)
     try:
         job_id = admit()
-        inject(server, {"kind": "drop"})
-        executor, router = make_executor(server), make_router()
-        assert attempt(executor, router, job_id) == "reconcile"
-        wait_until(lambda: units(server) == [10])
-        server.sim.restart()
-        assert reconcile(executor, router, job_id) == "reconciled"
+        lost_in_a_restart(make_executor(server), make_router(), job_id, server)
         assert store.job(job_id)["state"] == "needs_review"
         assert store.cancel(job_id) == ("cancelled", "possible")
         assert cli.main(["review", "resolve", job_id, "--retry"], store=store) == 1
