@@ -43,6 +43,6 @@ end_attempt(job, KEYS[4], now, 'unknown', ARGV[4])
 release(job, KEYS[3], f[4])
 redis.call('ZADD', KEYS[7], now + tonumber(ARGV[3]), f[4])
 wake(KEYS[9], job, now + tonumber(ARGV[3]))
-redis.call('HSET', job, 'reconcile_since', now, 'sends', 0)
+redis.call('HSET', job, 'reconcile_since', now, 'reconcile_claims', 0, 'sends', 0)
 move(job, KEYS[6], KEYS[5], now, 'running', 'reconciling', ARGV[4])
 return {0, held}

@@ -16,7 +16,8 @@
 -- ARGV[3] lease length (ms)
 --
 -- Returns {0 OK, generation, operation id, submitted (0|1), provider epoch at submit,
---   attempt number, now (ms), reconciling since (ms), submitted at (ms, 0 if never)}
+--   attempt number, now (ms), reconciling since (ms), submitted at (ms, 0 if never),
+--   reconcile claims so far (this one included)}
 --   | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
 
 local job, now = KEYS[1], clock(ARGV[1])
@@ -27,8 +28,9 @@ if f[1] ~= 'reconciling' or tonumber(f[2] or '0') > now then return {8, f[1]} en
 local expires = now + tonumber(ARGV[3])
 local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
 redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0)
+local claims = redis.call('HINCRBY', job, 'reconcile_claims', 1)
 redis.call('ZADD', KEYS[2], expires, f[3])
 redis.call('ZADD', KEYS[3], expires, f[3])
 wake(KEYS[4], job, expires)
 return {0, gen, f[4] or '', tonumber(f[5] or '0'), f[6] or '', tonumber(f[7] or '0'), now,
-  tonumber(f[8] or tostring(now)), tonumber(f[9] or '0')}
+  tonumber(f[8] or tostring(now)), tonumber(f[9] or '0'), claims}

@@ -37,6 +37,9 @@ from .settings import Settings
 from .store import Claim, Reconcile, Store
 
 log = logging.getLogger(__name__)
+#: Reconcile claims of one job after which, once past its age limit, it goes to review without
+#: asking again (each earlier try died before it could end: a crash loop, not a slow provider).
+MAX_RECONCILE_CLAIMS = 20
 
 
 def worker_name() -> str:
@@ -127,13 +130,14 @@ class Executor:
         missing = [index for index in range(int(job["outputs_requested"])) if index not in stored]
         if not missing:
             return
+        workflow = self.store.workflow(claim.job_id)  # read before the mark: nothing slow may follow it
         epoch = self.provider.epoch()
         marked = time.monotonic()
         self.store.mark_submit(claim, epoch=epoch, lease_ms=self.lease_ms,  # renews the lease from `marked`
                                min_attempt_ms=int(self.settings.min_attempt_seconds * 1000))
         if (time.monotonic() - marked) * 1000 >= self.lease_ms / 2:  # frozen since: the lease may be gone
             raise UnknownOutcome("submission_window_passed")
-        self.provider.submit(claim.operation_id, self.store.workflow(claim.job_id), missing)
+        self.provider.submit(claim.operation_id, workflow, missing)
         faultpoints.reached("after_submit")
         deadline = time.monotonic() + (int(job["deadline"]) - claim.claimed_ms) / 1000
         try:
@@ -175,8 +179,8 @@ class Executor:
         rec = self.store.claim_reconcile(job_id, worker=worker or worker_name(), lease_ms=self.lease_ms)
         if rec is None:
             return False
-        if rec.claim.claimed_ms - rec.since_ms >= self.settings.reconcile_max_seconds * 1000:
-            self._review(rec.claim, "reconcile_timed_out")  # however the earlier tries ended
+        if rec.claims > MAX_RECONCILE_CLAIMS and self._too_old(rec):
+            self._review(rec.claim, "reconcile_timed_out")  # every try died before it could end
             return True
         with Heartbeat(self.store, rec.claim, lease_ms=self.lease_ms) as heartbeat:
             try:
@@ -211,10 +215,13 @@ class Executor:
         except IncompleteOutputs:  # it ran but did not make them all: retry the missing ones
             raise AttemptFailed(claim, OperationFailed(status.error or "provider_outputs_missing")) from None
 
+    def _too_old(self, rec: Reconcile) -> bool:
+        return rec.claim.claimed_ms - rec.since_ms >= self.settings.reconcile_max_seconds * 1000
+
     def _later(self, rec: Reconcile) -> None:
         """Ask again after the interval, or hand the job to an operator once reconciliation
         has gone on longer than ``reconcile_max_seconds`` (no livelock, no silent loss)."""
-        if rec.claim.claimed_ms - rec.since_ms >= self.settings.reconcile_max_seconds * 1000:
+        if self._too_old(rec):
             return self._review(rec.claim, "reconcile_timed_out")
         self.store.reconcile_later(rec.claim, delay_ms=int(self.settings.reconcile_interval_seconds * 1000))
 
@@ -226,7 +233,8 @@ class Executor:
         has not restarted since we submitted (same epoch); otherwise the policy decides."""
         claim = rec.claim
         if rec.epoch and epoch == rec.epoch:
-            if claim.claimed_ms - rec.submitted_ms < self.settings.submit_settle_seconds * 1000:
+            submitted = rec.submitted_ms or rec.since_ms  # a record without the time: the latest it can be
+            if claim.claimed_ms - submitted < self.settings.submit_settle_seconds * 1000:
                 return self._later(rec)  # the request may still be on its way to the provider
             self.store.resolve_uncertain(claim, executed=False)
             raise AttemptFailed(claim, NotExecuted("not_found_same_epoch"))

@@ -44,8 +44,10 @@ DEFAULT_AUTH_RECHECK_SECONDS = 30.0
 #: How often a reconciling job asks the provider again while the provider is still working.
 DEFAULT_RECONCILE_INTERVAL_SECONDS = 5.0
 #: "No record of the operation, same provider epoch" proves non-execution only once the
-#: submission is this old: a request still in transit (a timed-out POST) may land later.
-DEFAULT_SUBMIT_SETTLE_SECONDS = 30.0
+#: submission is this old: a request still in transit (a timed-out POST) may land later. The
+#: bytes leave at most half a lease (15 s) plus the connect timeout (10 s) after the mark, so
+#: the proof assumes the provider enqueues what it received within the rest of this.
+DEFAULT_SUBMIT_SETTLE_SECONDS = 60.0
 #: A job still reconciling after this long (the provider keeps failing to answer, or lost
 #: its outputs) goes to needs_review instead of asking forever.
 DEFAULT_RECONCILE_MAX_SECONDS = 2 * 3600

@@ -18,9 +18,15 @@ def _outputs(raw: dict[str, str]) -> dict[int, dict[str, Any]]:
     return {int(index): orjson.loads(value) for index, value in sorted(raw.items(), key=lambda kv: int(kv[0]))}
 
 
+#: No Redis call waits longer than this (s): a worker cut off from Redis must not resume a step
+#: minutes later on a decision it made before (every script runs in milliseconds).
+SOCKET_TIMEOUT_S = 10.0
+
+
 def connect(url: str) -> redis.Redis:
     """A client for reckon's state database (text replies, hiredis parser when installed)."""
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
+                                socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class Reconcile:
     since_ms: int = 0
     #: When the unknown attempt was marked as submitted, on Redis's clock (ms; 0: never).
     submitted_ms: int = 0
+    #: Reconcile claims of this reconciliation so far, this one included.
+    claims: int = 1
 
 
 def _at(now_ms: int | None) -> int | str:
@@ -206,7 +214,7 @@ class Store:
         if Code(reply[0]) is not Code.OK:
             return None
         claim = Claim(job_id, int(reply[1]), int(reply[5]), reply[2], int(reply[6]))
-        return Reconcile(claim, bool(reply[3]), reply[4], int(reply[7]), int(reply[8]))
+        return Reconcile(claim, bool(reply[3]), reply[4], int(reply[7]), int(reply[8]), int(reply[9]))
 
     def resolve_uncertain(self, claim: Claim, *, executed: bool) -> int:
         j = JobKeys(claim.job_id)

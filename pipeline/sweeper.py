@@ -63,6 +63,8 @@ class Sweeper:
         for tenant in tenants:
             try:
                 self._visit(TenantKeys(tenant), now, blocked, done)
+            except Exception:  # one tenant's failure must not hold up the others
+                log.exception("sweep of tenant %s failed; it is visited again next pass", tenant)
             finally:
                 self.store.rearm(tenant, window_ms=self.window_ms, retention_ms=self.retention_ms)
         return +done  # only the steps that moved something

@@ -25,6 +25,7 @@ from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
 from pipeline.store import Store
 from pipeline.sweeper import Sweeper
+from pipeline.tenants import create_tenant
 from tests.conftest import wait_until
 from tests.pipeline.conftest import WORKFLOW
 from tests.pipeline.test_failures import attempt, balanced, inject, lost_in_a_restart, reconcile, units
@@ -285,3 +286,63 @@ def test_a_deadline_that_passes_before_the_submission_stops_it(store, admit, mak
     assert (job["state"], job["error_class"], job["submitted"]) == ("failed", "deadline_exceeded", "0")
     assert units(sim) == []
     assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 0, "available": 10_000}
+
+
+def test_a_late_first_reconciliation_still_asks_the_provider_and_books_the_charge(store, admit, make_executor,
+                                                                                  make_router, sim) -> None:
+    job_id = admit()
+    inject(sim, {"kind": "drop"})
+    late = make_executor(sim, reconcile_max_seconds=0.0)  # every reconciliation is "too old" already
+    assert attempt(late, make_router(), job_id) == "reconcile"
+    wait_until(lambda: units(sim) == [10])
+    assert reconcile(late, make_router(), job_id) == "reconciled"
+    job = store.job(job_id)
+    assert (job["state"], job["settled"], job["uncertain"]) == ("completed", "10", "0")
+
+
+def test_a_submission_time_missing_from_the_record_is_not_taken_as_long_ago(store, settings, admit,
+                                                                            make_executor, make_router, sim) -> None:
+    job_id = admit()
+    inject(sim, {"kind": "error_before"})  # refused, but the POST's 5xx leaves the outcome unknown
+    executor = make_executor(sim, submit_settle_seconds=30.0)
+    assert attempt(executor, make_router(), job_id) == "reconcile"
+    store.redis.hdel(JobKeys(job_id).record, "submitted_at")  # a record written before the field existed
+    assert reconcile(executor, make_router(), job_id) == "reconciled"
+    assert store.job(job_id)["state"] == "reconciling"  # too soon after reconciliation began to call it proof
+    assert units(sim) == []
+
+
+def test_the_workflow_is_read_before_the_submission_is_marked(store, settings, admit, make_executor, sim) -> None:
+    calls: list[str] = []
+
+    class Recording(Store):
+        def workflow(self, job_id):
+            calls.append("workflow")
+            return super().workflow(job_id)
+
+        def mark_submit(self, *args, **kwargs):
+            calls.append("mark_submit")
+            return super().mark_submit(*args, **kwargs)
+
+    job_id = admit()
+    executor = make_executor(sim)
+    executor.store = Recording(store.redis)
+    assert executor.run(job_id) is True
+    assert calls == ["workflow", "mark_submit"]  # nothing that can wait on Redis between mark and send
+
+
+def test_one_tenant_whose_visit_fails_does_not_hold_up_the_others(store, settings, tenant, monkeypatch) -> None:
+    for name in ("aaa", "bbb"):
+        create_tenant(store.redis, name, 1_000)
+        job_id = Admitter(store, lambda *_: None, settings).submit(name, "k", {"kind": "image", "workflow": WORKFLOW,
+                                                                              "outputs": 1}).job_id
+        assert store.claim(job_id, worker="w", lease_ms=1_000, operation_id="op", provider="sim") is not None
+    visit = Sweeper._visit
+
+    def failing(self, t, *args):
+        if t.name == "aaa":
+            raise redis.ResponseError("this tenant's visit fails")
+        return visit(self, t, *args)
+
+    monkeypatch.setattr(Sweeper, "_visit", failing)
+    assert sweeper(store, settings, ahead=5).sweep_once()["leases_expired"] == 1  # bbb's, in the same pass
