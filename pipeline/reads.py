@@ -1,0 +1,86 @@
+"""Reads of reckon's Redis state (no script, no write): the mixin ``Store`` inherits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from . import keys
+from .errors import UnknownTenant
+from .keys import JobKeys, TenantKeys
+
+
+def _outputs(raw: dict[str, str]) -> dict[int, dict[str, Any]]:
+    return {int(index): orjson.loads(value) for index, value in sorted(raw.items(), key=lambda kv: int(kv[0]))}
+
+
+class Reads:
+    """Plain reads; ``redis`` is the client of reckon's state database (text replies)."""
+
+    redis: Any
+
+    def job(self, job_id: str) -> dict[str, str] | None:
+        record = self.redis.hgetall(JobKeys(job_id).record)
+        return record or None
+
+    def outputs(self, job_id: str) -> dict[int, dict[str, Any]]:
+        return _outputs(self.redis.hgetall(JobKeys(job_id).outputs))
+
+    def jobs_with_outputs(self, job_ids: list[str]) -> list[tuple[dict[str, str], dict[int, dict[str, Any]]]]:
+        """(record, outputs) of each existing job, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(JobKeys(job_id).record)
+            pipe.hgetall(JobKeys(job_id).outputs)
+        replies = pipe.execute()
+        pairs = zip(replies[::2], replies[1::2], strict=True)
+        return [(record, _outputs(outputs)) for record, outputs in pairs if record]
+
+    def workflow(self, job_id: str) -> Any:
+        """The job's workflow (decoded); None once the job has ended (it is dropped then)."""
+        raw = self.redis.get(JobKeys(job_id).workflow)
+        return None if raw is None else orjson.loads(raw)
+
+    def referenced_blobs(self) -> set[str]:
+        """The sha256 of every output any job still on record holds (one round trip per tenant)."""
+        digests: set[str] = set()
+        for tenant in self.tenants():
+            job_ids = self.redis.zrange(TenantKeys(tenant).jobs, 0, -1)
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hvals(JobKeys(job_id).outputs)
+            for values in pipe.execute():
+                digests.update(orjson.loads(value)["sha256"] for value in values)
+        return digests
+
+    def attempts(self, job_id: str) -> list[dict[str, Any]]:
+        raw = self.redis.hgetall(JobKeys(job_id).attempts)
+        return [orjson.loads(raw[n]) for n in sorted(raw, key=int)]
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        return [orjson.loads(item) for item in self.redis.lrange(JobKeys(job_id).events, 0, -1)]
+
+    def index(self, key: str, *, until_ms: float = float("inf"), limit: int = 500) -> list[str]:
+        """Job ids in a sorted-set index scored up to ``until_ms`` (due first)."""
+        return self.redis.zrangebyscore(key, "-inf", until_ms, start=0, num=limit)
+
+    def ledger(self, tenant: str) -> dict[str, int]:
+        raw = self.redis.hgetall(TenantKeys(tenant).ledger)
+        if not raw:
+            raise UnknownTenant(tenant)
+        figures = {name: int(raw.get(name, 0)) for name in ("allowance", "reserved", "uncertain", "settled")}
+        figures["available"] = figures["allowance"] - figures["reserved"] - figures["uncertain"] - figures["settled"]
+        return figures
+
+    def job_page(self, tenant: str, *, before: int | None, limit: int) -> list[tuple[str, int]]:
+        """Up to ``limit`` (job id, sequence) pairs, newest first, older than sequence ``before``."""
+        top = f"({before}" if before is not None else "+inf"
+        rows = self.redis.zrevrangebyscore(TenantKeys(tenant).jobs, top, "-inf", start=0, num=limit, withscores=True)
+        return [(job_id, int(score)) for job_id, score in rows]
+
+    def tenants(self) -> list[str]:
+        return sorted(self.redis.smembers(keys.TENANTS))
+
+    def state_counts(self, tenant: str) -> dict[str, int]:
+        return {state: int(n) for state, n in self.redis.hgetall(TenantKeys(tenant).counts).items()}
