@@ -8,6 +8,9 @@
 -- (queued, retry_wait), otherwise only marked obsolete; an unknown older job
 -- refuses the admission and writes nothing. The workflow is kept in a key of
 -- its own, so the record stays small and the workflow can go when the job ends.
+-- The idempotency record keeps no response body: the first response is rebuilt
+-- from the job's fields that never change (id, kind, priority, outputs, ceiling,
+-- deadline_s, created_at), so a replay is the same bytes.
 --
 -- KEYS[1] idempotency record (hash)      KEYS[9]  superseded job's record (hash; the new
 -- KEYS[2] tenant ledger (hash)                    job's own when nothing is superseded)
@@ -18,25 +21,24 @@
 -- KEYS[7] job's event list               KEYS[14] superseded job's workflow (likewise)
 -- KEYS[8] tenant's per-state counts      KEYS[15] wake set (zset: tenant -> when work is due)
 --
--- ARGV[1] now (ms; '' = Redis's clock)   ARGV[7]  job record (JSON object of strings)
--- ARGV[2] new job id                     ARGV[8]  first response body (JSON text)
--- ARGV[3] request fingerprint (hex)      ARGV[9]  first response status (HTTP code)
--- ARGV[4] cost ceiling (cost units)      ARGV[10] id of the superseded job ('' for none)
--- ARGV[5] idempotency retention (s)      ARGV[11] workflow (JSON text)
--- ARGV[6] delay before the outbox republishes (ms)
+-- ARGV[1] now (ms; '' = Redis's clock)   ARGV[6] delay before the outbox republishes (ms)
+-- ARGV[2] new job id                     ARGV[7] job record (JSON object of strings)
+-- ARGV[3] request fingerprint (hex)      ARGV[8] first response status (HTTP code)
+-- ARGV[4] cost ceiling (cost units)      ARGV[9] id of the superseded job ('' for none)
+-- ARGV[5] idempotency retention (s)      ARGV[10] workflow (JSON text)
 --
--- Returns {1 CREATED, job_id} | {2 REPLAYED, job_id, status, body}
+-- Returns {1 CREATED, job_id} | {2 REPLAYED, job_id, status}
 --   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
 --   | {5 INSUFFICIENT_ALLOWANCE, available, ceiling} | {6 UNKNOWN_TENANT} | {7 NOT_FOUND}
 
 local now, job_id, fingerprint = clock(ARGV[1]), ARGV[2], ARGV[3]
 local ceiling = tonumber(ARGV[4])
 
-local seen = redis.call('HMGET', KEYS[1], 'fingerprint', 'job_id', 'state', 'status', 'body')
+local seen = redis.call('HMGET', KEYS[1], 'fingerprint', 'job_id', 'state', 'status')
 if seen[1] then
   if seen[1] ~= fingerprint then return {4, seen[2]} end
   if seen[3] ~= 'done' then return {3, seen[2]} end
-  return {2, seen[2], tonumber(seen[4]), seen[5]}
+  return {2, seen[2], tonumber(seen[4])}
 end
 
 local ledger = redis.call('HMGET', KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
@@ -45,7 +47,7 @@ local available = tonumber(ledger[1]) - tonumber(ledger[2] or '0')
   - tonumber(ledger[3] or '0') - tonumber(ledger[4] or '0')
 if ceiling > available then return {5, available, ceiling} end
 local older = ''
-if ARGV[10] ~= '' then
+if ARGV[9] ~= '' then
   older = redis.call('HGET', KEYS[9], 'state')
   if not older then return {7} end
 end
@@ -58,14 +60,13 @@ for field, value in pairs(cjson.decode(ARGV[7])) do
   fields[#fields + 1] = value
 end
 redis.call('HSET', KEYS[3], 'seq', seq, unpack(fields))
-redis.call('SET', KEYS[12], ARGV[11])
+redis.call('SET', KEYS[12], ARGV[10])
 redis.call('ZADD', KEYS[4], seq, job_id)
 redis.call('ZADD', KEYS[5], now, job_id)
 redis.call('ZADD', KEYS[6], now + tonumber(ARGV[6]), job_id)
 wake(KEYS[15], KEYS[3], now + tonumber(ARGV[6]))
 move(KEYS[3], KEYS[8], KEYS[7], now, '', 'queued', 'admitted')
-redis.call('HSET', KEYS[1], 'fingerprint', fingerprint, 'job_id', job_id, 'state', 'pending',
-  'status', ARGV[9], 'body', ARGV[8])
+redis.call('HSET', KEYS[1], 'fingerprint', fingerprint, 'job_id', job_id, 'state', 'pending', 'status', ARGV[8])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 
 if older == 'queued' or older == 'retry_wait' then

@@ -55,7 +55,7 @@ def measure(jobs: int, workflow_bytes: int, tenants: int) -> dict[str, float]:
         try:
             store = Store(connect(f"redis://127.0.0.1:{port}/0"))
             wait_for(lambda: store.redis.ping())
-            settings = dataclasses.replace(Settings(), retention_seconds=3600)
+            settings = dataclasses.replace(Settings(), retention_seconds=3600, idempotency_ttl_seconds=3600)
             for t in range(tenants):
                 create_tenant(store.redis, f"t{t}", 10**12)
             admitter = Admitter(store, lambda job_id, priority: None, settings)

@@ -15,7 +15,7 @@ from . import faultpoints, keys
 from .errors import IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest
 from .scripts import Code
 from .settings import Settings
-from .store import Store
+from .store import Admission, Store
 
 log = logging.getLogger(__name__)
 
@@ -181,16 +181,16 @@ class Admitter:
             "deadline": now_ms + request.deadline_s * 1000, "created_at": now_ms, "updated_at": now_ms,
             "idem_key": idem_key, "supersedes": request.supersedes or "",
         }
-        first = orjson.dumps(job_view(record, {}))
+        first = first_response(record)
         admission = self.store.admit(
             tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,
-            fields={k: str(v) for k, v in record.items()}, workflow=orjson.dumps(request.workflow), body=first,
+            fields={k: str(v) for k, v in record.items()}, workflow=orjson.dumps(request.workflow),
             status=202, now_ms=now_ms,
             idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
             outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000),
         )
         if admission.code is Code.REPLAYED:
-            return Submitted(admission.job_id, admission.status, admission.body.encode(), True)
+            return self._replay(admission)
         if admission.code is Code.IN_PROGRESS:
             raise IdempotencyConflict(admission.job_id)
         if admission.code is Code.FINGERPRINT_MISMATCH:
@@ -204,6 +204,28 @@ class Admitter:
         except Exception:  # the job is admitted and in the outbox: the sweeper publishes it
             log.warning("job %s admitted; publishing left to the sweeper", job_id, exc_info=True)
         return Submitted(job_id, 202, first, False)
+
+    def _replay(self, admission: Admission) -> Submitted:
+        """The first response again, rebuilt from the job's admission fields (never changed since)."""
+        record = self.store.job(admission.job_id)
+        if record is None:  # purged: impossible while retention outlasts idempotency records
+            raise IdempotencyConflict(admission.job_id)
+        return Submitted(admission.job_id, admission.status, first_response(record), True)
+
+
+#: The fields of a job that never change after admission: enough to rebuild its first response.
+ADMISSION_FIELDS = ("id", "kind", "priority", "outputs_requested", "ceiling", "deadline_s", "created_at")
+
+
+def first_response(record: dict[str, Any]) -> bytes:
+    """The 202 body of the job's admission, from fields that never change: the same bytes
+    however often, and whenever, it is rebuilt (the idempotency record stores no body)."""
+    admitted = {name: record[name] for name in ADMISSION_FIELDS}
+    created = int(admitted["created_at"])
+    admitted |= {"state": State.QUEUED.value, "attempt_count": 0, "reserved": admitted["ceiling"], "charged": 0,
+                 "uncertain": 0, "settled": 0, "updated_at": created,
+                 "deadline": created + int(admitted["deadline_s"]) * 1000}
+    return orjson.dumps(job_view(admitted, {}))
 
 
 def iso(ms: int | str | None) -> str | None:

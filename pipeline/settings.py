@@ -90,6 +90,11 @@ class Settings:
     duplicate_cost_allowance: int = DEFAULT_DUPLICATE_COST_ALLOWANCE
     retention_seconds: int = DEFAULT_RETENTION_SECONDS
 
+    def __post_init__(self) -> None:
+        if self.retention_seconds < self.idempotency_ttl_seconds:
+            # a replay rebuilds the first response from the job: the job must outlive its key
+            raise ValueError("RECKON_RETENTION_SECONDS must be at least RECKON_IDEMPOTENCY_TTL_SECONDS")
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Build settings from ``RECKON_*`` variables; unset ones keep their defaults."""

@@ -30,7 +30,6 @@ class Admission:
     code: Code
     job_id: str
     status: int = 0
-    body: str = ""
     available: int = 0
     ceiling: int = 0
 
@@ -85,7 +84,7 @@ class Store(Reads):
 
     def admit(
         self, tenant: str, idem_key: str, job_id: str, *, fingerprint: str, ceiling: int,
-        fields: dict[str, str], workflow: bytes, body: bytes, status: int, idem_ttl_s: int,
+        fields: dict[str, str], workflow: bytes, status: int, idem_ttl_s: int,
         outbox_delay_ms: int, now_ms: int | None = None, supersedes: str = "",
     ) -> Admission:
         t, j = TenantKeys(tenant), JobKeys(job_id)
@@ -95,7 +94,7 @@ class Store(Reads):
             [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
              older.record, older.events, t.retry, j.workflow, t.done, older.workflow, keys.WAKE],
             [_at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
-             orjson.dumps(fields), body, status, supersedes, workflow],
+             orjson.dumps(fields), status, supersedes, workflow],
         )
         code = Code(reply[0])
         if code is Code.UNKNOWN_TENANT:
@@ -105,7 +104,7 @@ class Store(Reads):
         if code is Code.INSUFFICIENT_ALLOWANCE:
             return Admission(code, "", available=reply[1], ceiling=reply[2])
         if code is Code.REPLAYED:
-            return Admission(code, reply[1], status=reply[2], body=reply[3])
+            return Admission(code, reply[1], status=reply[2])
         return Admission(code, reply[1])
 
     def confirm_published(self, job_id: str, idem_key: str, *, now_ms: int | None = None) -> None:

@@ -25,7 +25,7 @@ def admit(store: Store, key: str = "k1", job_id: str = "acme.0000000000000000000
               "attempts_allowed": "3", "deadline": str(NOW + 60_000), "created_at": str(NOW),
               "updated_at": str(NOW), "idem_key": key}
     return store.admit("acme", key, job_id, fingerprint=fingerprint, ceiling=ceiling, fields=record, workflow=b"{}",
-                       body=b'{"first":true}', status=202, now_ms=NOW, idem_ttl_s=60, outbox_delay_ms=10_000)
+                       status=202, now_ms=NOW, idem_ttl_s=60, outbox_delay_ms=10_000)
 
 
 def claim(store: Store, job_id: str = "acme.00000000000000000001", now: int = NOW, op: str = "op-1"):
@@ -62,8 +62,8 @@ def test_admit_reserves_and_creates_then_replays(acme: Store) -> None:
     assert replay.code is Code.IN_PROGRESS  # not yet confirmed published
     acme.confirm_published(first.job_id, "k1")
     replay = admit(acme, job_id="acme.00000000000000000002")
-    assert (replay.code, replay.job_id, replay.status, replay.body) == (Code.REPLAYED, first.job_id, 202,
-                                                                          '{"first":true}')
+    assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
+    assert "body" not in acme.redis.hgetall(TenantKeys("acme").idempotency("k1"))  # rebuilt, not stored
     assert admit(acme, fingerprint="other").code is Code.FINGERPRINT_MISMATCH
     assert acme.ledger("acme")["reserved"] == 30
     assert acme.redis.zcard(TenantKeys("acme").jobs) == 1

@@ -346,3 +346,18 @@ def test_one_tenant_whose_visit_fails_does_not_hold_up_the_others(store, setting
 
     monkeypatch.setattr(Sweeper, "_visit", failing)
     assert sweeper(store, settings, ahead=5).sweep_once()["leases_expired"] == 1  # bbb's, in the same pass
+
+
+def test_a_replay_is_the_first_response_byte_for_byte_whatever_happened_since(store, settings, tenant,
+                                                                              make_executor, make_router, sim) -> None:
+    tenant()
+    admitter = Admitter(store, Publisher(actors.broker), settings)
+    body = {"kind": "image", "workflow": WORKFLOW, "outputs": 2, "deadline_s": 600}
+    first = admitter.submit("acme", "k", body)
+    inject(sim, {"kind": "policy"})
+    assert attempt(make_executor(sim), make_router(), first.job_id) == "dead_letter"
+    store.replay(first.job_id)  # a new deadline and a new reservation for the replayed run
+    assert attempt(make_executor(sim), make_router(), first.job_id) == "done"
+    again = admitter.submit("acme", "k", body)
+    assert (again.replayed, again.body) == (True, first.body)
+    assert store.job(first.job_id)["state"] == "completed"

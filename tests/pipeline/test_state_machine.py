@@ -78,7 +78,7 @@ class Jobs(RuleBasedStateMachine):
                   "deadline": FAR, "created_at": self.now, "updated_at": self.now, "idem_key": job_id}
         available = self.store.ledger("acme")["available"]
         result = self.store.admit("acme", job_id, job_id, fingerprint="f", ceiling=ceiling,
-                                  fields={k: str(v) for k, v in record.items()}, workflow=b"{}", body=b"{}", status=202,
+                                  fields={k: str(v) for k, v in record.items()}, workflow=b"{}", status=202,
                                   now_ms=self.tick(), idem_ttl_s=60, outbox_delay_ms=0)
         assert (result.code is Code.CREATED) == (ceiling <= available)
         if result.code is Code.CREATED:
