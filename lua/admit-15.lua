@@ -8,6 +8,8 @@
 -- (queued, retry_wait), otherwise only marked obsolete; an unknown older job
 -- refuses the admission and writes nothing. The workflow is kept in a key of
 -- its own, so the record stays small and the workflow can go when the job ends.
+-- The job's times (created_at, updated_at, deadline = now + deadline_s) are stamped
+-- here, on Redis's clock, whatever the API host's clock says.
 -- The idempotency record keeps no response body: the first response is rebuilt
 -- from the job's fields that never change (id, kind, priority, outputs, ceiling,
 -- deadline_s, created_at), so a replay is the same bytes.
@@ -27,7 +29,7 @@
 -- ARGV[4] cost ceiling (cost units)      ARGV[9] id of the superseded job ('' for none)
 -- ARGV[5] idempotency retention (s)      ARGV[10] workflow (JSON text)
 --
--- Returns {1 CREATED, job_id} | {2 REPLAYED, job_id, status}
+-- Returns {1 CREATED, job_id, now (ms)} | {2 REPLAYED, job_id, status}
 --   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
 --   | {5 INSUFFICIENT_ALLOWANCE, available, ceiling} | {6 UNKNOWN_TENANT} | {7 NOT_FOUND}
 
@@ -60,6 +62,8 @@ for field, value in pairs(cjson.decode(ARGV[7])) do
   fields[#fields + 1] = value
 end
 redis.call('HSET', KEYS[3], 'seq', seq, unpack(fields))
+redis.call('HSET', KEYS[3], 'created_at', now, 'updated_at', now,
+  'deadline', now + 1000 * tonumber(redis.call('HGET', KEYS[3], 'deadline_s')))
 redis.call('SET', KEYS[12], ARGV[10])
 redis.call('ZADD', KEYS[4], seq, job_id)
 redis.call('ZADD', KEYS[5], now, job_id)
@@ -77,4 +81,4 @@ if older == 'queued' or older == 'retry_wait' then
 elseif older == 'running' or older == 'reconciling' or older == 'needs_review' then
   redis.call('HSET', KEYS[9], 'obsolete', 1)
 end
-return {1, job_id}
+return {1, job_id, now}

@@ -19,11 +19,11 @@
 -- ARGV[3] state the index holds: queued | reconciling
 -- ARGV[4] redelivery window (ms)
 --
--- Returns {0 OK, sends so far} (publish now) | {14 EXPIRED} | {11 NOT_DUE}
+-- Returns {0 OK, sends so far, priority} (publish now) | {14 EXPIRED} | {11 NOT_DUE}
 --   | {7 NOT_FOUND} (index cleaned)
 
 local job, now, job_id, state = KEYS[1], clock(ARGV[1]), ARGV[2], ARGV[3]
-local f = redis.call('HMGET', job, 'state', 'deadline')
+local f = redis.call('HMGET', job, 'state', 'deadline', 'priority')
 if f[1] ~= state then
   redis.call('ZREM', KEYS[2], job_id)
   return {7}
@@ -42,4 +42,4 @@ local window = tonumber(ARGV[4]) * 2 ^ math.min(sends - 1, 5)
 if state == 'queued' then window = window * 2 - tonumber(ARGV[4]) end
 redis.call('ZADD', KEYS[2], now + window, job_id)
 wake(KEYS[9], job, now + tonumber(ARGV[4]))
-return {0, sends}
+return {0, sends, f[3]}

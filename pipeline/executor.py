@@ -126,11 +126,10 @@ class Executor:
 
     def _attempt(self, claim: Claim, heartbeat: Heartbeat) -> None:
         """Ask the provider for every missing output and store what it produced."""
-        [(job, stored)] = self.store.jobs_with_outputs([claim.job_id])
+        job, stored, workflow = self.store.attempt_inputs(claim.job_id)  # all read before the mark
         missing = [index for index in range(int(job["outputs_requested"])) if index not in stored]
         if not missing:
             return
-        workflow = self.store.workflow(claim.job_id)  # read before the mark: nothing slow may follow it
         epoch = self.provider.epoch()
         marked = time.monotonic()
         self.store.mark_submit(claim, epoch=epoch, lease_ms=self.lease_ms,  # renews the lease from `marked`

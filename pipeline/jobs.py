@@ -54,6 +54,8 @@ class JobRequest:
     deadline_s: int
     priority: str
     supersedes: str | None = None
+    #: The workflow as encoded once, for the size check: what is stored and sent.
+    workflow_json: bytes = b""
 
 
 def parse_request(body: Any, settings: Settings) -> JobRequest:
@@ -81,6 +83,7 @@ def parse_request(body: Any, settings: Settings) -> JobRequest:
         deadline_s=_integer(body, "deadline_s", 1, MAX_DEADLINE_SECONDS, settings.default_deadline_seconds),
         priority=_choice(body, "priority", PRIORITIES),
         supersedes=_job_id(body, "supersedes"),
+        workflow_json=encoded,
     )
 
 
@@ -156,13 +159,11 @@ class Admitter:
 
     def __init__(
         self, store: Store, publish: Callable[[str, str], None], settings: Settings, *,
-        clock: Callable[[], int] | None = None, new_job_id: Callable[[str], str] = keys.new_job_id,
+        new_job_id: Callable[[str], str] = keys.new_job_id,
     ) -> None:
         self.store = store
         self.publish = publish
         self.settings = settings
-        #: Milliseconds on Redis's clock (one TIME per admission), so deadlines and leases share a clock.
-        self.clock = clock or store.server_ms
         self.new_job_id = new_job_id
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
@@ -170,7 +171,6 @@ class Admitter:
         if request.supersedes and keys.tenant_of(request.supersedes) != tenant:
             raise InvalidRequest("supersedes", "no such job")
         per_attempt, attempts, ceiling = cost_plan(request, self.settings)
-        now_ms = self.clock()
         job_id = self.new_job_id(tenant)
         record = {
             "id": job_id, "tenant": tenant, "state": State.QUEUED.value, "kind": request.kind,
@@ -178,14 +178,11 @@ class Admitter:
             "outputs_requested": request.outputs, "price": self.settings.price_per_output, "ceiling": ceiling,
             "reserved": ceiling, "charged": 0, "uncertain": 0, "settled": 0, "per_attempt": per_attempt,
             "attempts_allowed": attempts, "attempt_count": 0, "lease_gen": 0, "deadline_s": request.deadline_s,
-            "deadline": now_ms + request.deadline_s * 1000, "created_at": now_ms, "updated_at": now_ms,
             "idem_key": idem_key, "supersedes": request.supersedes or "",
-        }
-        first = first_response(record)
+        }  # created_at, updated_at and deadline: the admission script stamps them on Redis's clock
         admission = self.store.admit(
             tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,
-            fields={k: str(v) for k, v in record.items()}, workflow=orjson.dumps(request.workflow),
-            status=202, now_ms=now_ms,
+            fields={k: str(v) for k, v in record.items()}, workflow=request.workflow_json, status=202,
             idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
             outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000),
         )
@@ -197,6 +194,7 @@ class Admitter:
             raise IdempotencyKeyReused(admission.job_id)
         if admission.code is Code.INSUFFICIENT_ALLOWANCE:
             raise InsufficientAllowance(admission.available, admission.ceiling)
+        first = first_response(record | {"created_at": admission.created_ms})
         faultpoints.reached("after_admit")
         try:
             self.publish(job_id, request.priority)

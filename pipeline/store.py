@@ -32,6 +32,8 @@ class Admission:
     status: int = 0
     available: int = 0
     ceiling: int = 0
+    #: When a created job was admitted, on Redis's clock (ms).
+    created_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class Store(Reads):
             return Admission(code, "", available=reply[1], ceiling=reply[2])
         if code is Code.REPLAYED:
             return Admission(code, reply[1], status=reply[2])
+        if code is Code.CREATED:
+            return Admission(code, reply[1], created_ms=int(reply[2]))
         return Admission(code, reply[1])
 
     def confirm_published(self, job_id: str, idem_key: str, *, now_ms: int | None = None) -> None:
@@ -248,16 +252,16 @@ class Store(Reads):
         )
         return reply[1] if Code(reply[0]) is Code.OK else None
 
-    def redeliver(self, job_id: str, state: str, *, window_ms: int, now_ms: int | None = None) -> Code:
-        """A queued or reconciling job not claimed within its window: OK means publish it again;
-        EXPIRED means it failed past its deadline; NOT_FOUND that it moved on."""
+    def redeliver(self, job_id: str, state: str, *, window_ms: int, now_ms: int | None = None) -> str | None:
+        """A queued or reconciling job not claimed within its window: its priority when it is to be
+        published again; None when it is not due, failed past its deadline, or moved on."""
         j = JobKeys(job_id)
         t = j.tenant
         index = t.queued if state == "queued" else t.reconcile
         reply = self.scripts("redeliver", [j.record, index, t.ledger, t.dead, j.events, t.counts, t.done,
                                            j.workflow, keys.WAKE],
                              [_at(now_ms), job_id, state, window_ms])
-        return Code(reply[0])
+        return reply[2] if Code(reply[0]) is Code.OK else None
 
     def purge(self, job_id: str, *, retention_ms: int, now_ms: int | None = None) -> bool:
         """Remove a finished job past its retention with everything it owns; False if not due or gone."""

@@ -25,7 +25,6 @@ from collections import Counter
 from typing import Callable
 
 from .keys import TenantKeys
-from .scripts import Code
 from .settings import Settings
 from .store import Store
 
@@ -98,9 +97,10 @@ class Sweeper:
 
     def _redeliver(self, job_id: str, state: str, route: str | None, now: int) -> int:
         """Publish a job again whose message may be lost (at most once per window)."""
-        if self.store.redeliver(job_id, state, window_ms=self.window_ms, now_ms=now) is not Code.OK:
+        priority = self.store.redeliver(job_id, state, window_ms=self.window_ms, now_ms=now)
+        if priority is None:
             return 0
-        self.publish(job_id, route or (self.store.job(job_id) or {}).get("priority", "interactive"))
+        self.publish(job_id, route or priority)
         return 1
 
     def _republish(self, job_id: str, now: int) -> int:

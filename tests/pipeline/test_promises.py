@@ -18,7 +18,7 @@ from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.errors import InvalidRequest, StaleLease
 from pipeline.executor import Executor
-from pipeline.jobs import Admitter
+from pipeline.jobs import Admitter, first_response
 from pipeline.keys import JobKeys, TenantKeys
 from pipeline.providers import sim as simulated
 from pipeline.providers.comfyui import ComfyUI
@@ -316,9 +316,9 @@ def test_the_workflow_is_read_before_the_submission_is_marked(store, settings, a
     calls: list[str] = []
 
     class Recording(Store):
-        def workflow(self, job_id):
-            calls.append("workflow")
-            return super().workflow(job_id)
+        def attempt_inputs(self, job_id):
+            calls.append("inputs")
+            return super().attempt_inputs(job_id)
 
         def mark_submit(self, *args, **kwargs):
             calls.append("mark_submit")
@@ -328,7 +328,7 @@ def test_the_workflow_is_read_before_the_submission_is_marked(store, settings, a
     executor = make_executor(sim)
     executor.store = Recording(store.redis)
     assert executor.run(job_id) is True
-    assert calls == ["workflow", "mark_submit"]  # nothing that can wait on Redis between mark and send
+    assert calls == ["inputs", "mark_submit"]  # the workflow is read first: nothing waits on Redis after the mark
 
 
 def test_one_tenant_whose_visit_fails_does_not_hold_up_the_others(store, settings, tenant, monkeypatch) -> None:
@@ -361,3 +361,14 @@ def test_a_replay_is_the_first_response_byte_for_byte_whatever_happened_since(st
     again = admitter.submit("acme", "k", body)
     assert (again.replayed, again.body) == (True, first.body)
     assert store.job(first.job_id)["state"] == "completed"
+
+
+def test_admission_times_come_from_redis_and_match_the_first_response(store, settings, tenant) -> None:
+    tenant()
+    submitted = Admitter(store, lambda *_: None, settings).submit(
+        "acme", "k", {"kind": "image", "workflow": WORKFLOW, "outputs": 1, "deadline_s": 90})
+    job = store.job(submitted.job_id)
+    created = int(job["created_at"])
+    assert abs(created - store.server_ms()) < 2_000
+    assert (int(job["deadline"]), job["updated_at"]) == (created + 90_000, str(created))
+    assert submitted.body == first_response(job)  # the 202 shows exactly what was stamped
