@@ -51,10 +51,13 @@ class ProviderError(ReckonError):
 
     error_class = "provider_error"
 
-    def __init__(self, reason: str, *, retry_after: float | None = None) -> None:
+    def __init__(self, reason: str, *, retry_after: float | None = None,
+                 detail: dict[str, str] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+        #: A safe summary for the job's error (node id, class type, error type, message), or None.
+        self.detail = detail
 
 
 class InvalidInput(ProviderError):
@@ -87,6 +90,13 @@ class Transient(ProviderError):
     error_class = "transient"
 
 
+class Unreachable(Transient):
+    """The server refused the connection or answered 5xx to a read: nothing was sent, and the
+    server, not the job, is at fault (dispatch skips it until it answers again)."""
+
+    error_class = "provider_unreachable"
+
+
 class NotExecuted(Transient):
     """Reconciliation proved the attempt never executed (same provider epoch, no record)."""
 
@@ -110,6 +120,13 @@ class OperationFailed(ProviderError):
     """The provider ran the operation and reported that it failed."""
 
     error_class = "provider_failed"
+
+
+class ExecutionFailed(ProviderError):
+    """The provider ran the graph and it failed in a way the same graph fails again (an
+    execution error, fewer outputs than requested): terminal, never paid for twice."""
+
+    error_class = "execution_failed"
 
 
 class BlobMissing(ReckonError):

@@ -22,13 +22,17 @@ class OperationStatus:
     """What the provider says of one operation id.
 
     ``state``: ``pending`` (queued), ``running``, ``completed``, ``failed``, or
-    ``unknown`` (the provider has no record of it). A failed operation may still
-    list the outputs it produced before failing.
+    ``interrupted`` (stopped at the provider), or ``unknown`` (the provider has no
+    record of it). A failed operation may still list the outputs it produced before
+    failing; ``retryable`` is False when the same graph would fail the same way.
     """
 
     state: str
     outputs: list[OutputRef] = field(default_factory=list)
     error: str | None = None
+    retryable: bool = True
+    #: A safe summary of the failure (node id, class type, error type, message), or None.
+    detail: dict[str, str] | None = None
 
 
 class Provider(Protocol):
