@@ -129,6 +129,21 @@ class ExecutionFailed(ProviderError):
     error_class = "execution_failed"
 
 
+class OutputLost(ProviderError):
+    """A completed run lists an output the provider can no longer serve (``/view`` 404: its output
+    folder was cleaned while its history still names the file). Paid for and gone: not the client's
+    input; reconcile, then an operator decides."""
+
+    error_class = "provider_output_lost"
+
+
+class OutputMalformed(ProviderError):
+    """An output's bytes claim a format (PNG, WEBP, JPEG) whose structure is broken, so its metadata
+    cannot be stripped with certainty; it is never stored as it is, since it may carry the workflow."""
+
+    error_class = "provider_output_malformed"
+
+
 class BlobMissing(ReckonError):
     """A stored output's bytes are gone from blob storage; the message names no location."""
 

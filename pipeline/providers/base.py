@@ -39,8 +39,15 @@ class Provider(Protocol):
     name: str
     price_per_output: int
 
-    def submit(self, operation_id: str, workflow: dict[str, Any], indices: list[int]) -> None:
-        """Start producing the outputs ``indices`` under ``operation_id`` (chosen by us)."""
+    def submit(self, operation_id: str, workflow: dict[str, Any], indices: list[int], *,
+               front: bool = False) -> dict[str, str] | None:
+        """Start producing the outputs ``indices`` under ``operation_id`` (chosen by us), ahead of
+        the provider's queue when ``front``. Returns a safe summary of the part of the input the
+        provider refused while accepting the rest (it runs; the caller decides), else None."""
+
+    def cancel(self, operation_id: str) -> None:
+        """Stop the operation if the provider still can: drop it from its queue, interrupt it if it
+        runs. Harmless for an operation that finished or is unknown."""
 
     def status(self, operation_id: str) -> OperationStatus:
         """Look the operation up by its id."""
