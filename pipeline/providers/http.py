@@ -10,11 +10,20 @@ from __future__ import annotations
 import http.client
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
-from ..errors import InvalidInput, PolicyRejected, ProviderAuthFailed, RateLimited, Transient, UnknownOutcome
+from ..errors import (
+    InvalidInput,
+    PolicyRejected,
+    ProviderAuthFailed,
+    RateLimited,
+    Transient,
+    UnknownOutcome,
+    Unreachable,
+)
 
 #: Seconds to wait for connect and for each read.
 DEFAULT_TIMEOUT = 10.0
@@ -37,15 +46,17 @@ class HttpTransport:
         self.https = parts.scheme == "https"
         self.timeout = timeout
 
-    def request(self, method: str, path: str, body: bytes | None = None) -> Response:
-        """One request; raises a classified ProviderError for anything but a 2xx."""
+    def request(self, method: str, path: str, body: bytes | None = None, *,
+                accept: Collection[int] = ()) -> Response:
+        """One request; raises a classified ProviderError for anything but a 2xx or a status in
+        ``accept`` (which the caller reads itself, e.g. ComfyUI's 400 explaining a refused graph)."""
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         conn = cls(self.host, self.port, timeout=self.timeout)
         try:
             try:
                 conn.connect()
-            except OSError as exc:
-                raise Transient("connect_failed") from exc
+            except OSError as exc:  # refused, unroutable, or no answer to connect: nothing was sent
+                raise Unreachable("connect_failed") from exc
             headers = {"Content-Type": "application/json"} if body is not None else {}
             try:
                 conn.request(method, path, body=body, headers=headers)
@@ -57,7 +68,8 @@ class HttpTransport:
                 raise UnknownOutcome("response_lost") from exc
         finally:
             conn.close()
-        raise_for_status(method, response)
+        if response.status not in accept:
+            raise_for_status(method, response)
         return response
 
 
@@ -73,8 +85,8 @@ def raise_for_status(method: str, response: Response) -> None:
         raise PolicyRejected("policy_rejected")
     if status < 500:
         raise InvalidInput(f"provider_http_{status}")
-    if method == "GET":  # a read changes nothing: safe to repeat
-        raise Transient(f"provider_http_{status}")
+    if method == "GET":  # a read changes nothing: safe to repeat; the server is failing, not the job
+        raise Unreachable(f"provider_http_{status}")
     raise UnknownOutcome(f"provider_http_{status}")  # it may have been queued: reconcile decides
 
 
