@@ -140,3 +140,41 @@ local function expire_queued(job, k, now, reason)
   redis.call('ZADD', k.dead, now, job_id)
   move(job, k.counts, k.events, now, 'queued', 'failed', 'deadline_exceeded')
 end
+
+-- Why dispatch to a server is stopped; each is a field `<reason>:<server>` of the fleet hash.
+local SERVER_BLOCKS = {'dispatch_paused', 'provider_credentials', 'provider_unreachable'}
+
+-- A server's prompts in flight (busy slots), or nil while dispatch to it is stopped.
+local function server_busy(fleet, name)
+  local fields = {'busy:' .. name}
+  for _, reason in ipairs(SERVER_BLOCKS) do fields[#fields + 1] = reason .. ':' .. name end
+  local f = redis.call('HMGET', fleet, unpack(fields))
+  if f[2] or f[3] or f[4] then return nil end
+  return tonumber(f[1] or '0')
+end
+
+-- Takes a dispatch slot on the least loaded usable server of `servers` ({name, cap}
+-- pairs), turning the round-robin start each time so equal loads share the work.
+-- Returns the server's name, or nil when every server is stopped or at its cap.
+local function take_slot(fleet, servers)
+  local start = redis.call('HINCRBY', fleet, 'rr', 1)
+  local best, best_busy
+  for i = 0, #servers - 1 do
+    local server = servers[(start + i) % #servers + 1]
+    local busy = server_busy(fleet, server[1])
+    if busy and busy < server[2] and (not best or busy < best_busy) then best, best_busy = server[1], busy end
+  end
+  if best then redis.call('HINCRBY', fleet, 'busy:' .. best, 1) end
+  return best
+end
+
+-- Gives back the job's dispatch slot, once (the claim took it), and ends the watch of
+-- its prompt at the provider, if any.
+local function free_slot(job, fleet)
+  local f = redis.call('HMGET', job, 'server', 'slot_held', 'id')
+  redis.call('HDEL', fleet, 'w:' .. f[3])
+  if f[2] == '1' then
+    redis.call('HINCRBY', fleet, 'busy:' .. f[1], -1)
+    redis.call('HSET', job, 'slot_held', 0)
+  end
+end

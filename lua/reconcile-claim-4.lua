@@ -17,12 +17,12 @@
 --
 -- Returns {0 OK, generation, operation id, submitted (0|1), provider epoch at submit,
 --   attempt number, now (ms), reconciling since (ms), submitted at (ms, 0 if never),
---   reconcile claims so far (this one included)}
+--   reconcile claims so far (this one included), server that received the prompt}
 --   | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
 
 local job, now = KEYS[1], clock(ARGV[1])
 local f = redis.call('HMGET', job, 'state', 'lease_expires', 'id', 'operation_id', 'submitted', 'submit_epoch',
-  'attempt_count', 'reconcile_since', 'submitted_at')
+  'attempt_count', 'reconcile_since', 'submitted_at', 'server')
 if not f[1] then return {7} end
 if f[1] ~= 'reconciling' or tonumber(f[2] or '0') > now then return {8, f[1]} end
 local expires = now + tonumber(ARGV[3])
@@ -33,4 +33,4 @@ redis.call('ZADD', KEYS[2], expires, f[3])
 redis.call('ZADD', KEYS[3], expires, f[3])
 wake(KEYS[4], job, expires)
 return {0, gen, f[4] or '', tonumber(f[5] or '0'), f[6] or '', tonumber(f[7] or '0'), now,
-  tonumber(f[8] or tostring(now)), tonumber(f[9] or '0'), claims}
+  tonumber(f[8] or tostring(now)), tonumber(f[9] or '0'), claims, f[10] or ''}

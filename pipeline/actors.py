@@ -7,12 +7,13 @@ from typing import Callable
 import dramatiq
 
 from .blobs import BlobStore
-from .broker import ROUTES, build_broker
+from .broker import ROUTES, Publisher, build_broker
 from .errors import AttemptFailed, StaleLease
 from .executor import Executor
+from .fleet import Fleet, Server
 from .providers.comfyui import ComfyUI
 from .providers.http import HttpTransport
-from .routing import FailureRouter, Router
+from .routing import FailureRouter, Router, Unpark
 from .settings import Settings
 from .store import Store, connect
 
@@ -32,24 +33,27 @@ def use(executor: Executor | None, router: Router | None = None) -> None:
     _executor, _router = executor, router
 
 
+def adapter(server: Server) -> ComfyUI:
+    return ComfyUI(HttpTransport(server.url), price_per_output=server.price_per_output)
+
+
 def executor() -> Executor:
     global _executor
     if _executor is None:
         store = Store(connect(settings.redis_url))
-        provider = ComfyUI(HttpTransport(settings.provider_url), price_per_output=settings.price_per_output)
-        _executor = Executor(store, provider, BlobStore(settings.blob_dir), settings)
+        _executor = Executor(store, Fleet(settings.servers(), adapter), BlobStore(settings.blob_dir), settings)
     return _executor
 
 
 def router() -> Router:
     global _router
     if _router is None:
-        current = executor()
-        _router = Router(current.store, settings, current.provider.name)
+        _router = Router(executor().store, settings)
     return _router
 
 
 broker.add_middleware(FailureRouter(router))
+broker.add_middleware(Unpark(lambda: executor().store, {s.name: s.cap for s in settings.servers()}, Publisher(broker)))
 
 
 def run_job(job_id: str) -> None:
@@ -58,6 +62,10 @@ def run_job(job_id: str) -> None:
 
 def reconcile_job(job_id: str) -> None:
     executor().reconcile(job_id)
+
+
+def collect_job(job_id: str) -> None:
+    executor().collect(job_id)
 
 
 def _declare(fn: Callable[[str], None], route: str, order: int) -> dramatiq.Actor[[str], None]:
@@ -70,3 +78,4 @@ def _declare(fn: Callable[[str], None], route: str, order: int) -> dramatiq.Acto
 run_interactive = _declare(run_job, "interactive", 0)
 run_batch = _declare(run_job, "batch", 10)
 reconcile = _declare(reconcile_job, "reconcile", 0)
+collect = _declare(collect_job, "collect", 0)

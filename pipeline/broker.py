@@ -17,6 +17,7 @@ ROUTES = {
     "interactive": ("reckon-interactive", "run_interactive"),
     "batch": ("reckon-batch", "run_batch"),
     "reconcile": ("reckon-reconcile", "reconcile_job"),
+    "collect": ("reckon-collect", "collect_job"),
 }
 
 
@@ -30,8 +31,8 @@ def build_broker(settings: Settings) -> RedisBroker:
 
 
 class Publisher:
-    """Sends a job's message (its id, nothing else) to the queue for its priority,
-    or to the reconcile queue (``publish(job_id, "reconcile")``)."""
+    """Sends a job's message (its id, nothing else) to the queue for its priority, or to
+    the reconcile or collect queue (``publish(job_id, "reconcile")``)."""
 
     def __init__(self, broker: dramatiq.Broker) -> None:
         self.broker = broker

@@ -10,6 +10,9 @@ import orjson
 
 from .blobs import BlobStore
 from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed
+from . import keys
+from .executor import BUDGET
+from .fleet import DEFAULT_SERVER
 from .jobs import iso
 from .keys import ProviderKeys, TenantKeys
 from .settings import Settings
@@ -124,8 +127,11 @@ def provider_pause(store: Store, args: argparse.Namespace) -> int:
 
 
 def provider_status(store: Store, args: argparse.Namespace) -> int:
-    _print({"provider": args.name, "blocked": store.provider_block(args.name),
-            "retry_budget": store.redis.hgetall(ProviderKeys(args.name).budget)})
+    """Every configured server: slots in use of its cap, why dispatch to it is stopped, prompts
+    watched there; the jobs parked for a free slot; the fleet's retry budget."""
+    caps = {server.name: server.cap for server in Settings.from_env().servers()}
+    _print({"servers": store.fleet(caps), "parked": store.redis.zcard(keys.PARKED),
+            "retry_budget": store.redis.hgetall(ProviderKeys(BUDGET).budget)})
     return 0
 
 
@@ -153,11 +159,12 @@ def parser() -> argparse.ArgumentParser:
         decision.add_argument(f"--{name}", dest="decision", action="store_const", const=name)
     resolve.set_defaults(run=review_resolve)
     provider = verbs.add_parser("provider").add_subparsers(dest="verb", required=True)
-    for verb, run, text in (("status", provider_status, "why dispatch is stopped, if it is; retry budget"),
-                            ("pause", provider_pause, "stop dispatch: jobs wait, nothing is lost"),
-                            ("clear", provider_clear, "clear a pause or credential mark: dispatch resumes")):
+    provider.add_parser("status", help="each server's load, cap and stops; parked jobs; retry budget"
+                        ).set_defaults(run=provider_status)
+    for verb, run, text in (("pause", provider_pause, "drain a server: no new prompts, those there finish"),
+                            ("clear", provider_clear, "clear a pause, credential or unreachable mark")):
         sub = provider.add_parser(verb, help=text)
-        sub.add_argument("name", nargs="?", default="comfyui")
+        sub.add_argument("name", nargs="?", default=DEFAULT_SERVER, metavar="SERVER")
         sub.set_defaults(run=run)
     blobs = verbs.add_parser("blobs").add_subparsers(dest="verb", required=True)
     gc = blobs.add_parser("gc", help="delete stored outputs no job on record holds (after retention purged them)")

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import redis
 
@@ -24,6 +24,7 @@ from .errors import (
     AttemptFailed,
     CancelRequested,
     DeadlineExceeded,
+    ExecutionFailed,
     IncompleteOutputs,
     NotExecuted,
     OperationFailed,
@@ -31,7 +32,9 @@ from .errors import (
     ProviderError,
     StaleLease,
     UnknownOutcome,
+    Unreachable,
 )
+from .fleet import Fleet
 from .providers.base import OperationStatus, OutputRef, Provider
 from .settings import Settings
 from .store import Claim, Reconcile, Store
@@ -40,6 +43,9 @@ log = logging.getLogger(__name__)
 #: Reconcile claims of one job after which, once past its age limit, it goes to review without
 #: asking again (each earlier try died before it could end: a crash loop, not a slow provider).
 MAX_RECONCILE_CLAIMS = 20
+#: The shared retry budget (one token bucket for the whole fleet).
+BUDGET = "comfyui"
+T = TypeVar("T")
 
 
 def worker_name() -> str:
@@ -83,90 +89,137 @@ class Heartbeat:
 
 class Executor:
     def __init__(
-        self, store: Store, provider: Provider, blobs: BlobStore, settings: Settings, *,
+        self, store: Store, fleet: Fleet, blobs: BlobStore, settings: Settings, *,
         new_operation_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.store, self.provider, self.blobs, self.settings = store, provider, blobs, settings
+        self.store, self.fleet, self.blobs, self.settings = store, fleet, blobs, settings
         self.lease_ms = int(settings.lease_seconds * 1000)
+        self.min_attempt_ms = int(settings.min_attempt_seconds * 1000)
         self.new_operation_id, self.sleep = new_operation_id, sleep
 
     # -- attempts ---------------------------------------------------------------------
 
     def run(self, job_id: str, worker: str | None = None) -> bool:
-        """Run one attempt if the job is claimable; False for a duplicate, finished or deferred job."""
+        """Run one attempt if the job is claimable and a server has a free slot; False for a
+        duplicate, finished or parked job."""
         faultpoints.reached("before_claim")
-        blocked = self.store.provider_block(self.provider.name)
-        if blocked:
-            self.store.defer(job_id, delay_ms=int(self.settings.auth_recheck_seconds * 1000), reason=blocked)
-            return False
         claim = self.store.claim(
-            job_id, worker=worker or worker_name(), lease_ms=self.lease_ms,
-            operation_id=self.new_operation_id(), provider=self.provider.name,
-            min_attempt_ms=int(self.settings.min_attempt_seconds * 1000),
+            job_id, worker=worker or worker_name(), lease_ms=self.lease_ms, operation_id=self.new_operation_id(),
+            servers=self.fleet.caps(), min_attempt_ms=self.min_attempt_ms,
         )
         if claim is None:
             return False
+        provider = self.fleet[claim.server]
         with Heartbeat(self.store, claim, lease_ms=self.lease_ms) as heartbeat:
             try:
-                self._attempt(claim, heartbeat)
+                status = self._attempt(claim, provider, heartbeat)
+                if status is not None:
+                    self._complete(claim, provider, status, heartbeat)
             except CancelRequested:
                 self.store.finish(claim, "cancelled", reason="cancelled")
-                return True
             except DeadlineExceeded:  # nothing was submitted: fail it now, settled, nothing paid
                 self.store.finish(claim, "failed", error_class="deadline_exceeded",
                                   reason="deadline_passed_before_submission")
-                return True
+            except Unreachable as exc:  # nothing was sent: the server is down, not the job
+                self._server_down(claim, exc)
             except ProviderError as exc:
                 raise AttemptFailed(claim, exc) from exc
-            self.store.finish(claim, "completed")
-        self.store.budget(self.provider.name, "refund", self.settings.retry_refund_tokens,
-                          self.settings.retry_budget_tokens)
         return True
 
-    def _attempt(self, claim: Claim, heartbeat: Heartbeat) -> None:
-        """Ask the provider for every missing output and store what it produced."""
+    def _attempt(self, claim: Claim, provider: Provider, heartbeat: Heartbeat) -> OperationStatus | None:
+        """Ask the server for every missing output. Returns the prompt's final status, or None
+        when the server's watcher follows the prompt from here (the thread is free again)."""
         job, stored, workflow = self.store.attempt_inputs(claim.job_id)  # all read before the mark
         missing = [index for index in range(int(job["outputs_requested"])) if index not in stored]
         if not missing:
-            return
-        epoch = self.provider.epoch()
+            return OperationStatus("completed")
+        epoch = provider.epoch()
         marked = time.monotonic()
         self.store.mark_submit(claim, epoch=epoch, lease_ms=self.lease_ms,  # renews the lease from `marked`
-                               min_attempt_ms=int(self.settings.min_attempt_seconds * 1000))
+                               min_attempt_ms=self.min_attempt_ms)
         if (time.monotonic() - marked) * 1000 >= self.lease_ms / 2:  # frozen since: the lease may be gone
             raise UnknownOutcome("submission_window_passed")
-        self.provider.submit(claim.operation_id, workflow, missing)
+        provider.submit(claim.operation_id, workflow, missing)
         faultpoints.reached("after_submit")
+        if self.settings.watch:
+            self.store.await_provider(claim, lease_ms=self.lease_ms)
+            return None
         deadline = time.monotonic() + (int(job["deadline"]) - claim.claimed_ms) / 1000
+        return self._submitted(lambda: self._wait(claim, provider, heartbeat, deadline))
+
+    def collect(self, job_id: str, worker: str | None = None) -> bool:
+        """Store the outputs of a prompt that ended at its server and finish the job (the
+        watcher saw it end); False if the job is not waiting at a server (a duplicate message)."""
+        claim = self.store.collect_claim(job_id, worker=worker or worker_name(), lease_ms=self.lease_ms)
+        if claim is None:
+            return False
+        faultpoints.reached("collect_claimed")
+        if claim.server not in self.fleet:
+            raise AttemptFailed(claim, UnknownOutcome("server_not_configured"))
+        provider = self.fleet[claim.server]
+        with Heartbeat(self.store, claim, lease_ms=self.lease_ms) as heartbeat:
+            try:
+                status = self._submitted(lambda: provider.status(claim.operation_id))
+                if status.state in ("pending", "running"):  # not ended yet: back to the watcher
+                    self.store.await_provider(claim, lease_ms=self.lease_ms)
+                    return True
+                self._complete(claim, provider, status, heartbeat)
+            except ProviderError as exc:
+                raise AttemptFailed(claim, exc) from exc
+        return True
+
+    def _submitted(self, ask: Callable[[], T]) -> T:
+        """Ask about a submitted prompt: any provider error is an unknown outcome, because only
+        asking again by the same id is evidence of what ran."""
         try:
-            status = self._wait(claim, heartbeat, deadline)
-            self.store.charge(claim, len(status.outputs) * self.provider.price_per_output)
-            self._store_outputs(claim, status.outputs, heartbeat)
+            return ask()
         except UnknownOutcome:
             raise
-        except ProviderError as exc:  # submitted: only asking again by the same id is evidence
-            raise UnknownOutcome(f"read_failed_{exc.error_class}") from exc
-        faultpoints.reached("after_outputs")
-        if status.state == "failed" or len(status.outputs) < len(missing):
-            raise OperationFailed(status.error or "provider_outputs_missing")
+        except ProviderError as exc:
+            raise UnknownOutcome(f"read_failed_{exc.reason}") from exc
 
-    def _wait(self, claim: Claim, heartbeat: Heartbeat, deadline: float) -> OperationStatus:
+    def _complete(self, claim: Claim, provider: Provider, status: OperationStatus, heartbeat: Heartbeat) -> None:
+        """Book, store and finish what an ended prompt produced."""
+        if status.state == "unknown":
+            raise UnknownOutcome("operation_not_found")
+        self.store.charge(claim, len(status.outputs) * provider.price_per_output)
+        self._submitted(lambda: self._store_outputs(claim, provider, status.outputs, heartbeat))
+        faultpoints.reached("after_outputs")
+        if status.state == "interrupted":  # stopped at the server (an operator): honoured as a cancel
+            self.store.finish(claim, "cancelled", reason="provider_interrupted")
+        elif status.state == "failed":
+            raise (OperationFailed if status.retryable else ExecutionFailed)(
+                status.error or "provider_execution_error", detail=status.detail)
+        else:
+            try:
+                self.store.finish(claim, "completed")
+            except IncompleteOutputs:  # the same graph makes the same count: retrying cannot help
+                raise ExecutionFailed("provider_outputs_missing") from None
+            self.store.budget(BUDGET, "refund", self.settings.retry_refund_tokens, self.settings.retry_budget_tokens)
+
+    def _server_down(self, claim: Claim, exc: ProviderError) -> None:
+        """The server refused before anything was sent: mark it (the watcher probes it and puts it
+        back) and give the attempt back; the job runs on another server, or waits for one."""
+        log.warning("server %s unreachable (%s); job %s goes back to the queue", claim.server, exc.reason,
+                    claim.job_id)
+        self.store.block_provider(claim.server, "provider_unreachable")
+        self.store.retry(claim, delay_ms=0, error_class=exc.reason, free=True)
+
+    def _wait(self, claim: Claim, provider: Provider, heartbeat: Heartbeat, deadline: float) -> OperationStatus:
         while True:
             heartbeat.check()
-            status = self.provider.status(claim.operation_id)
-            if status.state in ("completed", "failed"):
+            status = provider.status(claim.operation_id)
+            if status.state not in ("pending", "running"):
                 return status
-            if status.state == "unknown":
-                raise UnknownOutcome("operation_not_found")
             if time.monotonic() >= deadline:
                 raise UnknownOutcome("deadline_passed_while_running")
             self.sleep(self.settings.poll_interval_seconds)
 
-    def _store_outputs(self, claim: Claim, refs: list[OutputRef], heartbeat: Heartbeat) -> None:
+    def _store_outputs(self, claim: Claim, provider: Provider, refs: list[OutputRef], heartbeat: Heartbeat) -> None:
         for ref in refs:
             heartbeat.check()
-            data = self.provider.fetch(ref)
+            data = provider.fetch(ref)
             digest = self.blobs.put(data)
             record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": ref.content_type}
             self.store.store_output(claim, ref.index, record)
@@ -192,27 +245,27 @@ class Executor:
         return True
 
     def _reconcile(self, rec: Reconcile, heartbeat: Heartbeat) -> None:
-        """Every provider error here means "ask again later" (never "pay again"), until the
-        reconciliation is older than its limit: then an operator decides."""
+        """Ask the server that received the prompt, never another. Every provider error here
+        means "ask again later" (never "pay again"), until the reconciliation is older than its
+        limit: then an operator decides."""
         claim = rec.claim
         if not rec.submitted:
             raise AttemptFailed(claim, NotExecuted("never_submitted"))
+        if claim.server not in self.fleet:  # no longer configured here: only its own record counts
+            return self._later(rec)
+        provider = self.fleet[claim.server]
         try:
-            status = self.provider.status(claim.operation_id)
+            status = self._submitted(lambda: provider.status(claim.operation_id))
             if status.state in ("pending", "running"):
                 return self._later(rec)
             if status.state == "unknown":
-                return self._unknowable(rec, self.provider.epoch())
-            # It ran: what it is charged is what it produced (booked once per attempt).
-            self.store.charge(claim, len(status.outputs) * self.provider.price_per_output)
-            self._store_outputs(claim, status.outputs, heartbeat)
-        except ProviderError as exc:
-            log.info("reconcile %s: provider answered %s; asking again later", claim.job_id, exc.error_class)
+                return self._unknowable(rec, self._submitted(provider.epoch))
+            self._complete(claim, provider, status, heartbeat)  # it ran: booked once per attempt
+        except UnknownOutcome as exc:
+            log.info("reconcile %s: provider answered %s; asking again later", claim.job_id, exc.reason)
             return self._later(rec)
-        try:
-            self.store.finish(claim, "completed")
-        except IncompleteOutputs:  # it ran but did not make them all: retry the missing ones
-            raise AttemptFailed(claim, OperationFailed(status.error or "provider_outputs_missing")) from None
+        except ProviderError as exc:
+            raise AttemptFailed(claim, exc) from exc
 
     def _too_old(self, rec: Reconcile) -> bool:
         return rec.claim.claimed_ms - rec.since_ms >= self.settings.reconcile_max_seconds * 1000

@@ -18,6 +18,13 @@ TENANTS = f"{PREFIX}:tenants"
 STATS = f"{PREFIX}:stats"
 #: Sorted set: tenant -> when its next work is due (ms). The sweeper visits only due tenants.
 WAKE = f"{PREFIX}:wake"
+#: Hash: the provider fleet. ``busy:<server>`` prompts in flight (slots taken by claims);
+#: ``<reason>:<server>`` (dispatch_paused, provider_credentials, provider_unreachable) -> since
+#: when (ms) while dispatch to the server is stopped; ``w:<job id>`` -> JSON {server, gen, op,
+#: attempt} for each prompt waiting at a server, watched by the server's watcher; ``rr``.
+FLEET = f"{PREFIX}:fleet"
+#: Sorted set: queued job id waiting for a free server slot, scored 1e13 for batch + queued ms.
+PARKED = f"{PREFIX}:fleet:parked"
 
 #: Use with ``fullmatch`` (``$`` would also accept a trailing newline).
 TENANT_RE = re.compile(r"[a-z0-9_]{1,40}")
@@ -135,6 +142,16 @@ class JobKeys:
         return self._k(":events")
 
     @property
+    def progress(self) -> str:
+        """List: JSON progress events of the current run, the last N kept (``pipeline.progress``)."""
+        return self._k(":progress")
+
+    @property
+    def progress_seen(self) -> str:
+        """Hash: ``attempt`` -> the attempt it describes, ``node:<id>`` -> highest progress value recorded."""
+        return self._k(":progress_seen")
+
+    @property
     def outputs(self) -> str:
         """Hash: output index -> JSON {sha256, bytes, content_type}."""
         return self._k(":outputs")
@@ -153,11 +170,6 @@ class ProviderKeys:
     def budget(self) -> str:
         """Hash: tokens left in the provider's shared retry budget."""
         return f"{PREFIX}:{{p:{self.name}}}:budget"
-
-    @property
-    def status(self) -> str:
-        """Hash: why dispatch is stopped -> since when (ms): ``provider_credentials``, ``dispatch_paused``."""
-        return f"{PREFIX}:{{p:{self.name}}}:status"
 
 
 def tenant_disabled(tenant: str) -> str:

@@ -94,3 +94,20 @@ class Reads:
 
     def state_counts(self, tenant: str) -> dict[str, int]:
         return {state: int(n) for state, n in self.redis.hgetall(TenantKeys(tenant).counts).items()}
+
+    def watched(self) -> dict[str, dict[str, Any]]:
+        """Job id -> {server, gen, op, attempt} of every prompt waiting at a server (the watch list)."""
+        raw = self.redis.hgetall(keys.FLEET)
+        return {field[2:]: orjson.loads(value) for field, value in raw.items() if field.startswith("w:")}
+
+    def fleet(self, caps: dict[str, int]) -> dict[str, dict[str, Any]]:
+        """Each server's slots in use, cap, stops (reason -> since, ms) and watched prompts."""
+        raw = self.redis.hgetall(keys.FLEET)
+        watched = [orjson.loads(value)["server"] for field, value in raw.items() if field.startswith("w:")]
+        view: dict[str, dict[str, Any]] = {}
+        for name, cap in caps.items():
+            stops = {field.split(":")[0]: int(since) for field, since in raw.items()
+                     if field.endswith(f":{name}") and not field.startswith(("busy:", "w:"))}
+            view[name] = {"busy": int(raw.get(f"busy:{name}", 0)), "cap": cap, "stopped": stops,
+                          "watched": watched.count(name)}
+        return view

@@ -39,9 +39,9 @@ class Router:
     """Applies the next step for a failed attempt. Returns the action taken:
     ``retry``, ``reconcile``, ``dead_letter`` or ``cancelled``."""
 
-    def __init__(self, store: Store, settings: Settings, provider: str, *,
+    def __init__(self, store: Store, settings: Settings, budget: str = "comfyui", *,
                  rng: Callable[[], float] = random.random) -> None:
-        self.store, self.settings, self.provider, self.rng = store, settings, provider, rng
+        self.store, self.settings, self.budget, self.rng = store, settings, budget, rng
 
     def route(self, failure: AttemptFailed, *, base: float | None = None, cap: float | None = None) -> str:
         claim, cause = failure.claim, failure.cause
@@ -52,10 +52,9 @@ class Router:
         if job.get("cancel_requested") == "1":
             self.store.finish(claim, "cancelled", reason="cancelled")
             return "cancelled"
-        if isinstance(cause, ProviderAuthFailed):
-            self.store.block_provider(self.provider, "provider_credentials")
-            delay_ms = int(self.settings.auth_recheck_seconds * 1000)
-            self.store.retry(claim, delay_ms=delay_ms, error_class=cause.error_class, free=True)
+        if isinstance(cause, ProviderAuthFailed):  # that server's credentials, not the job nor the fleet
+            self.store.block_provider(claim.server, "provider_credentials")
+            self.store.retry(claim, delay_ms=0, error_class=cause.error_class, free=True)
             return "retry"
         if isinstance(cause, TERMINAL):
             return self._dead_letter(claim, cause.error_class, cause.reason)
@@ -64,7 +63,7 @@ class Router:
                         cap=self.settings.retry_cap_seconds if cap is None else cap)
         blocker = self._blocker(job, len(stored), self.store.server_ms(), delay)
         if blocker is None and not self.store.budget(
-            self.provider, "take", self.settings.retry_cost_tokens, self.settings.retry_budget_tokens
+            self.budget, "take", self.settings.retry_cost_tokens, self.settings.retry_budget_tokens
         ):
             blocker = "retry_budget_exhausted"
         if blocker:
@@ -133,3 +132,20 @@ class FailureRouter(Middleware):
         action = self.router().route(exception, base=option("retry_backoff_base"), cap=option("retry_backoff_cap"))
         log.info("message %s: %s -> %s", message.message_id, exception.cause.error_class, action)
         return action
+
+
+class Unpark(Middleware):
+    """After every message, publishes parked jobs again while the fleet has free slots (a
+    finished, retried or reviewed job just gave one back). A job taken from the parked set
+    and not published (this process died) is still queued: the sweeper redelivers it."""
+
+    def __init__(self, store: Callable[[], Store], servers: dict[str, int], publish: Callable[[str, str], None]):
+        self.store, self.servers, self.publish = store, servers, publish
+
+    def after_process_message(self, broker: dramatiq.Broker, message: Any, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
+        try:
+            for job_id, priority in self.store().unpark(self.servers):
+                self.publish(job_id, priority)
+        except Exception:  # the sweeper unparks on its next pass
+            log.warning("unpark after message %s failed", message.message_id, exc_info=True)

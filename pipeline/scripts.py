@@ -37,6 +37,7 @@ class Code(IntEnum):
     CANCELLED = 12
     BUDGET_EXHAUSTED = 13
     EXPIRED = 14
+    NO_CAPACITY = 15
 
 
 def raise_for(code: Code, reply: Sequence[Any]) -> None:

@@ -7,11 +7,18 @@ from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import urlsplit
 
+from .fleet import Server
+from .fleet import parse as parse_servers
+
 #: State and broker live in one redis-server, in two logical databases (see README).
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6390/0"
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6390/1"
 #: The simulated provider speaks ComfyUI's HTTP API on ComfyUI's default port.
 DEFAULT_PROVIDER_URL = "http://127.0.0.1:8188"
+#: The fleet (``name=url;cap=N;price=P,...``, see pipeline/fleet.py); empty: one server at the URL.
+DEFAULT_PROVIDERS = ""
+#: Prompts in flight per server unless its entry says ``cap=N``.
+DEFAULT_PROVIDER_CAP = 2
 DEFAULT_BLOB_DIR = "var/blobs"
 #: Cost units charged per output image; must match the provider's real price.
 DEFAULT_PRICE_PER_OUTPUT = 10
@@ -30,6 +37,15 @@ DEFAULT_DEADLINE_SECONDS = 3600
 DEFAULT_OUTBOX_GRACE_SECONDS = 10.0
 DEFAULT_SWEEP_INTERVAL_SECONDS = 1.0
 DEFAULT_POLL_INTERVAL_SECONDS = 0.05
+#: After submission the worker's thread is freed and the server's watcher follows the prompt
+#: (websocket, with /history as the fallback); off: the worker polls until the prompt ends.
+DEFAULT_WATCH = True
+#: The watcher asks /history for one watched prompt per server at most this often while its
+#: websocket is down (and every ``watch_recheck_seconds`` per prompt while it is up).
+DEFAULT_WATCH_POLL_SECONDS = 1.0
+DEFAULT_WATCH_RECHECK_SECONDS = 30.0
+#: An unreachable server is probed (GET /system_stats) this often until it answers.
+DEFAULT_PROBE_SECONDS = 5.0
 #: Retry backoff: sleep = uniform(0, min(cap, base * 2**(attempt - 1))), or Retry-After if larger.
 DEFAULT_RETRY_BASE_SECONDS = 1.0
 DEFAULT_RETRY_CAP_SECONDS = 60.0
@@ -39,8 +55,6 @@ DEFAULT_MIN_ATTEMPT_SECONDS = 1.0
 DEFAULT_RETRY_BUDGET_TOKENS = 100
 DEFAULT_RETRY_COST_TOKENS = 5
 DEFAULT_RETRY_REFUND_TOKENS = 1
-#: While a provider refuses our credentials, deferred jobs look again after this long.
-DEFAULT_AUTH_RECHECK_SECONDS = 30.0
 #: How often a reconciling job asks the provider again while the provider is still working.
 DEFAULT_RECONCILE_INTERVAL_SECONDS = 5.0
 #: "No record of the operation, same provider epoch" proves non-execution only once the
@@ -58,6 +72,12 @@ DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600
 #: An attempt whose outcome cannot be known may be retried automatically only when the
 #: possible duplicate cost (its uncertain units) is at most this; 0 sends it to review.
 DEFAULT_DUPLICATE_COST_ALLOWANCE = 0
+#: An event stream (SSE) ends after this long and the client resumes with Last-Event-ID: a
+#: stream holds one of gunicorn's few threads, and ending under its graceful_timeout (20 s)
+#: lets a restart drain every stream.
+DEFAULT_SSE_MAX_SECONDS = 15.0
+#: Event streams one web process serves at once (half its default 4 threads); more get 503.
+DEFAULT_SSE_MAX_STREAMS = 2
 
 
 @dataclass(frozen=True)
@@ -65,6 +85,8 @@ class Settings:
     redis_url: str = DEFAULT_REDIS_URL
     broker_url: str = DEFAULT_BROKER_URL
     provider_url: str = DEFAULT_PROVIDER_URL
+    providers: str = DEFAULT_PROVIDERS
+    provider_cap: int = DEFAULT_PROVIDER_CAP
     blob_dir: str = DEFAULT_BLOB_DIR
     price_per_output: int = DEFAULT_PRICE_PER_OUTPUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
@@ -76,19 +98,24 @@ class Settings:
     outbox_grace_seconds: float = DEFAULT_OUTBOX_GRACE_SECONDS
     sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
     poll_interval_seconds: float = DEFAULT_POLL_INTERVAL_SECONDS
+    watch: bool = DEFAULT_WATCH
+    watch_poll_seconds: float = DEFAULT_WATCH_POLL_SECONDS
+    watch_recheck_seconds: float = DEFAULT_WATCH_RECHECK_SECONDS
+    probe_seconds: float = DEFAULT_PROBE_SECONDS
     retry_base_seconds: float = DEFAULT_RETRY_BASE_SECONDS
     retry_cap_seconds: float = DEFAULT_RETRY_CAP_SECONDS
     min_attempt_seconds: float = DEFAULT_MIN_ATTEMPT_SECONDS
     retry_budget_tokens: int = DEFAULT_RETRY_BUDGET_TOKENS
     retry_cost_tokens: int = DEFAULT_RETRY_COST_TOKENS
     retry_refund_tokens: int = DEFAULT_RETRY_REFUND_TOKENS
-    auth_recheck_seconds: float = DEFAULT_AUTH_RECHECK_SECONDS
     reconcile_interval_seconds: float = DEFAULT_RECONCILE_INTERVAL_SECONDS
     reconcile_max_seconds: float = DEFAULT_RECONCILE_MAX_SECONDS
     submit_settle_seconds: float = DEFAULT_SUBMIT_SETTLE_SECONDS
     review_expiry_seconds: int = DEFAULT_REVIEW_EXPIRY_SECONDS
     duplicate_cost_allowance: int = DEFAULT_DUPLICATE_COST_ALLOWANCE
     retention_seconds: int = DEFAULT_RETENTION_SECONDS
+    sse_max_seconds: float = DEFAULT_SSE_MAX_SECONDS
+    sse_max_streams: int = DEFAULT_SSE_MAX_STREAMS
 
     def __post_init__(self) -> None:
         if self.retention_seconds < self.idempotency_ttl_seconds:
@@ -103,6 +130,8 @@ class Settings:
             "redis_url": ("RECKON_REDIS_URL", str),
             "broker_url": ("RECKON_BROKER_URL", str),
             "provider_url": ("RECKON_PROVIDER_URL", str),
+            "providers": ("RECKON_PROVIDERS", str),
+            "provider_cap": ("RECKON_PROVIDER_CAP", int),
             "blob_dir": ("RECKON_BLOB_DIR", str),
             "price_per_output": ("RECKON_PRICE_PER_OUTPUT", int),
             "max_attempts": ("RECKON_MAX_ATTEMPTS", int),
@@ -114,24 +143,41 @@ class Settings:
             "outbox_grace_seconds": ("RECKON_OUTBOX_GRACE_SECONDS", float),
             "sweep_interval_seconds": ("RECKON_SWEEP_INTERVAL_SECONDS", float),
             "poll_interval_seconds": ("RECKON_POLL_INTERVAL_SECONDS", float),
+            "watch": ("RECKON_WATCH", flag),
+            "watch_poll_seconds": ("RECKON_WATCH_POLL_SECONDS", float),
+            "watch_recheck_seconds": ("RECKON_WATCH_RECHECK_SECONDS", float),
+            "probe_seconds": ("RECKON_PROBE_SECONDS", float),
             "retry_base_seconds": ("RECKON_RETRY_BASE_SECONDS", float),
             "retry_cap_seconds": ("RECKON_RETRY_CAP_SECONDS", float),
             "min_attempt_seconds": ("RECKON_MIN_ATTEMPT_SECONDS", float),
             "retry_budget_tokens": ("RECKON_RETRY_BUDGET_TOKENS", int),
             "retry_cost_tokens": ("RECKON_RETRY_COST_TOKENS", int),
             "retry_refund_tokens": ("RECKON_RETRY_REFUND_TOKENS", int),
-            "auth_recheck_seconds": ("RECKON_AUTH_RECHECK_SECONDS", float),
             "reconcile_interval_seconds": ("RECKON_RECONCILE_INTERVAL_SECONDS", float),
             "reconcile_max_seconds": ("RECKON_RECONCILE_MAX_SECONDS", float),
             "submit_settle_seconds": ("RECKON_SUBMIT_SETTLE_SECONDS", float),
             "review_expiry_seconds": ("RECKON_REVIEW_EXPIRY_SECONDS", int),
             "duplicate_cost_allowance": ("RECKON_DUPLICATE_COST_ALLOWANCE", int),
             "retention_seconds": ("RECKON_RETENTION_SECONDS", int),
+            "sse_max_seconds": ("RECKON_SSE_MAX_SECONDS", float),
+            "sse_max_streams": ("RECKON_SSE_MAX_STREAMS", int),
         }
         values = {name: parse(env[var]) for name, (var, parse) in fields.items() if var in env}
         if "RECKON_REDIS_URL" in env and "RECKON_BROKER_URL" not in env:
             values["broker_url"] = with_db(env["RECKON_REDIS_URL"], 1)
         return cls(**values)
+
+    def servers(self) -> list[Server]:
+        return parse_servers(self.providers, default_url=self.provider_url, cap=self.provider_cap,
+                             price=self.price_per_output)
+
+
+def flag(value: str) -> bool:
+    """A boolean variable: 1/true/yes/on or 0/false/no/off."""
+    lowered = value.strip().lower()
+    if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError(f"not a boolean: {value!r}")
+    return lowered in ("1", "true", "yes", "on")
 
 
 def with_db(url: str, db: int) -> str:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
 
 import orjson
 import redis
@@ -14,6 +14,9 @@ from .keys import JobKeys, ProviderKeys, TenantKeys
 from .reads import Reads
 from .scripts import Code, Scripts, raise_for
 
+#: Why dispatch to a server may be stopped: an operator's pause, credentials refused, or no
+#: answer (connection refused, 5xx) with the watcher probing until it answers again.
+SERVER_BLOCKS = ("dispatch_paused", "provider_credentials", "provider_unreachable")
 #: No Redis call waits longer than this (s): a worker cut off from Redis must not resume a step
 #: minutes later on a decision it made before (every script runs in milliseconds).
 SOCKET_TIMEOUT_S = 10.0
@@ -46,6 +49,8 @@ class Claim:
     operation_id: str
     #: Redis's clock when the claim was made (ms): the worker measures time from here.
     claimed_ms: int = 0
+    #: The fleet server the attempt runs on (its slot is taken by the claim).
+    server: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,22 +121,47 @@ class Store(Reads):
         self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key), t.queued], [job_id, _at(now_ms)])
 
     def claim(
-        self, job_id: str, *, worker: str, lease_ms: int, operation_id: str, provider: str,
-        min_attempt_ms: int = 0, now_ms: int | None = None,
+        self, job_id: str, *, worker: str, lease_ms: int, operation_id: str, servers: Mapping[str, int],
+        provider: str = "comfyui", min_attempt_ms: int = 0, now_ms: int | None = None,
     ) -> Claim | None:
-        """Claim a queued job; None when it is not claimable (running, terminal, unknown) or
-        when too little time is left before its deadline (then it has failed, settled)."""
+        """Claim a queued job and a slot on the least loaded of ``servers`` (name -> cap); None
+        when it is not claimable (running, terminal, unknown), when no server has a free slot
+        (then it waits, parked), or when too little time is left before its deadline (then it
+        has failed, settled)."""
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
             "claim",
             [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
-             j.workflow, keys.WAKE],
-            [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms],
+             j.workflow, keys.WAKE, keys.FLEET, keys.PARKED],
+            [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms,
+             *[item for pair in servers.items() for item in pair]],
         )
         if Code(reply[0]) is not Code.OK:
             return None
-        return Claim(job_id, int(reply[1]), int(reply[2]), operation_id, int(reply[3]))
+        return Claim(job_id, int(reply[1]), int(reply[2]), operation_id, int(reply[3]), reply[4])
+
+    def await_provider(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> Claim:
+        """Hand a submitted attempt to its server's watcher; the watcher's claim (new generation)."""
+        j = JobKeys(claim.job_id)
+        reply = self._fenced("await", [j.record, j.tenant.leases, keys.FLEET, keys.WAKE],
+                             [claim.generation, _at(now_ms), lease_ms])
+        return replace(claim, generation=int(reply[1]))
+
+    def collect_claim(self, job_id: str, *, worker: str, lease_ms: int, now_ms: int | None = None) -> Claim | None:
+        """Take a job the watcher holds, to collect its outputs; None if it is not watched (any more)."""
+        j = JobKeys(job_id)
+        reply = self.scripts("collect-claim", [j.record, j.tenant.leases, keys.FLEET, keys.WAKE],
+                             [_at(now_ms), worker, lease_ms])
+        if Code(reply[0]) is not Code.OK:
+            return None
+        return Claim(job_id, int(reply[1]), int(reply[2]), reply[3], int(reply[5]), reply[4])
+
+    def unpark(self, servers: Mapping[str, int]) -> list[tuple[str, str]]:
+        """Parked jobs, as many as the fleet has free slots, with their priority, to publish again."""
+        reply = self.scripts("unpark", [keys.FLEET, keys.PARKED], [item for pair in servers.items() for item in pair])
+        pairs = zip(reply[1::2], reply[2::2], strict=True)
+        return [(job_id, "batch" if float(score) >= 1e13 else "interactive") for job_id, score in pairs]
 
     def heartbeat(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> int:
         j = JobKeys(claim.job_id)
@@ -174,7 +204,7 @@ class Store(Reads):
         self._fenced(
             "finish",
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
-             j.workflow, keys.WAKE],
+             j.workflow, keys.WAKE, keys.FLEET],
             [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome],
         )
 
@@ -185,7 +215,7 @@ class Store(Reads):
         t = j.tenant
         reply = self._fenced(
             "retry",
-            [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, keys.WAKE],
+            [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, keys.WAKE, keys.FLEET],
             [claim.generation, _at(now_ms), delay_ms, error_class, int(free)],
         )
         return int(reply[1])
@@ -197,7 +227,8 @@ class Store(Reads):
         t = j.tenant
         reply = self.scripts(
             "reconcile-begin",
-            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs, keys.WAKE],
+            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs, keys.WAKE,
+             keys.FLEET],
             [claim.generation if claim else "", _at(now_ms), delay_ms, reason],
         )
         if claim is not None:
@@ -212,7 +243,7 @@ class Store(Reads):
                              [_at(now_ms), worker, lease_ms])
         if Code(reply[0]) is not Code.OK:
             return None
-        claim = Claim(job_id, int(reply[1]), int(reply[5]), reply[2], int(reply[6]))
+        claim = Claim(job_id, int(reply[1]), int(reply[5]), reply[2], int(reply[6]), reply[10])
         return Reconcile(claim, bool(reply[3]), reply[4], int(reply[7]), int(reply[8]), int(reply[9]))
 
     def resolve_uncertain(self, claim: Claim, *, executed: bool) -> int:
@@ -227,7 +258,7 @@ class Store(Reads):
     def send_to_review(self, claim: Claim, *, expires_in_ms: int, reason: str, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
         t = j.tenant
-        self._fenced("review", [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, keys.WAKE],
+        self._fenced("review", [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, keys.WAKE, keys.FLEET],
                      [claim.generation, _at(now_ms), expires_in_ms, reason])
 
     def resolve_review(self, job_id: str, decision: str, *, reason: str, now_ms: int | None = None) -> str:
@@ -282,13 +313,6 @@ class Store(Reads):
                                        t.done], [tenant, window_ms, retention_ms])
         return None if int(reply[1]) < 0 else int(reply[1])
 
-    def defer(self, job_id: str, *, delay_ms: int, reason: str, now_ms: int | None = None) -> bool:
-        j = JobKeys(job_id)
-        t = j.tenant
-        reply = self.scripts("defer", [j.record, t.queued, t.retry, j.events, t.counts, keys.WAKE],
-                             [_at(now_ms), delay_ms, reason])
-        return Code(reply[0]) is Code.OK
-
     def cancel(self, job_id: str, *, now_ms: int | None = None) -> tuple[str, str]:
         """Cancel or request cancellation; (state after, external_effect)."""
         j = JobKeys(job_id)
@@ -316,17 +340,21 @@ class Store(Reads):
         reply = self.scripts("budget", [ProviderKeys(provider).budget], [operation, tokens, capacity])
         return Code(reply[0]) is Code.OK
 
-    def block_provider(self, provider: str, reason: str, *, now_ms: int | None = None) -> None:
-        """Stop dispatch to a provider (``provider_credentials`` or ``dispatch_paused``) until cleared."""
-        self.redis.hset(ProviderKeys(provider).status, reason, self.server_ms() if now_ms is None else now_ms)
+    def block_provider(self, server: str, reason: str, *, now_ms: int | None = None) -> bool:
+        """Stop dispatch to a server (one of ``SERVER_BLOCKS``) until cleared; False if it already was."""
+        if reason not in SERVER_BLOCKS:
+            raise ValueError(f"unknown block reason {reason!r}")
+        since = self.server_ms() if now_ms is None else now_ms
+        return bool(self.redis.hsetnx(keys.FLEET, f"{reason}:{server}", since))
 
-    def provider_block(self, provider: str) -> str | None:
-        """Why dispatch to the provider is stopped, or None."""
-        reasons = sorted(self.redis.hkeys(ProviderKeys(provider).status))
-        return reasons[0] if reasons else None
+    def provider_block(self, server: str) -> str | None:
+        """Why dispatch to the server is stopped (the first reason), or None."""
+        found = self.redis.hmget(keys.FLEET, [f"{reason}:{server}" for reason in SERVER_BLOCKS])
+        return next((reason for reason, since in zip(SERVER_BLOCKS, found, strict=True) if since), None)
 
-    def clear_provider(self, provider: str) -> bool:
-        return bool(self.redis.delete(ProviderKeys(provider).status))
+    def clear_provider(self, server: str, reasons: Sequence[str] = SERVER_BLOCKS) -> bool:
+        """Let dispatch to the server resume (for ``reasons``); False if it was not stopped for them."""
+        return bool(self.redis.hdel(keys.FLEET, *[f"{reason}:{server}" for reason in reasons]))
 
     def _check(self, reply: list[Any]) -> list[Any]:
         code = Code(reply[0])

@@ -4,13 +4,15 @@
 - due reconciliations -> a reconcile message (again only after a window without a claim)
 - due outbox entries -> published; queued jobs not claimed within the window -> published
   again (their message may be lost), or failed past their deadline
-- due retries -> queued (unless dispatch to the provider is stopped), or failed past the deadline
+- due retries -> queued, or failed past the deadline
+- parked jobs (no server had a free slot) -> published again, as many as there are free slots
 - expired reviews -> failed, settled as charged
 - finished jobs past their retention -> purged
 
 A pass visits only tenants whose work is due: every script that schedules work also
 moves the tenant's entry in the wake set (``reckon:wake``) earlier, and after a visit
-``rearm`` sets it to the tenant's true next due time. An idle pass is one command.
+``rearm`` sets it to the tenant's true next due time. An idle pass is two commands (unpark,
+take-due).
 Two sweepers at once take different tenants (``take-due`` holds a tenant for one pass).
 
 Run it: ``python -m pipeline.sweeper`` (the ``sweeper`` process in the Procfile).
@@ -43,10 +45,11 @@ class Sweeper:
     sweepers at once never move a job twice."""
 
     def __init__(
-        self, store: Store, publish: Callable[[str, str], None], settings: Settings, *, provider: str = "comfyui",
+        self, store: Store, publish: Callable[[str, str], None], settings: Settings, *,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self.store, self.publish, self.settings, self.provider, self.clock = store, publish, settings, provider, clock
+        self.store, self.publish, self.settings, self.clock = store, publish, settings, clock
+        self.servers = {server.name: server.cap for server in settings.servers()}
         self.window_ms = int(settings.outbox_grace_seconds * 1000)
         self.retention_ms = int(settings.retention_seconds * 1000)
 
@@ -57,18 +60,20 @@ class Sweeper:
         """One pass over the tenants with due work; returns how many jobs each step moved."""
         done: Counter[str] = Counter()
         now = self.now_ms()
+        for job_id, priority in self.store.unpark(self.servers):
+            self.publish(job_id, priority)
+            done["unparked"] += 1
         tenants = self.store.take_due(limit=TENANTS_PER_PASS, hold_ms=HOLD_MS, now_ms=now)
-        blocked = bool(tenants) and self.store.provider_block(self.provider) is not None
         for tenant in tenants:
             try:
-                self._visit(TenantKeys(tenant), now, blocked, done)
+                self._visit(TenantKeys(tenant), now, done)
             except Exception:  # one tenant's failure must not hold up the others
                 log.exception("sweep of tenant %s failed; it is visited again next pass", tenant)
             finally:
                 self.store.rearm(tenant, window_ms=self.window_ms, retention_ms=self.retention_ms)
         return +done  # only the steps that moved something
 
-    def _visit(self, t: TenantKeys, now: int, blocked: bool, done: Counter[str]) -> None:
+    def _visit(self, t: TenantKeys, now: int, done: Counter[str]) -> None:
         due = self._due(t, now)
         for job_id in due["leases"]:
             done["leases_expired"] += self.store.begin_reconcile(job_id, now_ms=now, reason="lease_expired")
@@ -78,7 +83,7 @@ class Sweeper:
             done["republished"] += self._republish(job_id, now)
         for job_id in due["queued"]:
             done["redelivered"] += self._redeliver(job_id, "queued", None, now)
-        for job_id in [] if blocked else due["retry"]:
+        for job_id in due["retry"]:
             done["retries_promoted"] += self.store.promote(job_id, now_ms=now) is not None
         for job_id in due["review"]:
             self.store.resolve_review(job_id, "failed", now_ms=now, reason="review_expired")

@@ -88,7 +88,8 @@ def store(redis_client: redis.Redis) -> Store:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return dataclasses.replace(Settings.from_env(), blob_dir=str(tmp_path / "blobs"), lease_seconds=5.0,
-                               poll_interval_seconds=0.01, submit_settle_seconds=0.0)
+                               poll_interval_seconds=0.01, submit_settle_seconds=0.0, watch=False,
+                               providers="sim=http://127.0.0.1:9;cap=1000")
 
 
 @pytest.fixture

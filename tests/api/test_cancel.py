@@ -26,7 +26,7 @@ def test_cancel_a_queued_job_releases_its_reservation(client, submit, tenant, st
 def test_cancel_a_running_job_is_a_request(client, submit, tenant, store: Store) -> None:
     key = tenant()
     job_id = submit(key).json["id"]
-    claim = store.claim(job_id, worker="w", now_ms=1, lease_ms=10**13, operation_id="op", provider="sim")
+    claim = store.claim(job_id, worker="w", now_ms=1, lease_ms=10**13, operation_id="op", servers={"sim": 1000})
     store.mark_submit(claim, now_ms=2, epoch="e", lease_ms=10**13)
     resp = client.simulate_post(f"/v1/jobs/{job_id}/cancel", headers=auth(key))
     assert resp.status_code == 202
@@ -37,7 +37,7 @@ def test_cancel_a_running_job_is_a_request(client, submit, tenant, store: Store)
 def test_cancel_a_finished_or_foreign_job_is_refused(client, submit, tenant, store: Store) -> None:
     key, other = tenant("acme"), tenant("globex")
     job_id = submit(key).json["id"]
-    claim = store.claim(job_id, worker="w", now_ms=1, lease_ms=10**13, operation_id="op", provider="sim")
+    claim = store.claim(job_id, worker="w", now_ms=1, lease_ms=10**13, operation_id="op", servers={"sim": 1000})
     store.finish(claim, "failed", now_ms=2, error_class="policy_rejected")
     resp = client.simulate_post(f"/v1/jobs/{job_id}/cancel", headers=auth(key))
     assert (resp.status_code, resp.json["type"], resp.json["state"]) == (409, P + "job-finished", "failed")

@@ -29,7 +29,7 @@ def admit(store: Store, key: str = "k1", job_id: str = "acme.0000000000000000000
 
 
 def claim(store: Store, job_id: str = "acme.00000000000000000001", now: int = NOW, op: str = "op-1"):
-    return store.claim(job_id, worker="w1", now_ms=now, lease_ms=1000, operation_id=op, provider="sim")
+    return store.claim(job_id, worker="w1", now_ms=now, lease_ms=1000, operation_id=op, servers={"sim": 1000})
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ import time
 
 import orjson
 
-from pipeline import actors, cli
-from pipeline.broker import Publisher
+from pipeline import cli, keys
 from pipeline.sweeper import Sweeper
 from pipeline.tenants import hash_key, tenant_for_key
 
@@ -42,20 +41,24 @@ def test_job_show_and_status_never_print_the_workflow(store, capsys, admit) -> N
     assert run(store, capsys, "job", "show", "acme.nope")[0] == 1
 
 
-def test_pause_stops_dispatch_without_losing_work(store, settings, capsys, admit, make_executor, sim) -> None:
+def test_pause_drains_a_server_without_losing_work(store, settings, capsys, admit, make_executor, sim) -> None:
     job_id = admit()
-    assert run(store, capsys, "provider", "pause")[0] == 0
-    assert make_executor(sim).run(job_id) is False
+    assert run(store, capsys, "provider", "pause", "sim")[0] == 0
+    assert make_executor(sim).run(job_id) is False  # parked: no slot on a paused server
     job = store.job(job_id)
-    assert (job["state"], job["attempt_count"]) == ("retry_wait", "0")
-    assert store.events(job_id)[-1]["reason"] == "dispatch_paused"
-    sweeper = Sweeper(store, Publisher(actors.broker), settings, clock=lambda: time.time() + 60)
-    assert sweeper.sweep_once()["retries_promoted"] == 0
-    code, out, _ = run(store, capsys, "provider", "clear")
+    assert (job["state"], job.get("attempt_count", "0")) == ("queued", "0")
+    assert store.redis.zrange(keys.PARKED, 0, -1) == [job_id]
+    published: list[tuple[str, str]] = []
+    sweeper = Sweeper(store, lambda *message: published.append(message), settings)
+    assert sweeper.sweep_once()["unparked"] == 0 and published == []
+    code, out, _ = run(store, capsys, "provider", "clear", "sim")
     assert code == 0 and orjson.loads(out)["cleared"] is True
-    assert sweeper.sweep_once()["retries_promoted"] == 1
+    assert sweeper.sweep_once()["unparked"] == 1 and published == [(job_id, "interactive")]
     assert make_executor(sim).run(job_id) is True
     assert store.job(job_id)["state"] == "completed" and len(sim.sim.charges) == 1
+    status = orjson.loads(run(store, capsys, "provider", "status")[1])
+    assert status["parked"] == 0 and status["servers"]["comfyui"] == {"busy": 0, "cap": 2, "stopped": {},
+                                                                     "watched": 0}
 
 
 def test_tenant_disable_enable_and_key_revoke(store, capsys) -> None:

@@ -9,11 +9,12 @@ import time
 import dramatiq
 import pytest
 
-from pipeline import actors
+from pipeline import actors, keys
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.errors import AttemptFailed, IdempotencyConflict, StaleLease
 from pipeline.jobs import Admitter
+from pipeline.keys import ProviderKeys
 from pipeline.providers import sim as simulated
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
@@ -111,19 +112,19 @@ def test_a_stale_worker_cannot_overwrite_the_reconciler(store, settings, admit, 
                                     "available": 9_990}
 
 
-def test_an_unreachable_provider_is_retried_later(store, admit, make_executor, make_router) -> None:
+def test_an_unreachable_server_is_marked_and_the_attempt_given_back(store, admit, make_executor) -> None:
     closed = simulated.start()
     closed.close()  # nothing listens on this port any more
     job_id = admit()
-    with pytest.raises(AttemptFailed) as failed:
-        make_executor(closed).run(job_id)
-    before = time.time() * 1000
-    assert make_router(retry_base_seconds=2.0).route(failed.value) == "retry"
+    assert make_executor(closed).run(job_id) is True  # no AttemptFailed: the job is not at fault
     job = store.job(job_id)
-    assert (job["state"], job["error_class"]) == ("retry_wait", "transient")
-    assert before + 2000 - 50 <= int(job["retry_at"]) <= before + 2000 + 1000  # rng 1.0: the full 2 s
+    assert (job["state"], job["error_class"], job["attempts_allowed"]) == ("retry_wait", "connect_failed", "4")
+    assert int(job["retry_at"]) <= store.server_ms()  # due at once: another server may take it
+    assert store.provider_block("sim") == "provider_unreachable"
+    assert store.redis.hget(keys.FLEET, "busy:sim") == "0"  # its slot was given back
+    assert store.redis.hgetall(ProviderKeys("comfyui").budget) == {}  # no retry token spent
     assert store.ledger("acme")["reserved"] == 30 and store.ledger("acme")["settled"] == 0
-    assert [a["state"] for a in store.attempts(job_id)] == ["failed"]
+    assert [(a["state"], a["server"]) for a in store.attempts(job_id)] == [("failed", "sim")]
 
 
 def test_sweeper_publishes_what_admission_never_sent(store, settings, broker, tenant) -> None:

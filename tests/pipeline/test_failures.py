@@ -10,13 +10,17 @@ from urllib.request import Request, urlopen
 import orjson
 import pytest
 
-from pipeline import actors, cli
+from pipeline import actors, cli, keys
 from pipeline.broker import Publisher
 from pipeline.errors import AttemptFailed, InsufficientAllowance
 from pipeline.keys import TenantKeys
 from pipeline.providers import sim as simulated
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
+
+
+#: The provider's answer to the epoch read before submission is lost: transient, nothing was sent.
+FAILS_BEFORE_SENDING = {"kind": "read_error", "path": "/system_stats", "status": 0, "times": 1000}
 
 
 def inject(server: simulated.SimServer, *faults: dict) -> None:
@@ -126,19 +130,22 @@ def test_policy_rejection_is_terminal_and_dead_lettered(store, admit, make_execu
     assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 0, "available": 10_000}
 
 
-def test_auth_failure_marks_the_provider_and_stops_dispatch_until_cleared(
+def test_auth_failure_marks_that_server_and_stops_dispatch_to_it_until_cleared(
         store, settings, admit, make_executor, make_router, sim) -> None:
     first, second = admit("k1"), admit("k2")
     inject(sim, {"kind": "auth"})
     executor, router = make_executor(sim), make_router()
     assert attempt(executor, router, first) == "retry"
-    assert store.provider_block("comfyui") == "provider_credentials"
+    assert store.provider_block("sim") == "provider_credentials"
     assert store.job(first)["state"] == "retry_wait" and store.job(first)["attempts_allowed"] == "4"  # not its fault
-    assert attempt(executor, router, second) == "skipped"  # deferred, the provider is not called
-    assert (store.job(second)["state"], store.job(second)["attempt_count"]) == ("retry_wait", "0")
-    assert sweep(store, settings, ahead=60)["retries_promoted"] == 0  # nothing dispatched while marked
-    assert store.clear_provider("comfyui")
-    assert sweep(store, settings, ahead=60)["retries_promoted"] == 2
+    assert attempt(executor, router, second) == "skipped"  # parked: the server is not called
+    assert (store.job(second)["state"], store.job(second).get("attempt_count", "0")) == ("queued", "0")
+    # queued again (and parked at its claim); the parked one, not claimed within the window, is sent again
+    assert sweep(store, settings, ahead=60) == {"retries_promoted": 1, "redelivered": 1}
+    assert attempt(executor, router, first) == "skipped"
+    assert store.redis.zcard(keys.PARKED) == 2
+    assert store.clear_provider("sim")
+    assert sweep(store, settings, ahead=60)["unparked"] == 2
     assert [attempt(executor, router, job) for job in (first, second)] == ["done", "done"]
     assert units(sim) == [10, 10]
 
@@ -146,7 +153,7 @@ def test_auth_failure_marks_the_provider_and_stops_dispatch_until_cleared(
 def test_retries_across_jobs_stay_within_the_shared_budget(store, settings, admit, make_executor,
                                                            make_router) -> None:
     dead = simulated.start()
-    dead.close()  # every call fails before anything is sent: transient, 100% of the time
+    inject(dead, FAILS_BEFORE_SENDING)  # transient, 100% of the time
     jobs = [admit(f"k{i}", deadline_s=3600) for i in range(6)]
     executor = make_executor(dead)
     router = make_router(retry_budget_tokens=20, retry_cost_tokens=5, retry_base_seconds=0.0)
@@ -161,13 +168,13 @@ def test_retries_across_jobs_stay_within_the_shared_budget(store, settings, admi
     assert errors.count("retry_budget_exhausted") == 6 - errors.count("attempts_exhausted")
     assert all(store.job(j)["state"] == "failed" for j in jobs)
     assert balanced(store)["reserved"] == 0 and balanced(store)["settled"] == 0
-
-
-def test_a_retry_that_would_pass_the_deadline_fails_now(store, admit, make_executor, make_router) -> None:
-    dead = simulated.start()
     dead.close()
+
+
+def test_a_retry_that_would_pass_the_deadline_fails_now(store, admit, make_executor, make_router, sim) -> None:
     job_id = admit(deadline_s=5)
-    assert attempt(make_executor(dead), make_router(retry_base_seconds=10.0), job_id) == "dead_letter"
+    inject(sim, FAILS_BEFORE_SENDING)
+    assert attempt(make_executor(sim), make_router(retry_base_seconds=10.0), job_id) == "dead_letter"
     job = store.job(job_id)
     assert (job["state"], job["error_class"], job["error_reason"]) == ("failed", "deadline_exceeded", "transient")
     assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 0, "available": 10_000}

@@ -12,11 +12,11 @@ import redis
 from pipeline import actors
 from pipeline.broker import Publisher
 from pipeline.jobs import Admitter
-from pipeline.providers import sim as simulated
 from pipeline.routing import Router, backoff
 from pipeline.store import Store
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
+from tests.pipeline.test_failures import FAILS_BEFORE_SENDING, inject
 
 DEAD_LETTERS = "dramatiq:reckon-interactive.XQ"
 BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 1}
@@ -40,11 +40,11 @@ def test_backoff_is_capped_full_jitter_and_honours_retry_after() -> None:
     assert backoff(4, base=1.0, cap=60.0, retry_after=30.0, rng=lambda: 0.5) == 30.0
 
 
-def test_a_transient_failure_becomes_a_scheduled_retry(store, admit, make_executor, make_router, broker) -> None:
-    dead = simulated.start()
-    dead.close()
+def test_a_transient_failure_becomes_a_scheduled_retry(store, admit, make_executor, make_router, broker,
+                                                       sim) -> None:
+    inject(sim, FAILS_BEFORE_SENDING)
     job_id = admit()
-    actors.use(make_executor(dead), make_router(retry_base_seconds=30.0))
+    actors.use(make_executor(sim), make_router(retry_base_seconds=30.0))
     run_worker(broker, lambda: store.job(job_id)["state"] == "retry_wait")
     assert store.job(job_id)["error_class"] == "transient"
     assert broker.client.zcard(DEAD_LETTERS) == 0  # scheduled in reckon's retry index, not failed
@@ -65,11 +65,10 @@ class BrokenRouter(Router):
 
 
 def test_a_failure_inside_routing_fails_the_message_and_the_job_is_recovered(
-        store, settings, admit, make_executor, broker) -> None:
-    dead = simulated.start()
-    dead.close()
+        store, settings, admit, make_executor, broker, sim) -> None:
+    inject(sim, FAILS_BEFORE_SENDING)
     job_id = admit()
-    actors.use(make_executor(dead), BrokenRouter(store, settings, "comfyui"))
+    actors.use(make_executor(sim), BrokenRouter(store, settings, "comfyui"))
     run_worker(broker, lambda: broker.client.zcard(DEAD_LETTERS) == 1)  # failed, not acked and forgotten
     assert store.job(job_id)["state"] == "running"  # still leased: recovery will find it
     sweeper = Sweeper(store, Publisher(broker), settings, clock=lambda: time.time() + 60)

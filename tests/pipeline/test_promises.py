@@ -27,7 +27,7 @@ from pipeline.store import Store
 from pipeline.sweeper import Sweeper
 from pipeline.tenants import create_tenant
 from tests.conftest import wait_until
-from tests.pipeline.conftest import WORKFLOW
+from tests.pipeline.conftest import WORKFLOW, single
 from tests.pipeline.test_failures import attempt, balanced, inject, lost_in_a_restart, reconcile, units
 
 RECONCILE_QUEUE = "dramatiq:reckon-reconcile"
@@ -155,7 +155,7 @@ def test_supersedes_is_part_of_the_admission(store, settings, tenant) -> None:
 
 def test_a_dispatched_job_is_only_marked_obsolete_when_superseded(store, settings, admit, make_executor) -> None:
     older = admit()
-    claim = store.claim(older, worker="w", lease_ms=60_000, operation_id="op", provider="sim")
+    claim = store.claim(older, worker="w", lease_ms=60_000, operation_id="op", servers={"sim": 1000})
     assert claim is not None
     newer = admit("intent-2", supersedes=older)
     assert store.job(older)["state"] == "running" and store.job(older)["obsolete"] == "1"
@@ -164,7 +164,7 @@ def test_a_dispatched_job_is_only_marked_obsolete_when_superseded(store, setting
 
 def test_every_change_of_owner_fences_the_previous_holder(store, admit) -> None:
     job_id = admit()
-    worker = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op", provider="sim")
+    worker = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op", servers={"sim": 1000})
     store.mark_submit(worker, epoch="e", lease_ms=60_000)
     store.begin_reconcile(job_id, reason="unknown_outcome", claim=worker)  # the worker hands over
     rec = store.claim_reconcile(job_id, worker="r1", lease_ms=60_000)
@@ -184,7 +184,7 @@ def test_every_change_of_owner_fences_the_previous_holder(store, admit) -> None:
 
 def test_a_lease_lives_on_redis_time_whatever_the_caller_clock_says(store, admit) -> None:
     job_id = admit()
-    claim = store.claim(job_id, worker="w", lease_ms=30_000, operation_id="op", provider="sim")
+    claim = store.claim(job_id, worker="w", lease_ms=30_000, operation_id="op", servers={"sim": 1000})
     expires = int(store.job(job_id)["lease_expires"])
     assert abs(expires - (store.server_ms() + 30_000)) < 2_000
     assert store.redis.zscore(JobKeys(job_id).tenant.leases, job_id) == expires
@@ -193,7 +193,7 @@ def test_a_lease_lives_on_redis_time_whatever_the_caller_clock_says(store, admit
 
 def test_marking_the_submission_renews_the_lease(store, admit) -> None:
     job_id = admit()
-    claim = store.claim(job_id, worker="w", lease_ms=1_000, operation_id="op", provider="sim", now_ms=10_000)
+    claim = store.claim(job_id, worker="w", lease_ms=1_000, operation_id="op", servers={"sim": 1000}, now_ms=10_000)
     store.mark_submit(claim, epoch="e", lease_ms=1_000, now_ms=10_900)
     assert store.job(job_id)["lease_expires"] == "11900"
     assert store.redis.zscore(TenantKeys("acme").leases, job_id) == 11_900
@@ -215,7 +215,7 @@ class LateSubmit(ComfyUI):
 def test_no_record_yet_is_not_proof_while_the_submission_may_still_land(store, settings, admit, make_router,
                                                                          sim) -> None:
     job_id = admit()
-    executor = Executor(store, LateSubmit(sim), BlobStore(settings.blob_dir),
+    executor = Executor(store, single(LateSubmit(sim)), BlobStore(settings.blob_dir),
                         dataclasses.replace(settings, submit_settle_seconds=5.0))
     router = make_router(retry_base_seconds=0.0)
     assert attempt(executor, router, job_id) == "reconcile"  # the POST timed out: unknown outcome
@@ -336,7 +336,7 @@ def test_one_tenant_whose_visit_fails_does_not_hold_up_the_others(store, setting
         create_tenant(store.redis, name, 1_000)
         job_id = Admitter(store, lambda *_: None, settings).submit(name, "k", {"kind": "image", "workflow": WORKFLOW,
                                                                               "outputs": 1}).job_id
-        assert store.claim(job_id, worker="w", lease_ms=1_000, operation_id="op", provider="sim") is not None
+        assert store.claim(job_id, worker="w", lease_ms=1_000, operation_id="op", servers={"sim": 1000}) is not None
     visit = Sweeper._visit
 
     def failing(self, t, *args):

@@ -96,7 +96,7 @@ class Jobs(RuleBasedStateMachine):
         if job_id is None:
             return None
         claim = self.store.claim(job_id, worker="w", now_ms=self.tick(), lease_ms=1000, operation_id="op",
-                                 provider="sim")
+                                 servers={"sim": 1000})
         job = self.model[job_id]
         assert (claim is not None) == (job["state"] == "queued")
         if claim is None:

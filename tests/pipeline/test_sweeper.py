@@ -60,18 +60,19 @@ def test_a_dead_letter_keeps_its_workflow_for_replay_until_retention(store, sett
     assert store.workflow(job_id) is None
 
 
-def test_an_idle_pass_costs_one_command_whatever_the_number_of_tenants(store, settings) -> None:
+def test_an_idle_pass_costs_two_round_trips_whatever_the_number_of_tenants(store, settings) -> None:
     for n in range(200):
         create_tenant(store.redis, f"idle{n}", 100)
     before = commands(store)
     assert sweeper(store, settings).sweep_once() == {}
-    # one round trip: take-due (EVALSHA and the one range query it runs), plus the INFO read here
-    assert commands(store) - before == 3
+    # two round trips: unpark (EVALSHA, ZCARD of the parked set) and take-due (EVALSHA and its one range
+    # query), plus the INFO read here
+    assert commands(store) - before == 5
 
 
 def test_the_wake_entry_is_the_true_next_due_time(store, settings, admit, make_executor, make_router) -> None:
     job_id = admit()
-    claim = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op", provider="sim")
+    claim = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op", servers={"sim": 1000})
     store.retry(claim, delay_ms=45_000, error_class="transient")
     due = int(store.job(job_id)["retry_at"])
     sweeper(store, settings, ahead=settings.outbox_grace_seconds + 1).sweep_once()  # visits: the outbox was due

@@ -5,7 +5,8 @@
 -- ends; a job completes only with every requested output recorded; in the same
 -- step the job is settled (what was charged) and the rest of its reservation
 -- released. A failed job gets a dead-letter entry; a cancelled one records
--- whether a provider execution happened (external_effect).
+-- whether a provider execution happened (external_effect). The job's dispatch
+-- slot on its server is given back.
 --
 -- KEYS[1] job record (hash)          KEYS[7]  tenant's per-state counts (hash)
 -- KEYS[2] tenant ledger (hash)       KEYS[8]  tenant's reconcile index (zset)
@@ -13,6 +14,7 @@
 -- KEYS[4] job's attempts (hash)      KEYS[10] tenant's done index (zset)
 -- KEYS[5] job's event list           KEYS[11] job's workflow (string)
 -- KEYS[6] job's outputs (hash)       KEYS[12] wake set (zset)
+--                                    KEYS[13] fleet (hash)
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -40,6 +42,7 @@ end
 finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12]}, now, outcome)
 end_attempt(job, KEYS[4], now, outcome, ARGV[4])
 release(job, KEYS[3], job_id)
+free_slot(job, KEYS[13])
 redis.call('ZREM', KEYS[8], job_id)
 redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[5])
 if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end

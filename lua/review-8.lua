@@ -3,11 +3,13 @@
 -- Guarantees: the job leaves every automatic path and its lease ends; its
 -- uncertain units stay uncertain; it sits in the tenant's review index scored by
 -- when the review expires (then the sweeper settles it as failed and charged).
+-- The server has no record of the prompt: its dispatch slot is given back.
 --
 -- KEYS[1] job record (hash)          KEYS[4] tenant's review index (zset)
 -- KEYS[2] tenant's leases (zset)     KEYS[5] job's event list
 -- KEYS[3] tenant's reconcile index   KEYS[6] tenant's per-state counts (hash)
 --                                    KEYS[7] wake set (zset)
+--                                    KEYS[8] fleet (hash)
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -20,6 +22,7 @@ if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local now = clock(ARGV[2])
 local job_id = redis.call('HGET', KEYS[1], 'id')
 release(KEYS[1], KEYS[2], job_id)
+free_slot(KEYS[1], KEYS[8])
 redis.call('HSET', KEYS[1], 'error_class', 'needs_review', 'error_reason', ARGV[4])
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), job_id)

@@ -2,13 +2,15 @@
 --
 -- Guarantees: only the current lease generation schedules the retry, and the
 -- lease ends with it; the job sits in the tenant's retry index scored by its due
--- time on Redis's clock, where the sweeper finds it. Whether a retry is allowed
+-- time on Redis's clock, where the sweeper finds it. The job's dispatch slot
+-- is given back: the next attempt may run on another server. Whether a retry is allowed
 -- (attempts, reservation, deadline, budget) the caller decided from the record.
 --
 -- KEYS[1] job record (hash)          KEYS[5] tenant's per-state counts (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[6] tenant's retry index (zset)
 -- KEYS[3] job's attempts (hash)      KEYS[7] tenant's reconcile index (zset)
 -- KEYS[4] job's event list          KEYS[8] wake set (zset)
+--                                   KEYS[9] fleet (hash)
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -26,6 +28,7 @@ local due = now + tonumber(ARGV[3])
 end_attempt(job, KEYS[3], now, 'failed', ARGV[4])
 if ARGV[5] == '1' then redis.call('HINCRBY', job, 'attempts_allowed', 1) end
 release(job, KEYS[2], job_id)
+free_slot(job, KEYS[9])
 redis.call('ZREM', KEYS[7], job_id)
 redis.call('ZADD', KEYS[6], due, job_id)
 wake(KEYS[8], job, due)

@@ -8,19 +8,28 @@
 -- is ever called. A job with too little time left before its deadline is not
 -- run: it fails `deadline_exceeded`, settled, its reservation released.
 --
+-- Dispatch: in the same step the claim takes a slot on one server of the fleet,
+-- the least loaded of those the caller can reach (then round-robin), skipping a
+-- server that is paused, unreachable or refusing our credentials, or at its cap.
+-- So a server's cap holds however many workers claim at once. With no server
+-- free, the job stays `queued`, parked in the fleet's waiting set (by priority,
+-- then age) without using an attempt; a freed slot publishes it again.
+--
 -- KEYS[1] job record (hash)          KEYS[7]  tenant ledger (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[8]  tenant's dead letters (zset)
 -- KEYS[3] tenant's queued (zset)     KEYS[9]  tenant's done index (zset)
 -- KEYS[4] job's attempts (hash)      KEYS[10] job's workflow (string)
 -- KEYS[5] job's event list           KEYS[11] wake set (zset)
--- KEYS[6] tenant's per-state counts (hash)
+-- KEYS[6] tenant's per-state counts (hash)   KEYS[12] fleet (hash)
+--                                           KEYS[13] fleet's parked jobs (zset)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)   ARGV[4] provider operation id
--- ARGV[2] worker id                      ARGV[5] provider name
+-- ARGV[2] worker id                      ARGV[5] provider kind (e.g. comfyui)
 -- ARGV[3] lease length (ms)              ARGV[6] least time an attempt needs (ms)
+-- ARGV[7], ARGV[8], ... server name, its cap (prompts in flight), for each server
 --
--- Returns {0 OK, generation, attempt number, now (ms)} | {7 NOT_FOUND}
---   | {8 NOT_CLAIMABLE, state} | {14 EXPIRED}
+-- Returns {0 OK, generation, attempt number, now (ms), server} | {7 NOT_FOUND}
+--   | {8 NOT_CLAIMABLE, state} | {14 EXPIRED} | {15 NO_CAPACITY}
 
 local job = KEYS[1]
 local now = clock(ARGV[1])
@@ -34,18 +43,26 @@ if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
 end
 
 local job_id = f[2]
+local servers = {}
+for i = 7, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
+local server = take_slot(KEYS[12], servers)
+if not server then
+  local rank = redis.call('HGET', job, 'priority') == 'batch' and 1e13 or 0
+  redis.call('ZADD', KEYS[13], rank + tonumber(redis.call('ZSCORE', KEYS[3], job_id) or now), job_id)
+  return {15}
+end
 local expires = now + tonumber(ARGV[3])
 local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
 local n = redis.call('HINCRBY', job, 'attempt_count', 1)
 redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0,
   'operation_id', ARGV[4], 'provider', ARGV[5], 'submitted', 0, 'submit_epoch', '', 'submitted_at', 0,
-  'attempt_charged', 0)
+  'attempt_charged', 0, 'server', server, 'slot_held', 1)
 redis.call('ZADD', KEYS[2], expires, job_id)
 wake(KEYS[11], job, expires)
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('HSET', KEYS[4], n, cjson.encode({
-  number = n, worker = ARGV[2], generation = gen, provider = ARGV[5],
+  number = n, worker = ARGV[2], generation = gen, provider = ARGV[5], server = server,
   operation_id = ARGV[4], state = 'running', started_at = now,
   submitted_at = cjson.null, ended_at = cjson.null, error_class = cjson.null}))
 move(job, KEYS[6], KEYS[5], now, 'queued', 'running', 'claimed')
-return {0, gen, n, now}
+return {0, gen, n, now, server}

@@ -7,12 +7,15 @@
 -- the worker of the unknown attempt, stalled or not, can no longer write. If the
 -- attempt was submitted and its charge is not yet booked, the price of its
 -- missing outputs moves from reserved to uncertain until reconciliation resolves it.
+-- The job keeps its dispatch slot (its prompt may still occupy the server) but
+-- leaves the watch list: reconciliation asks the server from now on.
 --
 -- KEYS[1] job record (hash)          KEYS[5] job's event list
 -- KEYS[2] tenant ledger (hash)       KEYS[6] tenant's per-state counts (hash)
 -- KEYS[3] tenant's leases (zset)     KEYS[7] tenant's reconcile index (zset)
 -- KEYS[4] job's attempts (hash)      KEYS[8] job's outputs (hash)
 --                                    KEYS[9] wake set (zset)
+--                                    KEYS[10] fleet (hash)
 --
 -- ARGV[1] lease generation held by the caller, or '' for lease expiry
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -41,6 +44,7 @@ if f[5] == '1' and f[8] ~= '1' then
 end
 end_attempt(job, KEYS[4], now, 'unknown', ARGV[4])
 release(job, KEYS[3], f[4])
+redis.call('HDEL', KEYS[10], 'w:' .. f[4])
 redis.call('ZADD', KEYS[7], now + tonumber(ARGV[3]), f[4])
 wake(KEYS[9], job, now + tonumber(ARGV[3]))
 redis.call('HSET', job, 'reconcile_since', now, 'reconcile_claims', 0, 'sends', 0)

@@ -1,0 +1,32 @@
+-- await: the prompt is at the provider; the worker hands the job to the server's
+-- watcher and frees its thread (fenced).
+--
+-- Guarantees: only the current holder, after marking the submission, hands over;
+-- the generation goes up, so the handing worker can no longer write; the watcher
+-- list of the fleet holds the job with the new generation, its server, operation
+-- id and attempt. The job stays `running` with its slot; the watcher renews its
+-- lease (heartbeat with the new generation) while the prompt is pending or running,
+-- and a collect message claims it when the prompt ends. If every watcher is gone,
+-- the lease expires and the sweeper reconciles the job, as for a dead worker.
+--
+-- KEYS[1] job record (hash)          KEYS[3] fleet (hash)
+-- KEYS[2] tenant's leases (zset)     KEYS[4] wake set (zset)
+--
+-- ARGV[1] lease generation held by the caller
+-- ARGV[2] now (ms; '' = Redis's clock)
+-- ARGV[3] lease length (ms) the watcher has to renew it in
+--
+-- Returns {0 OK, new generation} | {9 STALE_LEASE} | {8 NOT_CLAIMABLE, 'not_submitted'}
+
+local job = KEYS[1]
+if not holds_lease(job, ARGV[1]) then return {9} end
+local f = redis.call('HMGET', job, 'id', 'submitted', 'server', 'operation_id', 'attempt_count')
+if f[2] ~= '1' then return {8, 'not_submitted'} end
+local now = clock(ARGV[2])
+local expires = now + tonumber(ARGV[3])
+local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
+redis.call('HSET', job, 'lease_owner', 'watcher', 'lease_expires', expires)
+redis.call('ZADD', KEYS[2], expires, f[1])
+wake(KEYS[4], job, expires)
+redis.call('HSET', KEYS[3], 'w:' .. f[1], cjson.encode({server = f[3], gen = gen, op = f[4], attempt = tonumber(f[5])}))
+return {0, gen}

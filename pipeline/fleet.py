@@ -1,0 +1,73 @@
+"""The provider fleet: named ComfyUI servers, each with a dispatch cap and a price.
+
+``RECKON_PROVIDERS=sage2=http://10.0.0.2:8188,sage3=http://10.0.0.3:8188;cap=3;price=12``
+names the servers; a server's options follow its URL after ``;``. Unset, the fleet is one
+server, ``comfyui``, at ``RECKON_PROVIDER_URL``. Every worker must be given the same fleet:
+the cap of a server is what the claiming worker says it is.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from .providers.base import Provider
+
+#: Prompts in flight on one server: one running plus one queued, so the GPU never waits
+#: for reckon between two prompts.
+DEFAULT_SERVER_CAP = 2
+#: Name of the one server when no fleet is configured.
+DEFAULT_SERVER = "comfyui"
+NAME_RE = re.compile(r"[a-z0-9_-]{1,40}")
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    url: str
+    cap: int = DEFAULT_SERVER_CAP
+    price_per_output: int = 10
+
+
+def parse(spec: str, *, default_url: str, cap: int, price: int) -> list[Server]:
+    """Servers from a ``RECKON_PROVIDERS`` value; ValueError names what is wrong."""
+    if not spec.strip():
+        return [Server(DEFAULT_SERVER, default_url, cap, price)]
+    servers: list[Server] = []
+    for item in spec.split(","):
+        name, _, rest = item.strip().partition("=")
+        url, *options = rest.split(";")
+        if not NAME_RE.fullmatch(name) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"RECKON_PROVIDERS: expected name=http://host:port, got {item.strip()!r}")
+        values = {"cap": cap, "price": price}
+        for option in options:
+            key, _, value = option.partition("=")
+            if key not in values or not value.isascii() or not value.isdigit() or int(value) < 1:
+                raise ValueError(f"RECKON_PROVIDERS: bad option {option!r} for {name} (cap=N, price=N)")
+            values[key] = int(value)
+        servers.append(Server(name, url, values["cap"], values["price"]))
+    if len({s.name for s in servers}) != len(servers):
+        raise ValueError("RECKON_PROVIDERS: a server name appears twice")
+    return servers
+
+
+class Fleet:
+    """The servers this process dispatches to, each with its adapter."""
+
+    def __init__(self, servers: list[Server], adapter: Callable[[Server], Provider]) -> None:
+        self.servers = {server.name: server for server in servers}
+        self._adapters = {server.name: adapter(server) for server in servers}
+
+    def __getitem__(self, name: str) -> Provider:
+        return self._adapters[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._adapters
+
+    def __iter__(self) -> Iterator[Server]:
+        return iter(self.servers.values())
+
+    def caps(self) -> dict[str, int]:
+        """Server name -> dispatch cap, what a claim and an unpark take."""
+        return {server.name: server.cap for server in self}
