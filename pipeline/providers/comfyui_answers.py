@@ -48,10 +48,10 @@ def node_order(node_id: str) -> tuple[int, int, str]:
 
 def from_history(entry: dict[str, Any]) -> OperationStatus:
     """The status a finished history entry describes."""
-    status = entry.get("status") if isinstance(entry.get("status"), dict) else {}
-    prompt = entry.get("prompt") if isinstance(entry.get("prompt"), list) else []
-    workflow = prompt[2] if len(prompt) > 2 and isinstance(prompt[2], dict) else {}
-    extra = prompt[3] if len(prompt) > 3 and isinstance(prompt[3], dict) else {}
+    status = _dict(entry.get("status"))
+    prompt = _list(entry.get("prompt"))  # [number, prompt_id, graph, extra_data, output node ids]
+    workflow = _dict(prompt[2] if len(prompt) > 2 else None)
+    extra = _dict(prompt[3] if len(prompt) > 3 else None)
     refs = output_refs(entry.get("outputs"), extra.get("reckon_outputs"))
     if status.get("status_str") == "error":
         return _failure(status.get("messages"), refs, workflow)
@@ -63,9 +63,9 @@ def from_history(entry: dict[str, Any]) -> OperationStatus:
 def output_refs(outputs: Any, requested: Any) -> list[OutputRef]:
     """The ``output`` images in a deterministic order, mapped onto the requested indices."""
     images = []
-    for node_id in sorted(outputs, key=node_order) if isinstance(outputs, dict) else []:
-        listed = outputs[node_id].get("images") if isinstance(outputs[node_id], dict) else None
-        images += [image for image in listed if _is_output(image)] if isinstance(listed, list) else []
+    outputs = _dict(outputs)
+    for node_id in sorted(outputs, key=node_order):
+        images += [image for image in _list(_dict(outputs[node_id]).get("images")) if _is_output(image)]
     if isinstance(requested, list) and all(type(index) is int for index in requested):
         indices = requested
     else:  # not asked by reckon (or by an older reckon): every image, in order
@@ -82,7 +82,7 @@ def _is_output(image: Any) -> bool:
 def _failure(messages: Any, refs: list[OutputRef], workflow: dict[str, Any]) -> OperationStatus:
     """A failed run: ComfyUI's ``execution_error`` (not retryable unless out of memory) or
     ``execution_interrupted`` (stopped at the server: a cancellation, not retried)."""
-    for event, data in (m for m in messages if _is_message(m)) if isinstance(messages, list) else ():
+    for event, data in (message for message in _list(messages) if _is_message(message)):
         node_id = _text(data.get("node_id"))
         where = {"node_id": node_id, "class_type": _text(data.get("node_type"), MAX_NAME)}
         if event == "execution_interrupted":
@@ -107,13 +107,13 @@ def node_error_detail(node_errors: Any, workflow: dict[str, Any]) -> dict[str, s
     if not isinstance(node_errors, dict) or not node_errors:
         return None
     node_id = min(node_errors, key=node_order)
-    entry = node_errors[node_id] if isinstance(node_errors[node_id], dict) else {}
-    errors = entry.get("errors") if isinstance(entry.get("errors"), list) else []
-    first = errors[0] if errors and isinstance(errors[0], dict) else {}
+    entry = _dict(node_errors[node_id])
+    errors = _list(entry.get("errors"))
+    first = _dict(errors[0] if errors else None)
     detail = {"node_id": node_id, "class_type": _text(entry.get("class_type"), MAX_NAME),
               "error_type": _text(first.get("type"), MAX_NAME),
               "message": safe_message(_text(first.get("message"), 10_000), workflow, node_id)}
-    extra = first.get("extra_info") if isinstance(first.get("extra_info"), dict) else {}
+    extra = _dict(first.get("extra_info"))
     if isinstance(extra.get("input_name"), str):
         detail["input_name"] = _text(extra["input_name"], MAX_NAME)
     return detail
@@ -121,7 +121,7 @@ def node_error_detail(node_errors: Any, workflow: dict[str, Any]) -> dict[str, s
 
 def prompt_error_detail(error: Any, workflow: dict[str, Any]) -> dict[str, str]:
     """A summary of a graph-level refusal (unknown node, no outputs), naming the node if it can."""
-    error = error if isinstance(error, dict) else {}
+    error = _dict(error)
     detail = {"error_type": _text(error.get("type"), MAX_NAME)}
     node = _NODE_REF.search(_text(error.get("details"), 1_000))
     if node:
@@ -156,6 +156,14 @@ def _node_values(workflow: dict[str, Any], node_id: str | None) -> list[str]:
         return []
     return [str(value) for value in inputs.values()
             if isinstance(value, (str, int, float)) and not isinstance(value, bool) and str(value)]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _text(value: Any, limit: int = MAX_NAME) -> str:
