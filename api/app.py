@@ -24,7 +24,7 @@ from pipeline.jobs import Admitter
 from pipeline.settings import Settings
 from pipeline.store import Store, connect
 
-from . import resources
+from . import resources, sse
 from .auth import Authenticate
 from .metrics import Metrics
 from .openapi import document
@@ -56,6 +56,8 @@ def create_app(
     app.add_route("/v1/jobs/{job_id}/cancel", resources.Cancel(store))
     app.add_route("/v1/jobs/{job_id}/attempts", resources.Attempts(store))
     app.add_route("/v1/jobs/{job_id}/events", resources.Events(store))
+    app.add_route("/v1/jobs/{job_id}/events/stream", resources.EventStream(
+        store, max_seconds=settings.sse_max_seconds, slots=sse.StreamSlots(settings.sse_max_streams)))
     app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, BlobStore(settings.blob_dir)))
     app.add_route("/v1/usage", resources.Usage(store))
     app.add_route("/healthz", resources.Health())

@@ -33,6 +33,8 @@ _AUTH = {"401": _problem("missing, unknown or revoked API key, or a disabled ten
 _AUTH_ERRORS = {**_AUTH, "404": _problem("no such job for this tenant")}
 _TIME = {"type": "string", "format": "date-time"}
 _NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
+_AFTER = {"name": "after", "in": "query", "description": "only events with a higher seq",
+          "schema": {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}}
 
 SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -86,6 +88,16 @@ SPEC: dict[str, Any] = {
                         "properties": {"class": {"type": "string"}, "reason": {"type": ["string", "null"]}}}]},
                 },
             },
+            "Event": {"oneOf": [
+                {"type": "object", "required": ["seq", "at", "type", "from", "to", "reason"],
+                 "properties": {"seq": {"type": "integer"}, "at": _TIME, "type": {"const": "state"},
+                                "from": {"type": ["string", "null"]}, "to": {"type": "string"},
+                                "reason": {"type": "string"}}},
+                {"type": "object", "required": ["seq", "at", "type", "attempt", "node", "value", "max"],
+                 "properties": {"seq": {"type": "integer"}, "at": _TIME, "type": {"const": "progress"},
+                                "attempt": {"type": "integer"}, "node": {"type": "string"},
+                                "value": {"type": "number"}, "max": {"type": "number"}}},
+            ]},
         },
     },
     "security": [{"bearer": []}],
@@ -151,13 +163,29 @@ SPEC: dict[str, Any] = {
                                    "error_class": {"type": ["string", "null"]}}}}}}),
                           **_AUTH_ERRORS}}},
         "/v1/jobs/{job_id}/events": {"get": {
-            "summary": "The job's state-change log", "parameters": [_JOB_ID],
+            "summary": "The job's events (state changes and progress) in seq order", "parameters": [_JOB_ID, _AFTER],
             "responses": {"200": _json({"type": "object", "required": ["events"], "properties": {
-                "events": {"type": "array", "items": {"type": "object", "required": ["seq", "at", "to", "reason"],
-                           "properties": {"seq": {"type": "integer"}, "at": _TIME,
-                                          "from": {"type": ["string", "null"]}, "to": {"type": "string"},
-                                          "reason": {"type": "string"}}}}}}),
-                          **_AUTH_ERRORS}}},
+                "events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}}}}),
+                          "400": _problem("after is not 0..10^18-1 (invalid-parameter)"), **_AUTH_ERRORS}}},
+        "/v1/jobs/{job_id}/events/stream": {"get": {
+            "summary": "The job's events as Server-Sent Events, until it is terminal; resumable",
+            "description": "Each message: `id` the event's seq, `event` its type, `data` the event as in "
+                           "/events. A stream ends after RECKON_SSE_MAX_SECONDS; reconnect with Last-Event-ID.",
+            "parameters": [_JOB_ID, _AFTER, {
+                "name": "Last-Event-ID", "in": "header", "description": "resume after this seq (over after)",
+                "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}}],
+            "responses": {"200": {"description": "the event stream; the schema describes one message",
+                                  "content": {"text/event-stream": {"schema": {
+                                      "type": "object", "required": ["id", "event", "data"], "properties": {
+                                          "id": {"type": "string", "pattern": "^[0-9]+$"},
+                                          "event": {"enum": ["state", "progress"]},
+                                          "data": {"type": "string", "contentMediaType": "application/json",
+                                                   "contentSchema": {"$ref": "#/components/schemas/Event"}}}}}}},
+                          "204": {"description": "the job is terminal and no event is left after the given seq"},
+                          "400": _problem("after or Last-Event-ID is not 0..10^18-1 (invalid-parameter)"),
+                          **_AUTH_ERRORS,
+                          "503": _problem("every event stream of the server is taken (too-many-streams), or job "
+                                          "state cannot be read now; Retry-After")}}},
         "/v1/jobs/{job_id}/outputs/{index}": {"get": {
             "summary": "One stored output's bytes; ETag is its sha256",
             "parameters": [_JOB_ID, {"name": "index", "in": "path", "required": True,

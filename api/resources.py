@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import Any
@@ -10,13 +11,14 @@ import falcon
 import orjson
 import redis
 
-from pipeline import views
+from pipeline import progress, views
 from pipeline.blobs import BlobStore
 from pipeline.errors import BlobMissing, BlobUnreadable
 from pipeline.jobs import Admitter, State, iso, job_view
 from pipeline.keys import tenant_of
 from pipeline.store import Store
 
+from . import sse
 from .body import read_json
 from .problems import Problem
 
@@ -54,6 +56,19 @@ def _int_param(req: falcon.Request, name: str, low: int, high: int) -> int | Non
     if not NUMBER_PARAM_RE.fullmatch(raw) or not low <= int(raw) <= high:
         raise Problem(400, "invalid-parameter", "Invalid query parameter", f"{name} must be {low}..{high}", field=name)
     return int(raw)
+
+
+def _resume_after(req: falcon.Request) -> int:
+    """Where an event stream starts: after ``Last-Event-ID`` (what a reconnecting EventSource sends),
+    else after ``?after=``, else from the first event. Both are checked when both are given."""
+    after = _int_param(req, "after", 0, MAX_CURSOR) or 0
+    last_id = req.get_header("Last-Event-ID")
+    if last_id is None:
+        return after
+    if not NUMBER_PARAM_RE.fullmatch(last_id):
+        raise Problem(400, "invalid-parameter", "Invalid header", "Last-Event-ID must be an event seq",
+                      field="Last-Event-ID")
+    return int(last_id)
 
 
 class Jobs:
@@ -137,10 +152,34 @@ class Events:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
         owned_job(self.store, req.context.tenant, job_id)
-        events = self.store.events(job_id)
-        for event in events:
-            event["at"] = iso(event["at"])
-        resp.media = {"events": events}
+        after = _int_param(req, "after", 0, MAX_CURSOR) or 0
+        resp.media = {"events": [sse.public(e) for e in progress.events_after(self.store.redis, job_id, after)]}
+
+
+class EventStream:
+    """The job's events as Server-Sent Events from ``Last-Event-ID`` (else ``?after=``), bounded in
+    time and in number per process; 204 once the job is terminal and nothing is left to send."""
+
+    def __init__(self, store: Store, *, max_seconds: float, slots: sse.StreamSlots) -> None:
+        self.store, self.max_seconds, self.slots = store, max_seconds, slots
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
+        owned_job(self.store, req.context.tenant, job_id)
+        after = _resume_after(req)
+        read = functools.partial(progress.snapshot, self.store.redis, job_id)
+        state, events = read(after)
+        if state in progress.TERMINAL and not events:
+            resp.status = falcon.HTTP_204  # an EventSource does not reconnect after a 204
+            return
+        body = self.slots.open(sse.stream(read, after, max_seconds=self.max_seconds))
+        if body is None:
+            raise Problem(503, "too-many-streams", "Too many event streams",
+                          "every event stream of this server is taken; retry, or poll the events with ?after=",
+                          headers={"Retry-After": "1"})
+        resp.content_type = "text/event-stream"
+        resp.cache_control = ["no-store"]
+        resp.set_header("X-Accel-Buffering", "no")  # proxies that buffer (nginx) pass each event on at once
+        resp.stream = body
 
 
 class Output:

@@ -12,6 +12,7 @@ import re
 import subprocess
 
 import orjson
+import pytest
 from falcon import testing
 from falcon.inspect import inspect_routes
 
@@ -22,6 +23,13 @@ from pipeline.store import Store
 from .conftest import BIN, job_body
 
 HOOKS = os.path.join(os.path.dirname(__file__), "st_hooks.py")
+
+
+@pytest.fixture(autouse=True)
+def short_event_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job schemathesis reads stays queued: each event stream would last its whole bound (15 s).
+    Autouse fixtures run first, so gunicorn (the ``web`` fixture) inherits this."""
+    monkeypatch.setenv("RECKON_SSE_MAX_SECONDS", "0.05")
 
 
 def test_the_deployed_api_passes_every_schemathesis_check(web, tenant, tmp_path) -> None:
@@ -48,4 +56,4 @@ def test_spec_documents_exactly_the_routes_the_app_serves(settings: Settings, st
     assert spec["openapi"] == "3.1.0"
     served = {re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.path) for route in inspect_routes(app)}
     assert set(spec["paths"]) == served
-    assert len(served) == 11
+    assert len(served) == 12

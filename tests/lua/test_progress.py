@@ -1,0 +1,105 @@
+"""lua/progress-3.lua through pipeline.progress: once per (attempt, node, value), only for the running attempt."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from pipeline import progress
+from pipeline.keys import JobKeys
+from pipeline.store import Claim, Store
+from pipeline.tenants import create_tenant
+
+from .test_scripts import NOW, admit
+
+JOB = "acme.00000000000000000001"
+
+
+@pytest.fixture
+def acme(store: Store) -> Store:
+    create_tenant(store.redis, "acme", 100)
+    return store
+
+
+def claim(store: Store, op: str, now: int = NOW) -> Claim:
+    held = store.claim(JOB, worker="w1", now_ms=now, lease_ms=10_000, operation_id=op, servers={"s1": 4})
+    assert held is not None
+    return held
+
+
+def send(store: Store, held: Claim, node: str, value: float, *, attempt: int | None = None, op: str | None = None,
+         keep: int = progress.DEFAULT_KEEP, now: int = NOW) -> bool:
+    return progress.record(store.scripts, JOB, held.attempt if attempt is None else attempt,
+                           held.operation_id if op is None else op, node, value, 20, keep=keep, now_ms=now)
+
+
+def points(store: Store) -> list[dict]:
+    return [orjson.loads(raw) for raw in store.redis.lrange(JobKeys(JOB).progress, 0, -1)]
+
+
+def test_a_replayed_stream_of_messages_is_recorded_once(acme: Store) -> None:
+    admit(acme)
+    held = claim(acme, "op-1")
+    messages = [("3", 1), ("3", 2), ("7", 1), ("3", 3)]
+    assert [send(acme, held, node, value, now=NOW + value) for node, value in messages] == [True] * 4
+    assert [send(acme, held, node, value) for node, value in messages] == [False] * 4  # websocket reconnected
+    assert send(acme, held, "3", 2.5) is False  # below what node 3 reached
+    assert points(acme) == [
+        {"seq": 3, "at": NOW + 1, "type": "progress", "attempt": 1, "node": "3", "value": 1, "max": 20},
+        {"seq": 4, "at": NOW + 2, "type": "progress", "attempt": 1, "node": "3", "value": 2, "max": 20},
+        {"seq": 5, "at": NOW + 1, "type": "progress", "attempt": 1, "node": "7", "value": 1, "max": 20},
+        {"seq": 6, "at": NOW + 3, "type": "progress", "attempt": 1, "node": "3", "value": 3, "max": 20},
+    ]
+    assert acme.redis.hget(JobKeys(JOB).record, "event_seq") == "6"
+
+
+def test_a_late_message_of_an_earlier_attempt_is_dropped(acme: Store) -> None:
+    admit(acme)
+    first = claim(acme, "op-1")
+    assert send(acme, first, "3", 5) is True
+    acme.retry(first, delay_ms=0, error_class="transient", now_ms=NOW + 10)
+    assert acme.promote(JOB, now_ms=NOW + 20) == "queued"
+    second = claim(acme, "op-2", now=NOW + 30)
+    assert second.attempt == 2
+    assert send(acme, second, "3", 6, attempt=1, op="op-1") is False  # the old attempt's websocket, late
+    assert send(acme, second, "3", 6, attempt=2, op="op-1") is False  # right number, another prompt
+    assert send(acme, second, "3", 6, attempt=1, op="op-2") is False
+    assert send(acme, second, "3", 1) is True  # a new attempt starts its nodes again
+    assert [(p["attempt"], p["value"]) for p in points(acme)] == [(1, 5), (2, 1)]
+    assert acme.redis.hgetall(JobKeys(JOB).progress_seen) == {"attempt": "2", "node:3": "1"}
+
+
+def test_only_a_running_job_records_progress(acme: Store) -> None:
+    admit(acme)
+    queued = Claim(JOB, 0, 1, "op-1")
+    assert send(acme, queued, "3", 1) is False
+    assert progress.record(acme.scripts, "acme.00000000000000000009", 1, "op-1", "3", 1, 20) is False  # no job
+    held = claim(acme, "op-1")
+    acme.finish(held, "failed", error_class="invalid_input", now_ms=NOW + 5)
+    assert send(acme, held, "3", 1) is False
+    assert acme.redis.exists(JobKeys(JOB).progress, JobKeys(JOB).progress_seen) == 0
+    assert acme.redis.hget(JobKeys(JOB).record, "event_seq") == "3"  # queued, running, failed
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), True, "5"])
+def test_a_value_that_is_not_a_finite_number_is_dropped(acme: Store, value) -> None:
+    admit(acme)
+    held = claim(acme, "op-1")
+    assert send(acme, held, "3", value) is False
+    assert acme.redis.exists(JobKeys(JOB).progress) == 0
+
+
+def test_progress_keeps_the_last_n_points_and_state_events_keep_every_change(acme: Store) -> None:
+    admit(acme)
+    held = claim(acme, "op-1")
+    assert all(send(acme, held, "3", value, keep=3) for value in range(1, 6))  # seqs 3..7
+    acme.finish(held, "failed", error_class="invalid_input", now_ms=NOW + 5)  # seq 8
+    assert [p["value"] for p in points(acme)] == [3, 4, 5]
+    events = progress.events_after(acme.redis, JOB)
+    assert [(e["seq"], e["type"]) for e in events] == [
+        (1, "state"), (2, "state"), (5, "progress"), (6, "progress"), (7, "progress"), (8, "state")]
+    assert [e.get("to") for e in events] == ["queued", "running", None, None, None, "failed"]
+    assert [e["seq"] for e in progress.events_after(acme.redis, JOB, 6)] == [7, 8]
+    assert progress.events_after(acme.redis, JOB, 8) == []
+    assert progress.snapshot(acme.redis, JOB, 7) == ("failed", [events[-1]])
+    assert progress.snapshot(acme.redis, "acme.00000000000000000009", 0) == (None, [])
