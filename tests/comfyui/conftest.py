@@ -1,7 +1,8 @@
 """A real ComfyUI (v0.3.64, CPU, weights-free graphs) for the tests in this folder.
 
-The session fixture ``comfyui`` starts one with ``../shared/comfyui/start.sh`` on a
-free loopback port and kills it by its PID at the end. The set-up is read from
+The fixture ``comfyui`` starts one with ``../shared/comfyui/start.sh`` on a free
+loopback port for the tests of this folder (package scope: it is gone before the
+timing-sensitive fault tests run) and kills it by its PID at the end. The set-up is read from
 ``RECKON_COMFYUI_DIR`` (default ``/tmp/comfyui``, installed by
 ``../shared/comfyui/setup.sh DIR``; ``.ci/run`` does it); without it the tests
 skip with the reason shown in pytest's summary.
@@ -105,7 +106,7 @@ def _exited(pid: int, timeout: float) -> bool:
     return False
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def comfyui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealComfyUI]:
     directory = Path(os.environ.get("RECKON_COMFYUI_DIR", DEFAULT_DIR))
     if not (directory / "venv" / "bin" / "python").exists():
