@@ -38,7 +38,8 @@ def used(store: Store) -> int:
 
 def run_all(store: Store, job_ids: list[str]) -> None:
     for n, job_id in enumerate(job_ids):
-        claim = store.claim(job_id, worker="memory/1", lease_ms=30_000, operation_id=f"op-{n:08d}", servers={"sim": 1000})
+        claim = store.claim(job_id, worker="memory/1", lease_ms=30_000, operation_id=f"op-{n:08d}",
+                            servers={"sim": 1000})
         assert claim is not None
         store.mark_submit(claim, epoch="boot", lease_ms=30_000)
         store.charge(claim, 10)

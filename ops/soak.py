@@ -86,7 +86,7 @@ class Stack:
             "RECKON_LEASE_SECONDS": str(opts.lease), "RECKON_SWEEP_INTERVAL_SECONDS": "0.2",
             "RECKON_POLL_INTERVAL_SECONDS": "0.02", "RECKON_RECONCILE_INTERVAL_SECONDS": "0.3",
             "RECKON_OUTBOX_GRACE_SECONDS": "1", "RECKON_RETRY_BASE_SECONDS": "0.2",
-            "RECKON_AUTH_RECHECK_SECONDS": "1",
+            "RECKON_PROVIDER_CAP": str(opts.cap),
             # half a lease plus the 10 s connect timeout, and a margin (see README)
             "RECKON_SUBMIT_SETTLE_SECONDS": str(opts.lease / 2 + 11),
             "RECKON_DUPLICATE_COST_ALLOWANCE": str(opts.duplicate_cost_allowance),
@@ -141,8 +141,12 @@ class Stack:
         wait_for(lambda: request(self.sim_port, "GET", "/sim/faults")[0] == 200, "simulated provider")
         self.start_web()
         self.start("sweeper", str(BIN / "python"), "-m", "pipeline.sweeper")
+        self.start_watcher()
         for _ in range(self.opts.workers):
             self.start_worker()
+
+    def start_watcher(self) -> None:
+        self.start("watcher", str(BIN / "python"), "-m", "pipeline.watcher")
 
     def workers(self) -> list[str]:
         return sorted(name for name in self.procs if name.startswith("worker-"))
@@ -328,7 +332,8 @@ class Chaos(threading.Thread):
         self.plan = [] if opts.no_chaos else (
             [("admitted", f, self.kill_web) for f in (0.3, 0.65)[:opts.api_kills]]
             + [(p, f, self.restart_redis) for p, f in (("admitted", 0.5), ("drained", 0.3))[:opts.redis_restarts]]
-            + [("drained", 0.5, self.restart_provider)][:opts.provider_restarts])
+            + [("drained", 0.5, self.restart_provider)][:opts.provider_restarts]
+            + [("drained", 0.2, self.drop_websockets), ("drained", 0.4, self.kill_watcher)])
         self.stop = threading.Event()
         self.t0 = time.monotonic()
         self.until = self.t0 + opts.chaos_seconds
@@ -388,6 +393,17 @@ class Chaos(threading.Thread):
         time.sleep(self.opts.outage)
         self.stack.start_redis()
         self.record("started", process="redis (AOF reloaded)")
+
+    def drop_websockets(self) -> None:
+        request(self.stack.sim_port, "POST", "/sim/ws-drop")  # the watcher falls back to /history meanwhile
+        self.record("websockets dropped")
+
+    def kill_watcher(self) -> None:
+        self.stack.kill("watcher")  # its prompts' leases expire: reconciliation collects them
+        self.record("SIGKILL", process="watcher")
+        time.sleep(2 * self.opts.lease)
+        self.stack.start_watcher()
+        self.record("started", process="watcher")
 
     def restart_provider(self) -> None:
         request(self.stack.sim_port, "POST", "/sim/restart")  # queue and history lost: outcomes become unknowable
@@ -488,6 +504,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tenants", type=int, default=4)
     p.add_argument("--workers", type=int, default=3, help="Dramatiq worker processes")
     p.add_argument("--threads", type=int, default=4, help="threads per worker process")
+    p.add_argument("--cap", type=int, default=4, help="RECKON_PROVIDER_CAP: prompts in flight at the provider")
     p.add_argument("--clients", type=int, default=4, help="client threads")
     p.add_argument("--fault-rate", type=float, default=0.2, help="share of provider prompts given a fault")
     p.add_argument("--seed", type=int, default=1)

@@ -53,7 +53,7 @@ def router() -> Router:
 
 
 broker.add_middleware(FailureRouter(router))
-broker.add_middleware(Unpark(lambda: executor().store, {s.name: s.cap for s in settings.servers()}, Publisher(broker)))
+broker.add_middleware(Unpark(executor, Publisher(broker)))
 
 
 def run_job(job_id: str) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import orjson
 
+from . import keys
 from .blobs import BlobStore
 from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed
-from . import keys
 from .executor import BUDGET
 from .fleet import DEFAULT_SERVER
 from .jobs import iso

@@ -23,6 +23,11 @@ WAKE = f"{PREFIX}:wake"
 #: when (ms) while dispatch to the server is stopped; ``w:<job id>`` -> JSON {server, gen, op,
 #: attempt} for each prompt waiting at a server, watched by the server's watcher; ``rr``.
 FLEET = f"{PREFIX}:fleet"
+def watcher_lock(server: str) -> str:
+    """String: the lock (redis-py ``Lock``) of the one watcher following ``server``."""
+    return f"{PREFIX}:fleet:watcher:{server}"
+
+
 #: Sorted set: queued job id waiting for a free server slot, scored 1e13 for batch + queued ms.
 PARKED = f"{PREFIX}:fleet:parked"
 

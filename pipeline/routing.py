@@ -19,6 +19,7 @@ from .errors import (
     StaleLease,
     UnknownOutcome,
 )
+from .executor import Executor
 from .settings import Settings
 from .store import Claim, Store
 
@@ -139,13 +140,14 @@ class Unpark(Middleware):
     finished, retried or reviewed job just gave one back). A job taken from the parked set
     and not published (this process died) is still queued: the sweeper redelivers it."""
 
-    def __init__(self, store: Callable[[], Store], servers: dict[str, int], publish: Callable[[str, str], None]):
-        self.store, self.servers, self.publish = store, servers, publish
+    def __init__(self, executor: Callable[[], Executor], publish: Callable[[str, str], None]):
+        self.executor, self.publish = executor, publish
 
     def after_process_message(self, broker: dramatiq.Broker, message: Any, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
         try:
-            for job_id, priority in self.store().unpark(self.servers):
+            current = self.executor()  # its fleet: the servers its claims take slots on
+            for job_id, priority in current.store.unpark(current.fleet.caps()):
                 self.publish(job_id, priority)
         except Exception:  # the sweeper unparks on its next pass
             log.warning("unpark after message %s failed", message.message_id, exc_info=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from .fleet import Server
@@ -126,7 +126,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Build settings from ``RECKON_*`` variables; unset ones keep their defaults."""
         env = os.environ if env is None else env
-        fields = {
+        fields: dict[str, tuple[str, Callable[[str], Any]]] = {
             "redis_url": ("RECKON_REDIS_URL", str),
             "broker_url": ("RECKON_BROKER_URL", str),
             "provider_url": ("RECKON_PROVIDER_URL", str),

@@ -298,7 +298,8 @@ class Store(Reads):
         """Remove a finished job past its retention with everything it owns; False if not due or gone."""
         j = JobKeys(job_id)
         t = j.tenant
-        reply = self.scripts("purge", [j.record, j.attempts, j.events, j.outputs, j.workflow, t.jobs, t.dead, t.done],
+        reply = self.scripts("purge", [j.record, j.attempts, j.events, j.outputs, j.workflow, t.jobs, t.dead, t.done,
+                                       j.progress, j.progress_seen],
                              [job_id, _at(now_ms), retention_ms])
         return Code(reply[0]) is Code.OK
 

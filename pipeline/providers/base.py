@@ -38,6 +38,8 @@ class OperationStatus:
 class Provider(Protocol):
     name: str
     price_per_output: int
+    #: The websocket client id its prompts carry (a watcher connects as it), '' if none.
+    client_id: str
 
     def submit(self, operation_id: str, workflow: dict[str, Any], indices: list[int], *,
                front: bool = False) -> dict[str, str] | None:

@@ -21,7 +21,12 @@ Faults are injected per run, for the next N prompts, with ``POST /sim/faults``
   unanswered); nothing changes at the provider
 
 ``POST /sim/restart`` loses queue and history, like a ComfyUI restart; the charge
-ledger, the ground truth of what was paid, survives.
+ledger, the ground truth of what was paid, survives. ``POST /sim/ws-drop`` closes every
+websocket (a network cut).
+
+``GET /ws?clientId=ID`` is ComfyUI's websocket: a prompt's messages (``execution_start``,
+``executing``, ``progress`` in four steps, ``executed``, then ``execution_success`` or
+``execution_error``) go to the sockets of the prompt's ``client_id``.
 
 Run it: ``python -m pipeline.providers.sim --port 8188 --delay 0.5``.
 """
@@ -29,8 +34,10 @@ Run it: ``python -m pipeline.providers.sim --port 8188 --delay 0.5``.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import os
+import socket
 import struct
 import threading
 import time
@@ -75,6 +82,8 @@ class SimComfy:
         self.boot_id = uuid.uuid4().hex
         self.faults: list[dict[str, Any]] = []
         self.stopped = False
+        self.sockets: list[tuple[str, socket.socket]] = []
+        self.send_lock = threading.Lock()
         self.thread = threading.Thread(target=self._work, name="sim-executor", daemon=True)
         self.thread.start()
 
@@ -86,6 +95,7 @@ class SimComfy:
             self.number += 1
             prompt_id = str(payload.get("prompt_id") or hashlib.sha1(str(self.number).encode()).hexdigest())
             extra = dict(payload.get("extra_data") or {})
+            extra["client_id"] = str(payload.get("client_id", ""))
             self.pending.append([self.number, prompt_id, prompt, extra, []])
             self.cond.notify_all()
             return {"prompt_id": prompt_id, "number": self.number, "node_errors": {}}
@@ -100,12 +110,32 @@ class SimComfy:
         return None
 
     def restart(self) -> None:
-        """Lose queue and history (a new process life); keep the charge ledger."""
+        """Lose queue and history (a new process life) and every websocket; keep the charge ledger."""
         with self.cond:
             self.pending.clear()
             self.history.clear()
             self.running = None
             self.boot_id = uuid.uuid4().hex
+        self.drop_sockets()
+
+    def drop_sockets(self) -> None:
+        with self.send_lock:
+            for _, sock in self.sockets:
+                sock.close()
+            self.sockets.clear()
+
+    def send(self, client_id: str, kind: str, data: dict[str, Any]) -> None:
+        """One websocket message to the sockets of ``client_id`` (a text frame, unmasked)."""
+        body = orjson.dumps({"type": kind, "data": data})
+        size = len(body)
+        header = bytes([0x81, size]) if size < 126 else bytes([0x81, 126]) + struct.pack(">H", size)
+        with self.send_lock:
+            for owner, sock in list(self.sockets):
+                if owner == client_id:
+                    try:
+                        sock.sendall(header + body)
+                    except OSError:
+                        self.sockets.remove((owner, sock))
 
     def queue(self) -> dict[str, Any]:
         with self.cond:
@@ -125,11 +155,34 @@ class SimComfy:
                 if self.stopped:
                     return
                 self.running = self.pending.pop(0)
-            time.sleep(self.delay)
+            item = self.running
+            self._progress(item)
             with self.cond:
                 if self.running is not None:  # None: a restart lost it mid-execution
                     self._execute(self.running)
                 self.running = None
+            if item is not None and item[1] in self.history:
+                self._announce_end(item)
+
+    def _progress(self, item: list[Any]) -> None:
+        """What ComfyUI says while a prompt runs; the prompt takes ``delay`` seconds in four steps."""
+        client, prompt_id = item[3].get("client_id", ""), item[1]
+        self.send(client, "execution_start", {"prompt_id": prompt_id})
+        self.send(client, "executing", {"node": "9", "display_node": "9", "prompt_id": prompt_id})
+        for step in range(1, 5):
+            time.sleep(self.delay / 4)
+            self.send(client, "progress", {"value": step, "max": 4, "prompt_id": prompt_id, "node": "9"})
+
+    def _announce_end(self, item: list[Any]) -> None:
+        client, prompt_id = item[3].get("client_id", ""), item[1]
+        entry = self.history[prompt_id]
+        self.send(client, "executed", {"node": "9", "output": entry["outputs"]["9"], "prompt_id": prompt_id})
+        if entry["status"]["status_str"] == "error":
+            self.send(client, "execution_error", {"prompt_id": prompt_id, "node_id": "9", "node_type": "SaveImage",
+                                                  "exception_type": "sim.Partial", "exception_message": "partial"})
+        else:
+            self.send(client, "execution_success", {"prompt_id": prompt_id})
+        self.send(client, "executing", {"node": None, "prompt_id": prompt_id})
 
     def _execute(self, item: list[Any]) -> None:
         number, prompt_id, _prompt, extra, _ = item
@@ -190,6 +243,8 @@ class Handler(BaseHTTPRequestHandler):
         sim, url = self.server.sim, urlsplit(self.path)
         if not url.path.startswith("/sim/") and self._read_fault(url.path):
             return None
+        if url.path == "/ws":
+            return self._websocket(sim, parse_qs(url.query).get("clientId", [""])[0])
         if url.path == "/system_stats":
             return self._send(200, {"system": {"os": "posix", "comfyui_version": "sim", "reckon_boot_id": sim.boot_id},
                                     "devices": []})
@@ -213,6 +268,31 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"charges": charges, "total_units": sum(c["units"] for c in charges)})
         return self._send(404, {"error": "not_found"})
 
+    def _websocket(self, sim: SimComfy, client_id: str) -> None:
+        """Accept a websocket (RFC 6455 handshake), greet like ComfyUI, and hold the
+        connection until the client closes it; messages go out from ``SimComfy.send``."""
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept.decode())
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        with sim.send_lock:
+            sim.sockets.append((client_id, self.connection))
+        sim.send(client_id, "status", {"status": {"exec_info": {"queue_remaining": len(sim.pending)}},
+                                       "sid": client_id})
+        try:
+            while self.connection.recv(1024):  # the client's frames (pings, close) are not needed
+                pass
+        except OSError:
+            pass
+        with sim.send_lock:
+            if (client_id, self.connection) in sim.sockets:
+                sim.sockets.remove((client_id, self.connection))
+
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length)
@@ -224,6 +304,9 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/sim/restart":
             sim.restart()
             return self._send(200, {"boot_id": sim.boot_id})
+        if path == "/sim/ws-drop":
+            sim.drop_sockets()
+            return self._send(200, {"dropped": True})
         if path != "/prompt":
             return self._send(404, {"error": "not_found"})
         self._delay()

@@ -1,4 +1,4 @@
-"""A real stack for crash and end-to-end tests: simulated provider, gunicorn, Dramatiq, sweeper.
+"""A real stack for crash and end-to-end tests: simulated provider, gunicorn, Dramatiq, watcher, sweeper.
 
 Every process a test starts is stopped (SIGTERM, then SIGKILL) when the test ends.
 """
@@ -73,9 +73,15 @@ class Stack:
                    pause_at=pause_at)
         wait_until(lambda: self._up(f"http://127.0.0.1:{self.web_port}/readyz"), timeout=20)
 
-    def start_worker(self, pause_at: str | None = None) -> None:
+    def start_worker(self, pause_at: str | None = None, *, watcher: bool = True) -> None:
+        """A Dramatiq worker, and (unless one runs already) the watcher that follows its prompts."""
         self.start("worker", str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1", "--threads", "2",
                    pause_at=pause_at)
+        if watcher and "watcher" not in self.procs:
+            self.start_watcher()
+
+    def start_watcher(self) -> None:
+        self.start("watcher", str(BIN / "python"), "-m", "pipeline.watcher")
 
     def start_sweeper(self) -> None:
         self.start("sweeper", str(BIN / "python"), "-m", "pipeline.sweeper")

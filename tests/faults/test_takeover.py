@@ -28,6 +28,7 @@ def test_a_worker_whose_clock_runs_a_minute_behind_keeps_its_lease(stack, redis_
     stack.start_provider(delay=1.5)  # longer than nothing, shorter than the 2 s lease
     stack.start_web()
     stack.start("worker", faketime, "-f", "-60s", *DRAMATIQ)
+    stack.start("watcher", faketime, "-f", "-60s", str(BIN / "python"), "-m", "pipeline.watcher")
     stack.start_sweeper()
     job_id = submit(stack, auth)
     wait_until(lambda: finished(store, job_id), timeout=40)
@@ -43,6 +44,7 @@ def test_a_worker_frozen_past_its_lease_is_fenced_out_when_it_wakes(stack, redis
     auth = setup(stack, redis_client)
     stack.start_provider(delay=4.0)  # longer than the 2 s lease
     stack.start_web()
+    stack.env["RECKON_WATCH"] = "0"  # it waits for the prompt itself, holding the job
     stack.start("frozen", *DRAMATIQ)
     stack.start_sweeper()
     job_id = submit(stack, auth)

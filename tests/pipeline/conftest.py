@@ -19,6 +19,7 @@ from pipeline.routing import Router
 from pipeline.settings import Settings
 from pipeline.store import Store
 
+
 def single(provider: Provider, cap: int = 1000) -> Fleet:
     """A fleet of one server, ``sim``, answered by ``provider``."""
     return Fleet([Server("sim", "http://sim", cap)], lambda _: provider)

@@ -12,7 +12,7 @@ import pytest
 from pipeline import actors, keys
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
-from pipeline.errors import AttemptFailed, IdempotencyConflict, StaleLease
+from pipeline.errors import IdempotencyConflict, StaleLease
 from pipeline.jobs import Admitter
 from pipeline.keys import ProviderKeys
 from pipeline.providers import sim as simulated

@@ -18,7 +18,6 @@ from pipeline.providers import sim as simulated
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
 
-
 #: The provider's answer to the epoch read before submission is lost: transient, nothing was sent.
 FAILS_BEFORE_SENDING = {"kind": "read_error", "path": "/system_stats", "status": 0, "times": 1000}
 

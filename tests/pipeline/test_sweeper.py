@@ -28,7 +28,7 @@ def commands(store) -> int:
 
 def job_keys(job_id: str) -> list[str]:
     j = JobKeys(job_id)
-    return [j.record, j.attempts, j.events, j.outputs, j.workflow]
+    return [j.record, j.attempts, j.events, j.outputs, j.workflow, j.progress, j.progress_seen]
 
 
 def test_a_finished_job_drops_its_workflow_and_is_purged_after_retention(store, settings, admit,

@@ -1,7 +1,7 @@
 -- purge: a finished job whose retention has passed is removed with everything it owns.
 --
 -- Guarantees: only a terminal job settled at least `retention` ago is removed: its
--- record, attempts, events, outputs records and workflow, and its entries in the
+-- record, attempts, events, progress events, outputs records and workflow, and its entries in the
 -- tenant's job, dead-letter and done indexes. A job no longer terminal (replayed)
 -- only leaves the done index. Output blobs are removed by `reckon blobs gc`.
 --
@@ -9,6 +9,7 @@
 -- KEYS[2] job's attempts (hash)      KEYS[6] tenant's job index (zset)
 -- KEYS[3] job's event list           KEYS[7] tenant's dead letters (zset)
 -- KEYS[4] job's outputs (hash)       KEYS[8] tenant's done index (zset)
+-- KEYS[9] job's progress events      KEYS[10] job's progress marks (hash)
 --
 -- ARGV[1] job id
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -22,7 +23,7 @@ if f[1] ~= 'completed' and f[1] ~= 'failed' and f[1] ~= 'cancelled' then
   return {7}
 end
 if tonumber(f[2] or '0') + tonumber(ARGV[3]) > clock(ARGV[2]) then return {11} end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[9], KEYS[10])
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('ZREM', KEYS[8], ARGV[1])

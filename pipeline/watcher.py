@@ -1,0 +1,234 @@
+"""The watcher: follows prompts at their servers, so no worker thread waits for a render.
+
+After submission a worker hands its job over (``await``) and is free. One thread per
+server then:
+
+- listens to the server's websocket (``/ws?clientId=``): ``progress`` becomes a progress
+  event; ``execution_success``, ``execution_error`` and ``execution_interrupted`` send a
+  ``collect`` message, and a worker stores the outputs under a new fenced claim;
+- renews the leases of the prompts watched there, while the server is in contact;
+- asks ``/history`` about one watched prompt per tick (at most once a second per server,
+  not per job), round-robin: every tick while the websocket is down, and for each prompt
+  every ``watch_recheck_seconds`` while it is up, so a lost message costs a delay, never a job;
+- probes a server marked unreachable and clears the mark when it answers.
+
+While a server does not answer, its watched prompts' leases are not renewed: they expire
+and the sweeper moves the jobs to reconciliation, which asks that same server until it
+answers, or hands the job to an operator at the age limit. A watcher that dies is the
+same case. One watcher per server at a time holds a Redis lock (``reckon:fleet:watcher:``),
+so a second watcher process is a standby.
+
+Run it: ``python -m pipeline.watcher`` (the ``watcher`` process in the Procfile).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+import orjson
+from websockets.exceptions import WebSocketException
+from websockets.sync.client import connect
+
+from . import keys
+from .errors import ProviderError, StaleLease
+from .fleet import Fleet
+from .settings import Settings
+from .store import Claim, Store
+
+log = logging.getLogger(__name__)
+#: The messages that end a prompt at ComfyUI.
+ENDINGS = ("execution_success", "execution_error", "execution_interrupted")
+#: Records one progress point (job id, attempt, operation id, node, value, max); True if new.
+Progress = Callable[[str, int, str, str, int, int], bool]
+
+
+class ServerWatch:
+    """Follows the prompts of one server (see the module's docstring)."""
+
+    def __init__(self, name: str, fleet: Fleet, store: Store, publish: Callable[[str, str], None],
+                 settings: Settings, progress: Progress) -> None:
+        self.name, self.provider, self.store, self.publish = name, fleet[name], store, publish
+        self.settings, self.progress = settings, progress
+        self.url = fleet.servers[name].url.replace("http", "ws", 1).rstrip("/")
+        self.caps = {name: fleet.servers[name].cap}
+        self.lease_ms = int(settings.lease_seconds * 1000)
+        self.lock = store.redis.lock(keys.watcher_lock(name), timeout=settings.lease_seconds, blocking=False,
+                                     thread_local=False)
+        self.watched: dict[str, dict[str, Any]] = {}  # job id -> {server, gen, op, attempt}
+        self.checked: dict[str, float] = {}  # job id -> when /history was last asked (monotonic)
+        self.renewed: dict[str, float] = {}
+        self.contact = 0.0  # when the server last answered (monotonic)
+        self.connected = False
+        self._next_tick = self._next_probe = 0.0
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                if not self._hold():
+                    stop.wait(self.settings.watch_poll_seconds)
+                    continue
+                self._listen(stop)
+            except Exception:  # keep watching: one bad message or Redis blip must not stop it
+                log.exception("watcher of %s failed; going on", self.name)
+                stop.wait(self.settings.watch_poll_seconds)
+        if self.lock.owned():
+            self.lock.release()
+
+    def _hold(self) -> bool:
+        """Hold the server's watcher lock (another process may be watching it)."""
+        return bool(self.lock.reacquire() if self.lock.owned() else self.lock.acquire())
+
+    def _listen(self, stop: threading.Event) -> None:
+        """Follow the websocket while it is up; tick without it while it is down."""
+        try:
+            with connect(f"{self.url}/ws?clientId={self.provider.client_id}", open_timeout=5,
+                         close_timeout=1, max_size=2**22) as ws:
+                self.connected, self.contact = True, time.monotonic()
+                self.checked.clear()  # what ended while we were away is asked about now
+                while not stop.is_set() and self._hold():
+                    try:
+                        self._on_message(ws.recv(timeout=self.settings.watch_poll_seconds))
+                        self.contact = time.monotonic()
+                    except TimeoutError:
+                        pass
+                    self.tick()
+        except (OSError, WebSocketException, TimeoutError) as exc:
+            if self.connected:
+                log.info("websocket of %s closed (%s); asking /history meanwhile", self.name, type(exc).__name__)
+        self.connected = False
+        self.tick()
+        stop.wait(self.settings.watch_poll_seconds)
+
+    def _on_message(self, raw: str | bytes) -> None:
+        if isinstance(raw, bytes):  # preview images: not ours to keep
+            return
+        message = orjson.loads(raw)
+        kind, data = message.get("type"), message.get("data") or {}
+        if kind != "progress" and kind not in ENDINGS:
+            return
+        job_id = self._job_of(str(data.get("prompt_id", "")))
+        if job_id is None:
+            return
+        if kind == "progress":
+            entry = self.watched[job_id]
+            self.progress(job_id, entry["attempt"], entry["op"], str(data.get("node", "")),
+                          int(data.get("value", 0)), int(data.get("max", 0)))
+        else:
+            self._collect(job_id)
+
+    def _job_of(self, operation_id: str) -> str | None:
+        for attempt in range(2):  # a prompt handed over since the last refresh: read the list again
+            for job_id, entry in self.watched.items():
+                if entry["op"] == operation_id:
+                    return job_id
+            if attempt == 0:
+                self.refresh()
+        return None
+
+    def refresh(self) -> None:
+        self.watched = {job_id: entry for job_id, entry in self.store.watched().items()
+                        if entry["server"] == self.name}
+
+    def tick(self) -> None:
+        """At most once per poll interval: renew leases, ask about one prompt, probe if marked."""
+        now = time.monotonic()
+        if now < self._next_tick:
+            return
+        self._next_tick = now + self.settings.watch_poll_seconds
+        self.refresh()
+        if self.store.provider_block(self.name) == "provider_unreachable":
+            return self._probe(now)
+        self._check_one(now)
+        if time.monotonic() - self.contact < self.settings.lease_seconds / 2:
+            self._renew(now)
+
+    def _renew(self, now: float) -> None:
+        for job_id, entry in self.watched.items():
+            if now - self.renewed.get(job_id, 0.0) < self.settings.lease_seconds / 3:
+                continue
+            try:
+                self.store.heartbeat(Claim(job_id, entry["gen"], entry["attempt"], entry["op"]),
+                                     lease_ms=self.lease_ms)
+                self.renewed[job_id] = now
+            except StaleLease:  # collected, reconciled or finished meanwhile
+                self.renewed.pop(job_id, None)
+
+    def _check_one(self, now: float) -> None:
+        """Ask /history about the watched prompt asked about least recently, if it is due."""
+        every = self.settings.watch_recheck_seconds if self.connected else 0.0
+        due = [job_id for job_id in self.watched if now - self.checked.get(job_id, 0.0) >= every]
+        if not due:
+            return
+        job_id = min(due, key=lambda j: self.checked.get(j, 0.0))
+        self.checked[job_id] = now
+        try:
+            state = self.provider.status(self.watched[job_id]["op"]).state
+        except ProviderError as exc:
+            log.info("watcher of %s: /history unanswered (%s)", self.name, exc.reason)
+            if exc.error_class == "provider_unreachable":
+                self.store.block_provider(self.name, "provider_unreachable")
+            return
+        self.contact = time.monotonic()
+        if state not in ("pending", "running"):  # ended, or unknown: a worker asks and decides
+            self._collect(job_id)
+
+    def _probe(self, now: float) -> None:
+        if now < self._next_probe:
+            return
+        self._next_probe = now + self.settings.probe_seconds
+        try:
+            self.provider.epoch()
+        except ProviderError:
+            return
+        self.contact = time.monotonic()
+        if self.store.clear_provider(self.name, ["provider_unreachable"]):
+            log.info("server %s answers again; dispatch resumes", self.name)
+            for job_id, priority in self.store.unpark(self.caps):
+                self.publish(job_id, priority)
+
+    def _collect(self, job_id: str) -> None:
+        log.info("prompt of %s ended at %s; collecting", job_id, self.name)
+        self.publish(job_id, "collect")
+
+
+class Watcher:
+    """One ``ServerWatch`` thread per server of the fleet."""
+
+    def __init__(self, fleet: Fleet, store: Store, publish: Callable[[str, str], None], settings: Settings,
+                 progress: Progress) -> None:
+        self.watches = [ServerWatch(server.name, fleet, store, publish, settings, progress) for server in fleet]
+
+    def run(self, stop: threading.Event) -> None:
+        threads = [threading.Thread(target=w.run, args=(stop,), name=f"watch-{w.name}") for w in self.watches]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+
+def main() -> None:
+    from .actors import adapter
+    from .broker import Publisher, build_broker
+    from .progress import record
+    from .store import connect
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s watcher %(levelname)s %(message)s")
+    settings = Settings.from_env()
+    store = Store(connect(settings.redis_url))
+    fleet = Fleet(settings.servers(), adapter)
+    watcher = Watcher(fleet, store, Publisher(build_broker(settings)), settings,
+                      lambda *point: record(store.scripts, *point))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("watching %s (%s)", ", ".join(fleet.servers), socket.gethostname())
+    watcher.run(stop)
+
+
+if __name__ == "__main__":
+    main()

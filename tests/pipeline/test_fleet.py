@@ -1,0 +1,120 @@
+"""The fleet: dispatch caps taken atomically with the claim, parking, the watcher hand-off and
+collect, all against real simulated servers, a real Dramatiq worker and a real redis-server."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+import dramatiq
+import pytest
+
+from pipeline import actors, keys
+from pipeline.blobs import BlobStore
+from pipeline.broker import Publisher
+from pipeline.executor import Executor
+from pipeline.fleet import Fleet, Server
+from pipeline.progress import events_after, record
+from pipeline.providers import sim as simulated
+from pipeline.providers.comfyui import ComfyUI
+from pipeline.providers.http import HttpTransport
+from pipeline.watcher import Watcher
+from tests.conftest import wait_until
+
+CAPS = {"a": 2, "b": 2, "c": 2}
+
+
+@pytest.fixture
+def sims() -> Iterator[dict[str, simulated.SimServer]]:
+    servers = {name: simulated.start(delay=1.5) for name in CAPS}
+    yield servers
+    for server in servers.values():
+        server.close()
+
+
+def fleet_of(sims: dict[str, simulated.SimServer]) -> Fleet:
+    servers = [Server(name, sims[name].url, CAPS[name]) for name in sims]
+    return Fleet(servers, lambda s: ComfyUI(HttpTransport(s.url, timeout=5), price_per_output=10))
+
+
+def in_flight(sims: dict[str, simulated.SimServer]) -> int:
+    return sum(len(s.sim.pending) + (s.sim.running is not None) for s in sims.values())
+
+
+def charges(sims: dict[str, simulated.SimServer]) -> Counter[str]:
+    return Counter(c["prompt_id"] for s in sims.values() for c in s.sim.charges)
+
+
+def test_caps_hold_with_sixteen_threads_claiming_at_once(store, admit) -> None:
+    jobs = [admit(f"k{n}") for n in range(40)]
+    claims, start = [], threading.Barrier(16)
+
+    def claimer(mine: list[str]) -> None:
+        start.wait()
+        for job_id in mine:
+            claim = store.claim(job_id, worker="w", lease_ms=60_000, operation_id=f"op-{job_id}", servers=CAPS)
+            if claim is not None:
+                claims.append(claim)
+
+    threads = [threading.Thread(target=claimer, args=(jobs[n::16],)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert Counter(claim.server for claim in claims) == {"a": 2, "b": 2, "c": 2}
+    assert {name: view["busy"] for name, view in store.fleet(CAPS).items()} == CAPS
+    parked = store.redis.zrange(keys.PARKED, 0, -1)
+    assert len(parked) == 34 and {store.job(j)["state"] for j in parked} == {"queued"}
+    assert {store.job(j).get("attempt_count", "0") for j in parked} == {"0"}  # no attempt used
+    store.finish(claims[0], "failed", error_class="test")
+    assert store.unpark(CAPS) == [(parked[0], "interactive")]  # one slot: the oldest parked job
+    again = store.claim(parked[0], worker="w", lease_ms=60_000, operation_id="again", servers=CAPS)
+    assert again is not None and again.server == claims[0].server
+    assert store.unpark(CAPS) == []  # full again: nothing is published to bounce
+
+
+def test_dispatch_takes_the_least_loaded_server_then_turns(store, admit) -> None:
+    jobs = [admit(f"k{n}") for n in range(4)]
+    servers = [store.claim(j, worker="w", lease_ms=60_000, operation_id=j, servers=CAPS).server for j in jobs]
+    assert sorted(servers[:3]) == ["a", "b", "c"]  # each empty server once before any gets a second
+    store.block_provider(servers[3], "dispatch_paused")
+    job = admit("k9")
+    assert store.claim(job, worker="w", lease_ms=60_000, operation_id=job, servers=CAPS).server not in servers[3]
+
+
+def test_six_prompts_in_flight_with_four_worker_threads(store, settings, admit, broker, sims) -> None:
+    """3 servers of cap 2 and 4 threads: the threads are free while prompts render, so all 6 slots fill."""
+    settings = dataclasses.replace(settings, watch=True, watch_poll_seconds=0.2)
+    fleet = fleet_of(sims)
+    executor = Executor(store, fleet, BlobStore(settings.blob_dir), settings)
+    actors.use(executor)
+    jobs = [admit(f"k{n}") for n in range(9)]
+    watcher, stop = Watcher(fleet, store, Publisher(broker), settings,
+                            lambda *point: record(store.scripts, *point)), threading.Event()
+    watching = threading.Thread(target=watcher.run, args=(stop,))
+    worker = dramatiq.Worker(broker, worker_threads=4, worker_timeout=50)
+    watching.start()
+    worker.start()
+    peak = 0
+    try:
+        def done() -> bool:
+            nonlocal peak
+            peak = max(peak, in_flight(sims))
+            return all(store.job(j)["state"] == "completed" for j in jobs)
+
+        wait_until(done, timeout=40, interval=0.01)
+    finally:
+        worker.stop()
+        stop.set()
+        watching.join()
+        actors.use(None)
+    assert peak == 6
+    assert sorted(charges(sims).values()) == [1] * 9  # one execution per job
+    assert sum(len(s.sim.charges) for s in sims.values()) == 9
+    assert {store.attempts(j)[0]["server"] for j in jobs} == {"a", "b", "c"}
+    assert {name: view["busy"] for name, view in store.fleet(CAPS).items()} == {"a": 0, "b": 0, "c": 0}
+    progress = [e for e in events_after(store.redis, jobs[0]) if e["type"] == "progress"]
+    assert [(e["value"], e["max"]) for e in progress] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert store.ledger("acme")["settled"] == 90 and store.ledger("acme")["reserved"] == 0
