@@ -4,8 +4,11 @@ After submission a worker hands its job over (``await``) and is free. One thread
 server then:
 
 - listens to the server's websocket (``/ws?clientId=``): ``progress`` becomes a progress
-  event; ``execution_success``, ``execution_error`` and ``execution_interrupted`` send a
-  ``collect`` message, and a worker stores the outputs under a new fenced claim;
+  event; the end of a prompt sends a ``collect`` message, and a worker stores the outputs
+  under a new fenced claim. ComfyUI sends ``execution_success`` (``_error``, ``_interrupted``)
+  before it writes the prompt's history, and ``executing`` with ``node: null`` after: that
+  one is the end (a collect before the history exists finds the prompt still running and
+  hands it back);
 - renews the leases of the prompts watched there, while the server is in contact;
 - asks ``/history`` about one watched prompt per tick (at most once a second per server,
   not per job), round-robin: every tick while the websocket is down, and for each prompt
@@ -41,8 +44,6 @@ from .settings import Settings
 from .store import Claim, Store
 
 log = logging.getLogger(__name__)
-#: The messages that end a prompt at ComfyUI.
-ENDINGS = ("execution_success", "execution_error", "execution_interrupted")
 #: Records one progress point (job id, attempt, operation id, node, value, max); True if new.
 Progress = Callable[[str, int, str, str, int, int], bool]
 
@@ -86,16 +87,17 @@ class ServerWatch:
     def _listen(self, stop: threading.Event) -> None:
         """Follow the websocket while it is up; tick without it while it is down."""
         try:
-            with connect(f"{self.url}/ws?clientId={self.provider.client_id}", open_timeout=5,
-                         close_timeout=1, max_size=2**22) as ws:
-                self.connected, self.contact = True, time.monotonic()
+            keepalive = self.settings.lease_seconds / 4  # a dead socket is noticed well within a lease
+            with connect(f"{self.url}/ws?clientId={self.provider.client_id}", open_timeout=5, close_timeout=1,
+                         ping_interval=keepalive, ping_timeout=keepalive, max_size=2**22, proxy=None) as ws:
+                self.connected = True
                 self.checked.clear()  # what ended while we were away is asked about now
                 while not stop.is_set() and self._hold():
                     try:
                         self._on_message(ws.recv(timeout=self.settings.watch_poll_seconds))
-                        self.contact = time.monotonic()
                     except TimeoutError:
                         pass
+                    self.contact = time.monotonic()  # open and answering pings: the server is there
                     self.tick()
         except (OSError, WebSocketException, TimeoutError) as exc:
             if self.connected:
@@ -109,7 +111,8 @@ class ServerWatch:
             return
         message = orjson.loads(raw)
         kind, data = message.get("type"), message.get("data") or {}
-        if kind != "progress" and kind not in ENDINGS:
+        ended = kind == "executing" and data.get("node") is None
+        if kind != "progress" and not ended:
             return
         job_id = self._job_of(str(data.get("prompt_id", "")))
         if job_id is None:

@@ -66,6 +66,26 @@ def png(seed: str, size: int = 8) -> bytes:
             + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
+def _frame(opcode: int, payload: bytes) -> bytes:
+    """A websocket frame from the server (final, unmasked)."""
+    size = len(payload)
+    header = bytes([0x80 | opcode, size]) if size < 126 else bytes([0x80 | opcode, 126]) + struct.pack(">H", size)
+    return header + payload
+
+
+def _read_frame(stream: Any) -> tuple[int, bytes]:
+    """One websocket frame from a client (masked, as RFC 6455 requires): (opcode, payload)."""
+    head = stream.read(2)
+    if len(head) < 2:
+        raise EOFError
+    size = head[1] & 0x7F
+    if size >= 126:
+        size = int.from_bytes(stream.read(2 if size == 126 else 8), "big")
+    mask = stream.read(4)
+    data = stream.read(size)
+    return head[0] & 0x0F, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
 class SimComfy:
     """The provider's in-memory state and its single executor thread."""
 
@@ -121,21 +141,26 @@ class SimComfy:
     def drop_sockets(self) -> None:
         with self.send_lock:
             for _, sock in self.sockets:
-                sock.close()
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # close() alone leaves a reader thread's connection open
+                except OSError:
+                    pass
             self.sockets.clear()
 
     def send(self, client_id: str, kind: str, data: dict[str, Any]) -> None:
-        """One websocket message to the sockets of ``client_id`` (a text frame, unmasked)."""
-        body = orjson.dumps({"type": kind, "data": data})
-        size = len(body)
-        header = bytes([0x81, size]) if size < 126 else bytes([0x81, 126]) + struct.pack(">H", size)
+        """One websocket message to the sockets of ``client_id``."""
+        frame = _frame(0x1, orjson.dumps({"type": kind, "data": data}))
         with self.send_lock:
             for owner, sock in list(self.sockets):
                 if owner == client_id:
                     try:
-                        sock.sendall(header + body)
+                        sock.sendall(frame)
                     except OSError:
                         self.sockets.remove((owner, sock))
+
+    def pong(self, sock: socket.socket, payload: bytes) -> None:
+        with self.send_lock:
+            sock.sendall(_frame(0xA, payload))
 
     def queue(self) -> dict[str, Any]:
         with self.cond:
@@ -285,9 +310,13 @@ class Handler(BaseHTTPRequestHandler):
         sim.send(client_id, "status", {"status": {"exec_info": {"queue_remaining": len(sim.pending)}},
                                        "sid": client_id})
         try:
-            while self.connection.recv(1024):  # the client's frames (pings, close) are not needed
-                pass
-        except OSError:
+            while True:  # the client's frames: a ping gets its pong, a close (or EOF) ends it
+                opcode, payload = _read_frame(self.rfile)
+                if opcode == 0x9:
+                    sim.pong(self.connection, payload)
+                elif opcode == 0x8:
+                    break
+        except (OSError, EOFError):
             pass
         with sim.send_lock:
             if (client_id, self.connection) in sim.sockets:

@@ -40,6 +40,7 @@ class Stack:
             "RECKON_RECONCILE_INTERVAL_SECONDS": "0.3",
             "RECKON_OUTBOX_GRACE_SECONDS": "1",
             "RECKON_SUBMIT_SETTLE_SECONDS": "1",
+            "RECKON_WATCH_POLL_SECONDS": "0.2",
             "PORT": str(self.web_port),
             **env,
         }

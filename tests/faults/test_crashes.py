@@ -7,6 +7,7 @@ provider's charge ledger (the ground truth of what was paid).
 from __future__ import annotations
 
 import threading
+from urllib.request import Request, urlopen
 
 import orjson
 
@@ -95,3 +96,54 @@ def test_api_killed_between_admission_and_publish_still_runs_the_job(stack, redi
     status, headers, body = stack.api("POST", "/v1/jobs", BODY, **auth, **{"Idempotency-Key": "crash-1"})
     assert (status, headers["idempotent-replayed"], orjson.loads(body)["id"]) == (202, "true", jobs[0])
     assert len(stack.charges()["charges"]) == 1
+
+
+def handed_over(store: Store, job_id: str) -> bool:
+    return (store.job(job_id) or {}).get("lease_owner") == "watcher"
+
+
+def test_watcher_killed_mid_render_is_reconciled_without_a_second_charge(stack, redis_client, store) -> None:
+    auth = setup(stack, redis_client)
+    stack.start_provider(delay=3.0)
+    stack.start_web()
+    stack.start_worker()
+    stack.start_sweeper()
+    job_id = submit(stack, auth)
+    wait_until(lambda: handed_over(store, job_id), timeout=20)
+    stack.kill("watcher")  # nobody renews the lease now: it expires, and reconciliation asks the server
+    wait_until(lambda: finished(store, job_id), timeout=40)
+    assert store.job(job_id)["state"] == "completed"
+    assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "reconciling", "completed"]
+    assert len(stack.charges()["charges"]) == 1
+    assert store.ledger("acme") == {"allowance": 1_000, "reserved": 0, "uncertain": 0, "settled": 20,
+                                    "available": 980}
+
+
+def test_a_dropped_websocket_falls_back_to_history_and_loses_nothing(stack, redis_client, store) -> None:
+    auth = setup(stack, redis_client)
+    stack.start_provider(delay=1.5)
+    stack.start_web()
+    stack.start_worker()
+    stack.start_sweeper()
+    job_id = submit(stack, auth)
+    wait_until(lambda: handed_over(store, job_id), timeout=20)
+    urlopen(Request(f"http://127.0.0.1:{stack.sim_port}/sim/ws-drop", data=b"{}", method="POST"), timeout=5).close()
+    wait_until(lambda: finished(store, job_id), timeout=40)
+    assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "completed"]  # the lease held
+    assert len(stack.charges()["charges"]) == 1 and store.ledger("acme")["settled"] == 20
+
+
+def test_worker_killed_while_collecting_completes_without_a_provider_call(stack, redis_client, store) -> None:
+    auth = setup(stack, redis_client)
+    stack.start_provider(delay=0.5)
+    stack.start_web()
+    stack.start_worker(pause_at="collect_claimed")
+    stack.start_sweeper()
+    job_id = submit(stack, auth)
+    stack.kill_when_paused("worker")  # the collect was claimed; nothing is stored yet
+    assert store.outputs(job_id) == {} and store.job(job_id)["state"] == "running"
+    stack.start_worker()
+    wait_until(lambda: finished(store, job_id), timeout=40)
+    assert store.job(job_id)["state"] == "completed" and sorted(store.outputs(job_id)) == [0, 1]
+    assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "reconciling", "completed"]
+    assert len(stack.charges()["charges"]) == 1 and store.ledger("acme")["settled"] == 20
