@@ -15,6 +15,7 @@
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] lease length (ms) the watcher has to renew it in
+-- ARGV[4] JSON summary of output nodes the server refused while taking the prompt ('' none)
 --
 -- Returns {0 OK, new generation} | {9 STALE_LEASE} | {8 NOT_CLAIMABLE, 'not_submitted'}
 
@@ -25,7 +26,7 @@ if f[2] ~= '1' then return {8, 'not_submitted'} end
 local now = clock(ARGV[2])
 local expires = now + tonumber(ARGV[3])
 local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
-redis.call('HSET', job, 'lease_owner', 'watcher', 'lease_expires', expires)
+redis.call('HSET', job, 'lease_owner', 'watcher', 'lease_expires', expires, 'refusal', ARGV[4])
 redis.call('ZADD', KEYS[2], expires, f[1])
 wake(KEYS[4], job, expires)
 redis.call('HSET', KEYS[3], 'w:' .. f[1], cjson.encode({server = f[3], gen = gen, op = f[4], attempt = tonumber(f[5])}))

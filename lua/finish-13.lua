@@ -21,6 +21,7 @@
 -- ARGV[3] outcome: completed | failed | cancelled
 -- ARGV[4] error class ('' when completed)
 -- ARGV[5] safe reason (an identifier, never provider text)
+-- ARGV[6] JSON safe summary of the failure (node id, class type, error type, message), or ''
 --
 -- Returns {0 OK, outcome} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
 
@@ -44,7 +45,7 @@ end_attempt(job, KEYS[4], now, outcome, ARGV[4])
 release(job, KEYS[3], job_id)
 free_slot(job, KEYS[13])
 redis.call('ZREM', KEYS[8], job_id)
-redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[5])
+redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[5], 'error_detail', ARGV[6])
 if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end
 move(job, KEYS[7], KEYS[5], now, from, outcome, ARGV[5])
 return {0, outcome}

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Callable, TypeVar
 
 import redis
@@ -28,6 +29,8 @@ from .errors import (
     IncompleteOutputs,
     NotExecuted,
     OperationFailed,
+    OutputLost,
+    OutputMalformed,
     PossibleDuplicate,
     ProviderError,
     StaleLease,
@@ -36,6 +39,7 @@ from .errors import (
 )
 from .fleet import Fleet
 from .providers.base import OperationStatus, OutputRef, Provider
+from .providers.media import describe
 from .settings import Settings
 from .store import Claim, Reconcile, Store
 
@@ -46,6 +50,8 @@ MAX_RECONCILE_CLAIMS = 20
 #: The shared retry budget (one token bucket for the whole fleet).
 BUDGET = "comfyui"
 T = TypeVar("T")
+#: A completed run's output the server cannot hand over intact: paid for, never retried blindly.
+LOST = (OutputLost, OutputMalformed)
 
 
 def worker_name() -> str:
@@ -123,6 +129,8 @@ class Executor:
                                   reason="deadline_passed_before_submission")
             except Unreachable as exc:  # nothing was sent: the server is down, not the job
                 self._server_down(claim, exc)
+            except LOST as exc:  # a paid output gone: reconciliation asks again, then an operator
+                raise AttemptFailed(claim, UnknownOutcome(exc.reason)) from exc
             except ProviderError as exc:
                 raise AttemptFailed(claim, exc) from exc
         return True
@@ -140,13 +148,14 @@ class Executor:
                                min_attempt_ms=self.min_attempt_ms)
         if (time.monotonic() - marked) * 1000 >= self.lease_ms / 2:  # frozen since: the lease may be gone
             raise UnknownOutcome("submission_window_passed")
-        provider.submit(claim.operation_id, workflow, missing)
+        refused = provider.submit(claim.operation_id, workflow, missing, front=job["priority"] == "interactive")
         faultpoints.reached("after_submit")
         if self.settings.watch:
-            self.store.await_provider(claim, lease_ms=self.lease_ms)
+            self.store.await_provider(claim, lease_ms=self.lease_ms, refused=refused)
             return None
         deadline = time.monotonic() + (int(job["deadline"]) - claim.claimed_ms) / 1000
-        return self._submitted(lambda: self._wait(claim, provider, heartbeat, deadline))
+        status = self._submitted(lambda: self._wait(claim, provider, heartbeat, deadline))
+        return replace(status, detail=status.detail or refused)
 
     def collect(self, job_id: str, worker: str | None = None) -> bool:
         """Store the outputs of a prompt that ended at its server and finish the job (the
@@ -161,26 +170,46 @@ class Executor:
         with Heartbeat(self.store, claim, lease_ms=self.lease_ms) as heartbeat:
             try:
                 status = self._submitted(lambda: provider.status(claim.operation_id))
+                if status.state in ("pending", "running") and self.store.cancel_requested(claim.job_id):
+                    status = self._cancel_at_provider(claim, provider)
                 if status.state in ("pending", "running"):  # not ended yet: back to the watcher
                     self.store.await_provider(claim, lease_ms=self.lease_ms)
                     return True
                 self._complete(claim, provider, status, heartbeat)
+            except LOST as exc:  # a paid output gone: reconciliation asks again, then an operator
+                raise AttemptFailed(claim, UnknownOutcome(exc.reason)) from exc
             except ProviderError as exc:
                 raise AttemptFailed(claim, exc) from exc
         return True
 
+    def _cancel_at_provider(self, claim: Claim, provider: Provider) -> OperationStatus:
+        """The client cancelled while the prompt is at its server: take it off the server's queue,
+        or interrupt it if it runs (ComfyUI interrupts only that prompt). A prompt gone from queue
+        and history right after we removed it never ran: it ends cancelled, nothing charged."""
+        try:
+            provider.cancel(claim.operation_id)
+        except ProviderError as exc:  # the prompt runs to its end; the job still ends cancelled
+            log.info("cancel of %s at %s failed (%s)", claim.job_id, claim.server, exc.reason)
+        status = self._submitted(lambda: provider.status(claim.operation_id))
+        if status.state == "unknown":
+            self.store.finish(claim, "cancelled", reason="removed_from_provider_queue")
+            return OperationStatus("cancelled")
+        return status
+
     def _submitted(self, ask: Callable[[], T]) -> T:
         """Ask about a submitted prompt: any provider error is an unknown outcome, because only
-        asking again by the same id is evidence of what ran."""
+        asking again by the same id is evidence of what ran (a lost output stays itself)."""
         try:
             return ask()
-        except UnknownOutcome:
+        except (UnknownOutcome, *LOST):
             raise
         except ProviderError as exc:
             raise UnknownOutcome(f"read_failed_{exc.reason}") from exc
 
     def _complete(self, claim: Claim, provider: Provider, status: OperationStatus, heartbeat: Heartbeat) -> None:
         """Book, store and finish what an ended prompt produced."""
+        if status.state == "cancelled":  # taken off the server's queue before it ran
+            return
         if status.state == "unknown":
             raise UnknownOutcome("operation_not_found")
         self.store.charge(claim, len(status.outputs) * provider.price_per_output)
@@ -195,7 +224,9 @@ class Executor:
             try:
                 self.store.finish(claim, "completed")
             except IncompleteOutputs:  # the same graph makes the same count: retrying cannot help
-                raise ExecutionFailed("provider_outputs_missing") from None
+                refused = status.detail or self.store.refusal(claim.job_id)  # output nodes refused at submit
+                reason = "provider_refused_output_nodes" if refused else "provider_outputs_missing"
+                raise ExecutionFailed(reason, detail=refused) from None
             self.store.budget(BUDGET, "refund", self.settings.retry_refund_tokens, self.settings.retry_budget_tokens)
 
     def _server_down(self, claim: Claim, exc: ProviderError) -> None:
@@ -219,9 +250,9 @@ class Executor:
     def _store_outputs(self, claim: Claim, provider: Provider, refs: list[OutputRef], heartbeat: Heartbeat) -> None:
         for ref in refs:
             heartbeat.check()
-            data = provider.fetch(ref)
+            data, content_type = describe(provider.fetch(ref), ref.filename)  # never the embedded workflow
             digest = self.blobs.put(data)
-            record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": ref.content_type}
+            record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": content_type}
             self.store.store_output(claim, ref.index, record)
 
     # -- reconciliation ---------------------------------------------------------------
@@ -261,6 +292,9 @@ class Executor:
             if status.state == "unknown":
                 return self._unknowable(rec, self._submitted(provider.epoch))
             self._complete(claim, provider, status, heartbeat)  # it ran: booked once per attempt
+        except LOST as exc:  # paid for, and the server cannot give it: an operator decides
+            log.warning("reconcile %s: an output of a paid run is lost at %s", claim.job_id, claim.server)
+            return self._review(claim, exc.error_class)
         except UnknownOutcome as exc:
             log.info("reconcile %s: provider answered %s; asking again later", claim.job_id, exc.reason)
             return self._later(rec)

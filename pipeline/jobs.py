@@ -260,5 +260,7 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
         "deadline": iso(record["deadline"]),
         "created_at": iso(record["created_at"]),
         "updated_at": iso(record["updated_at"]),
-        "error": {"class": error_class, "reason": record.get("error_reason") or None} if error_class else None,
+        "error": {"class": error_class, "reason": record.get("error_reason") or None,
+                  "detail": orjson.loads(record["error_detail"]) if record.get("error_detail") else None}
+        if error_class else None,
     }

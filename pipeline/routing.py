@@ -13,6 +13,7 @@ from dramatiq.middleware import Middleware
 
 from .errors import (
     AttemptFailed,
+    ExecutionFailed,
     InvalidInput,
     PolicyRejected,
     ProviderAuthFailed,
@@ -26,7 +27,7 @@ from .store import Claim, Store
 log = logging.getLogger(__name__)
 
 #: Failures no retry can fix: the request or the policy must change.
-TERMINAL = (InvalidInput, PolicyRejected)
+TERMINAL = (InvalidInput, PolicyRejected, ExecutionFailed)
 
 
 def backoff(attempt: int, *, base: float, cap: float, retry_after: float | None,
@@ -58,7 +59,7 @@ class Router:
             self.store.retry(claim, delay_ms=0, error_class=cause.error_class, free=True)
             return "retry"
         if isinstance(cause, TERMINAL):
-            return self._dead_letter(claim, cause.error_class, cause.reason)
+            return self._dead_letter(claim, cause.error_class, cause.reason, cause.detail)
         delay = backoff(int(job.get("attempt_count", 1)), retry_after=cause.retry_after, rng=self.rng,
                         base=self.settings.retry_base_seconds if base is None else base,
                         cap=self.settings.retry_cap_seconds if cap is None else cap)
@@ -83,8 +84,8 @@ class Router:
             return "deadline_exceeded"
         return None
 
-    def _dead_letter(self, claim: Claim, error_class: str, reason: str) -> str:
-        self.store.finish(claim, "failed", error_class=error_class, reason=reason)
+    def _dead_letter(self, claim: Claim, error_class: str, reason: str, detail: dict[str, str] | None = None) -> str:
+        self.store.finish(claim, "failed", error_class=error_class, reason=reason, detail=detail)
         return "dead_letter"
 
 

@@ -141,11 +141,13 @@ class Store(Reads):
             return None
         return Claim(job_id, int(reply[1]), int(reply[2]), operation_id, int(reply[3]), reply[4])
 
-    def await_provider(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> Claim:
-        """Hand a submitted attempt to its server's watcher; the watcher's claim (new generation)."""
+    def await_provider(self, claim: Claim, *, lease_ms: int, refused: dict[str, str] | None = None,
+                       now_ms: int | None = None) -> Claim:
+        """Hand a submitted attempt to its server's watcher; the watcher's claim (new generation).
+        ``refused``: the server's summary of output nodes it refused while taking the prompt."""
         j = JobKeys(claim.job_id)
         reply = self._fenced("await", [j.record, j.tenant.leases, keys.FLEET, keys.WAKE],
-                             [claim.generation, _at(now_ms), lease_ms])
+                             [claim.generation, _at(now_ms), lease_ms, orjson.dumps(refused) if refused else ""])
         return replace(claim, generation=int(reply[1]))
 
     def collect_claim(self, job_id: str, *, worker: str, lease_ms: int, now_ms: int | None = None) -> Claim | None:
@@ -195,7 +197,8 @@ class Store(Reads):
         return int(self._fenced("charge", [j.record, j.tenant.ledger], [claim.generation, units])[1])
 
     def finish(
-        self, claim: Claim, outcome: str, *, error_class: str = "", reason: str = "", now_ms: int | None = None,
+        self, claim: Claim, outcome: str, *, error_class: str = "", reason: str = "",
+        detail: dict[str, str] | None = None, now_ms: int | None = None,
     ) -> None:
         """End the job (completed | failed | cancelled) and settle it. Completing a job whose
         cancel was requested ends it cancelled, with its outputs."""
@@ -205,7 +208,8 @@ class Store(Reads):
             "finish",
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
              j.workflow, keys.WAKE, keys.FLEET],
-            [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome],
+            [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome,
+             orjson.dumps(detail) if detail else ""],
         )
 
     def retry(self, claim: Claim, *, delay_ms: int, error_class: str, free: bool = False,

@@ -17,7 +17,7 @@ VIEW_FIELDS = (
     "id", "state", "kind", "priority", "outputs_requested", "attempt_count",
     "ceiling", "reserved", "charged", "uncertain", "settled",
     "cancel_requested", "obsolete", "external_effect",
-    "deadline", "created_at", "updated_at", "error_class", "error_reason",
+    "deadline", "created_at", "updated_at", "error_class", "error_reason", "error_detail",
 )
 
 

@@ -63,6 +63,7 @@ class ServerWatch:
         self.watched: dict[str, dict[str, Any]] = {}  # job id -> {server, gen, op, attempt}
         self.checked: dict[str, float] = {}  # job id -> when /history was last asked (monotonic)
         self.renewed: dict[str, float] = {}
+        self.cancelling: dict[str, int] = {}  # job id -> generation whose cancel was passed on
         self.contact = 0.0  # when the server last answered (monotonic)
         self.connected = False
         self._next_tick = self._next_probe = 0.0
@@ -136,6 +137,19 @@ class ServerWatch:
     def refresh(self) -> None:
         self.watched = {job_id: entry for job_id, entry in self.store.watched().items()
                         if entry["server"] == self.name}
+        for seen in (self.checked, self.renewed, self.cancelling):
+            for job_id in [j for j in seen if j not in self.watched]:
+                del seen[job_id]
+
+    def _cancels(self) -> None:
+        """A watched job whose client cancelled: a worker takes its prompt off the server (collect)."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        for job_id in self.watched:
+            pipe.hget(keys.JobKeys(job_id).record, "cancel_requested")
+        for job_id, flag in zip(list(self.watched), pipe.execute(), strict=True):
+            if flag == "1" and self.cancelling.get(job_id) != self.watched[job_id]["gen"]:
+                self.cancelling[job_id] = self.watched[job_id]["gen"]  # once per hand-over
+                self._collect(job_id)
 
     def tick(self) -> None:
         """At most once per poll interval: renew leases, ask about one prompt, probe if marked."""
@@ -144,6 +158,7 @@ class ServerWatch:
             return
         self._next_tick = now + self.settings.watch_poll_seconds
         self.refresh()
+        self._cancels()
         if self.store.provider_block(self.name) == "provider_unreachable":
             return self._probe(now)
         self._check_one(now)

@@ -20,6 +20,10 @@ Faults are injected per run, for the next N prompts, with ``POST /sim/faults``
   ``/queue``, ``/view``, ``/system_stats``) answers ``status`` (default 500; 0 closes the connection
   unanswered); nothing changes at the provider
 
+``POST /queue {"delete": [id]}`` removes pending prompts; ``POST /interrupt {"prompt_id": id}`` stops
+that prompt if it is the one running (as ComfyUI v0.3.64 does): it ends ``execution_interrupted``,
+with no outputs and no charge.
+
 ``POST /sim/restart`` loses queue and history, like a ComfyUI restart; the charge
 ledger, the ground truth of what was paid, survives. ``POST /sim/ws-drop`` closes every
 websocket (a network cut).
@@ -102,6 +106,7 @@ class SimComfy:
         self.boot_id = uuid.uuid4().hex
         self.faults: list[dict[str, Any]] = []
         self.stopped = False
+        self.interrupted = ""
         self.sockets: list[tuple[str, socket.socket]] = []
         self.send_lock = threading.Lock()
         self.thread = threading.Thread(target=self._work, name="sim-executor", daemon=True)
@@ -196,13 +201,18 @@ class SimComfy:
         self.send(client, "executing", {"node": "9", "display_node": "9", "prompt_id": prompt_id})
         for step in range(1, 5):
             time.sleep(self.delay / 4)
+            if self.interrupted == prompt_id:
+                return
             self.send(client, "progress", {"value": step, "max": 4, "prompt_id": prompt_id, "node": "9"})
 
     def _announce_end(self, item: list[Any]) -> None:
         client, prompt_id = item[3].get("client_id", ""), item[1]
         entry = self.history[prompt_id]
-        self.send(client, "executed", {"node": "9", "output": entry["outputs"]["9"], "prompt_id": prompt_id})
-        if entry["status"]["status_str"] == "error":
+        if "9" in entry["outputs"]:
+            self.send(client, "executed", {"node": "9", "output": entry["outputs"]["9"], "prompt_id": prompt_id})
+        if self.interrupted == prompt_id:
+            self.send(client, "execution_interrupted", {"prompt_id": prompt_id})
+        elif entry["status"]["status_str"] == "error":
             self.send(client, "execution_error", {"prompt_id": prompt_id, "node_id": "9", "node_type": "SaveImage",
                                                   "exception_type": "sim.Partial", "exception_message": "partial"})
         else:
@@ -211,6 +221,11 @@ class SimComfy:
 
     def _execute(self, item: list[Any]) -> None:
         number, prompt_id, _prompt, extra, _ = item
+        if self.interrupted == prompt_id:
+            stop = {"prompt_id": prompt_id, "node_id": "9", "node_type": "SaveImage", "executed": []}
+            self.history[prompt_id] = {"prompt": item, "outputs": {}, "status": {
+                "status_str": "error", "completed": False, "messages": [["execution_interrupted", stop]]}}
+            return
         indices = extra.get("reckon_outputs") or [0]
         produce = extra.get("_sim_produce")
         failed = produce is not None and produce < len(indices)
@@ -336,6 +351,8 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/sim/ws-drop":
             sim.drop_sockets()
             return self._send(200, {"dropped": True})
+        if path in ("/queue", "/interrupt"):
+            return self._control(sim, path, orjson.loads(body or b"{}"))
         if path != "/prompt":
             return self._send(404, {"error": "not_found"})
         self._delay()
@@ -344,6 +361,15 @@ class Handler(BaseHTTPRequestHandler):
         except orjson.JSONDecodeError:
             payload = None
         self._prompt(sim, payload)
+
+    def _control(self, sim: SimComfy, path: str, payload: dict[str, Any]) -> None:
+        with sim.cond:
+            if path == "/queue":
+                gone = set(payload.get("delete", []))
+                sim.pending = [item for item in sim.pending if item[1] not in gone]
+            elif sim.running is not None and sim.running[1] == payload.get("prompt_id"):
+                sim.interrupted = sim.running[1]
+        return self._send(200, {})
 
     def _prompt(self, sim: SimComfy, payload: Any) -> None:
         refusal = sim.take_fault("error_before", "rate_limit", "policy", "auth")

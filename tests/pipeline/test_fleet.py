@@ -20,6 +20,7 @@ from pipeline.progress import events_after, record
 from pipeline.providers import sim as simulated
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
+from pipeline.sweeper import Sweeper
 from pipeline.watcher import Watcher
 from tests.conftest import wait_until
 
@@ -118,3 +119,96 @@ def test_six_prompts_in_flight_with_four_worker_threads(store, settings, admit, 
     progress = [e for e in events_after(store.redis, jobs[0]) if e["type"] == "progress"]
     assert [(e["value"], e["max"]) for e in progress] == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert store.ledger("acme")["settled"] == 90 and store.ledger("acme")["reserved"] == 0
+
+
+class Stack:
+    """An in-process worker (Dramatiq, 2 threads) and a watcher over ``sims``, in watch mode."""
+
+    def __init__(self, store, settings, broker, sims) -> None:
+        self.settings = dataclasses.replace(settings, watch=True, watch_poll_seconds=0.1)
+        self.fleet = fleet_of(sims)
+        actors.use(Executor(store, self.fleet, BlobStore(settings.blob_dir), self.settings))
+        self.watcher = Watcher(self.fleet, store, Publisher(broker), self.settings,
+                               lambda *point: record(store.scripts, *point))
+        self.stop = threading.Event()
+        self.watching = threading.Thread(target=self.watcher.run, args=(self.stop,))
+        self.worker = dramatiq.Worker(broker, worker_threads=2, worker_timeout=50)
+
+    def __enter__(self) -> Stack:
+        self.watching.start()
+        self.worker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.stop()
+        self.stop.set()
+        self.watching.join()
+        actors.use(None)
+
+
+def test_a_cancel_takes_the_prompt_off_the_server_or_interrupts_it(store, settings, admit, broker) -> None:
+    server = simulated.start(delay=3.0)
+    try:
+        with Stack(store, settings, broker, {"a": server}):
+            jobs = {admit("k1"), admit("k2")}
+            wait_until(lambda: server.sim.running is not None and len(server.sim.pending) == 1)
+            [pending] = [j for j in jobs if store.job(j)["operation_id"] == server.sim.pending[0][1]]
+            [running] = jobs - {pending}
+            assert store.cancel(pending)[0] == "running"  # at the server, waiting behind the other
+            wait_until(lambda: store.job(pending)["state"] == "cancelled", timeout=10)
+            assert server.sim.pending == [] and store.job(running)["state"] == "running"
+            assert store.cancel(running)[0] == "running"
+            wait_until(lambda: store.job(running)["state"] == "cancelled", timeout=10)
+    finally:
+        server.close()
+    assert store.job(pending)["error_reason"] == "removed_from_provider_queue"
+    assert store.job(running)["error_reason"] == "provider_interrupted"
+    assert server.sim.charges == [] and server.sim.history.keys() == {store.job(running)["operation_id"]}
+    assert store.ledger("acme")["settled"] == 0 and store.ledger("acme")["reserved"] == 0
+
+
+def test_a_server_that_restarts_mid_render_sends_its_prompt_to_review(store, settings, admit, broker) -> None:
+    server = simulated.start(delay=2.0)
+    try:
+        with Stack(store, settings, broker, {"a": server}) as stack:
+            stack.settings = dataclasses.replace(stack.settings, lease_seconds=1.0)
+            job_id = admit()
+            wait_until(lambda: store.job(job_id).get("lease_owner") == "watcher")
+            server.sim.restart()  # its queue and history are gone, and it is a new process life
+            wait_until(lambda: store.job(job_id)["state"] in ("reconciling", "needs_review"), timeout=15)
+            sweeper = Sweeper(store, Publisher(broker), stack.settings)
+            wait_until(lambda: sweeper.sweep_once() is not None and store.job(job_id)["state"] == "needs_review",
+                       timeout=20, interval=0.2)
+    finally:
+        server.close()
+    job = store.job(job_id)
+    assert (job["error_class"], job["error_reason"]) == ("needs_review", "outcome_unknowable")
+    assert job["uncertain"] == "10" and server.sim.charges == []  # held as uncertain: an operator decides
+    assert store.fleet(CAPS)["a"]["busy"] == 0
+
+
+def test_an_unreachable_server_is_skipped_probed_and_put_back(store, settings, admit, broker, sim) -> None:
+    gone = simulated.start()
+    port = gone.server_address[1]
+    gone.close()  # refuses connections from now on
+    with Stack(store, settings, broker, {"a": gone, "b": sim}) as stack:
+        stack.watcher.watches[0].settings = dataclasses.replace(stack.settings, probe_seconds=0.1)
+        sweeper = Sweeper(store, Publisher(broker), stack.settings)
+        jobs = [admit(f"k{n}") for n in range(4)]
+        wait_until(lambda: sweeper.sweep_once() is not None and all(
+            store.job(j)["state"] == "completed" for j in jobs), timeout=20, interval=0.1)
+        assert store.provider_block("a") == "provider_unreachable"
+        refused = [a for j in jobs for a in store.attempts(j) if a["server"] == "a"]
+        assert refused and {(a["state"], a["error_class"]) for a in refused} == {("failed", "connect_failed")}
+        assert {store.job(j)["attempts_allowed"] for j in jobs} <= {"3", "4"}  # a refused attempt is given back
+        back = simulated.start(port=port)
+        try:
+            wait_until(lambda: store.provider_block("a") is None, timeout=10)  # the watcher's probe answered
+            store.block_provider("b", "dispatch_paused")
+            late = admit("k9")
+            wait_until(lambda: store.job(late)["state"] == "completed", timeout=10)
+        finally:
+            back.close()
+    assert [a["server"] for a in store.attempts(late)] == ["a"]
+    assert len(sim.sim.charges) == 4 and len(back.sim.charges) == 1
+    assert store.redis.hget(keys.ProviderKeys("comfyui").budget, "tokens") == "100"  # no retry token spent

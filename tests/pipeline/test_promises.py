@@ -54,8 +54,8 @@ def test_a_failed_read_after_submission_is_reconciled_never_resubmitted(store, a
                                "available": 9_980}
 
 
-def test_reconciliation_never_livelocks_on_a_lost_output(store, settings, admit, make_executor, make_router,
-                                                         sim) -> None:
+def test_a_lost_output_of_a_paid_run_goes_to_an_operator_without_a_second_run(
+        store, settings, admit, make_executor, make_router, sim) -> None:
     job_id = admit()
     inject(sim, {"kind": "read_error", "path": "/view", "status": 404, "times": 100})
     executor = make_executor(sim, reconcile_interval_seconds=0.0, reconcile_max_seconds=0.3)
@@ -68,7 +68,8 @@ def test_reconciliation_never_livelocks_on_a_lost_output(store, settings, admit,
         assert reconcile(executor, router, job_id) in ("reconciled", "skipped")
         time.sleep(0.05)
     job = store.job(job_id)
-    assert (job["state"], job["error_reason"]) == ("needs_review", "reconcile_timed_out")
+    # a /view 404 after a completed run: paid for and gone, never the client's invalid input
+    assert (job["state"], job["error_reason"]) == ("needs_review", "provider_output_lost")
     assert units(sim) == [10]
     # it ran and its charge was booked before the fetch failed: nothing is uncertain
     assert balanced(store) == {"allowance": 10_000, "reserved": 30, "uncertain": 0, "settled": 0,
@@ -207,9 +208,9 @@ class LateSubmit(ComfyUI):
         super().__init__(HttpTransport(server.url, timeout=1.0), price_per_output=server.sim.price_per_output)
         self.server = server
 
-    def submit(self, operation_id, workflow, indices) -> None:
+    def submit(self, operation_id, workflow, indices, *, front=False):
         inject(self.server, {"kind": "latency", "seconds": 2.5, "times": 1})
-        super().submit(operation_id, workflow, indices)
+        return super().submit(operation_id, workflow, indices, front=front)
 
 
 def test_no_record_yet_is_not_proof_while_the_submission_may_still_land(store, settings, admit, make_router,
