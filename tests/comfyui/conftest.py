@@ -26,6 +26,7 @@ import pytest
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
 from tests.conftest import free_port
+from tests.pipeline.conftest import admit, broker  # noqa: F401 - fixtures the end-to-end tests share
 
 DEFAULT_DIR = "/tmp/comfyui"
 #: The shared folder sits beside the project: <parent>/shared/comfyui/{setup,start}.sh.

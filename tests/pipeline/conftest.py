@@ -1,16 +1,20 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
+import dramatiq
 import pytest
 
+from pipeline import actors
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.executor import Executor
 from pipeline.fleet import Fleet, Server
 from pipeline.jobs import Admitter
+from pipeline.progress import record
 from pipeline.providers.base import Provider
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
@@ -18,6 +22,8 @@ from pipeline.providers.sim import SimServer
 from pipeline.routing import Router
 from pipeline.settings import Settings
 from pipeline.store import Store
+from pipeline.sweeper import Sweeper
+from pipeline.watcher import Watcher
 
 
 def single(provider: Provider, cap: int = 1000) -> Fleet:
@@ -62,3 +68,35 @@ def make_router(store: Store, settings: Settings) -> Callable[..., Router]:
         return Router(store, dataclasses.replace(settings, **options), "comfyui", rng=lambda: 1.0)
 
     return make
+
+
+class InProcess:
+    """An in-process worker (Dramatiq, 2 threads), a watcher and a sweeper over ``servers``
+    (name -> anything with a ``url``), in watch mode."""
+
+    def __init__(self, store, settings, broker, servers, cap: int = 2) -> None:
+        self.settings = dataclasses.replace(settings, watch=True, watch_poll_seconds=0.1, sweep_interval_seconds=0.1)
+        self.fleet = Fleet([Server(name, server.url, cap) for name, server in servers.items()],
+                           lambda s: ComfyUI(HttpTransport(s.url, timeout=10), price_per_output=10))
+        actors.use(Executor(store, self.fleet, BlobStore(settings.blob_dir), self.settings))
+        self.watcher = Watcher(self.fleet, store, Publisher(broker), self.settings,
+                               lambda *point: record(store.scripts, *point))
+        self.sweeper = Sweeper(store, Publisher(broker), self.settings)
+        self.sweeper.servers = self.fleet.caps()
+        self.stop = threading.Event()
+        self.watching = threading.Thread(target=self.watcher.run, args=(self.stop,))
+        self.sweeping = threading.Thread(target=self.sweeper.run, args=(self.stop,))
+        self.worker = dramatiq.Worker(broker, worker_threads=2, worker_timeout=50)
+
+    def __enter__(self) -> InProcess:
+        self.watching.start()
+        self.sweeping.start()
+        self.worker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.stop()
+        self.stop.set()
+        self.watching.join()
+        self.sweeping.join()
+        actors.use(None)

@@ -20,9 +20,9 @@ from pipeline.progress import events_after, record
 from pipeline.providers import sim as simulated
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
-from pipeline.sweeper import Sweeper
 from pipeline.watcher import Watcher
 from tests.conftest import wait_until
+from tests.pipeline.conftest import InProcess
 
 CAPS = {"a": 2, "b": 2, "c": 2}
 
@@ -121,35 +121,10 @@ def test_six_prompts_in_flight_with_four_worker_threads(store, settings, admit, 
     assert store.ledger("acme")["settled"] == 90 and store.ledger("acme")["reserved"] == 0
 
 
-class Stack:
-    """An in-process worker (Dramatiq, 2 threads) and a watcher over ``sims``, in watch mode."""
-
-    def __init__(self, store, settings, broker, sims) -> None:
-        self.settings = dataclasses.replace(settings, watch=True, watch_poll_seconds=0.1)
-        self.fleet = fleet_of(sims)
-        actors.use(Executor(store, self.fleet, BlobStore(settings.blob_dir), self.settings))
-        self.watcher = Watcher(self.fleet, store, Publisher(broker), self.settings,
-                               lambda *point: record(store.scripts, *point))
-        self.stop = threading.Event()
-        self.watching = threading.Thread(target=self.watcher.run, args=(self.stop,))
-        self.worker = dramatiq.Worker(broker, worker_threads=2, worker_timeout=50)
-
-    def __enter__(self) -> Stack:
-        self.watching.start()
-        self.worker.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.worker.stop()
-        self.stop.set()
-        self.watching.join()
-        actors.use(None)
-
-
 def test_a_cancel_takes_the_prompt_off_the_server_or_interrupts_it(store, settings, admit, broker) -> None:
     server = simulated.start(delay=3.0)
     try:
-        with Stack(store, settings, broker, {"a": server}):
+        with InProcess(store, settings, broker, {"a": server}):
             jobs = {admit("k1"), admit("k2")}
             wait_until(lambda: server.sim.running is not None and len(server.sim.pending) == 1)
             [pending] = [j for j in jobs if store.job(j)["operation_id"] == server.sim.pending[0][1]]
@@ -170,15 +145,11 @@ def test_a_cancel_takes_the_prompt_off_the_server_or_interrupts_it(store, settin
 def test_a_server_that_restarts_mid_render_sends_its_prompt_to_review(store, settings, admit, broker) -> None:
     server = simulated.start(delay=2.0)
     try:
-        with Stack(store, settings, broker, {"a": server}) as stack:
-            stack.settings = dataclasses.replace(stack.settings, lease_seconds=1.0)
+        with InProcess(store, settings, broker, {"a": server}):
             job_id = admit()
             wait_until(lambda: store.job(job_id).get("lease_owner") == "watcher")
             server.sim.restart()  # its queue and history are gone, and it is a new process life
-            wait_until(lambda: store.job(job_id)["state"] in ("reconciling", "needs_review"), timeout=15)
-            sweeper = Sweeper(store, Publisher(broker), stack.settings)
-            wait_until(lambda: sweeper.sweep_once() is not None and store.job(job_id)["state"] == "needs_review",
-                       timeout=20, interval=0.2)
+            wait_until(lambda: store.job(job_id)["state"] == "needs_review", timeout=20)
     finally:
         server.close()
     job = store.job(job_id)
@@ -191,12 +162,10 @@ def test_an_unreachable_server_is_skipped_probed_and_put_back(store, settings, a
     gone = simulated.start()
     port = gone.server_address[1]
     gone.close()  # refuses connections from now on
-    with Stack(store, settings, broker, {"a": gone, "b": sim}) as stack:
+    with InProcess(store, settings, broker, {"a": gone, "b": sim}) as stack:
         stack.watcher.watches[0].settings = dataclasses.replace(stack.settings, probe_seconds=0.1)
-        sweeper = Sweeper(store, Publisher(broker), stack.settings)
         jobs = [admit(f"k{n}") for n in range(4)]
-        wait_until(lambda: sweeper.sweep_once() is not None and all(
-            store.job(j)["state"] == "completed" for j in jobs), timeout=20, interval=0.1)
+        wait_until(lambda: all(store.job(j)["state"] == "completed" for j in jobs), timeout=20)
         assert store.provider_block("a") == "provider_unreachable"
         refused = [a for j in jobs for a in store.attempts(j) if a["server"] == "a"]
         assert refused and {(a["state"], a["error_class"]) for a in refused} == {("failed", "connect_failed")}
