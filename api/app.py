@@ -63,7 +63,7 @@ def create_app(
     app.add_route("/healthz", resources.Health())
     app.add_route("/readyz", resources.Ready(store))
     app.add_route("/openapi.json", resources.Document(document(settings)))
-    app.add_route("/metrics", Metrics(store))
+    app.add_route("/metrics", Metrics(store, {server.name: server.cap for server in settings.servers()}))
     return app
 
 

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from pipeline import keys
 from pipeline.keys import TenantKeys
-from pipeline.store import Store
+from pipeline.store import SERVER_BLOCKS, Store
 
 INDEXES = ("queued", "leases", "retry", "reconcile", "review", "dead", "outbox")
 LEDGER_KINDS = ("allowance", "reserved", "uncertain", "settled")
@@ -57,8 +57,8 @@ def totals(client: Any, tenants: list[str]) -> Totals:
 
 
 class StateCollector:
-    def __init__(self, store: Store, provider: str = "comfyui") -> None:
-        self.store, self.provider = store, provider
+    def __init__(self, store: Store, caps: dict[str, int]) -> None:
+        self.store, self.caps = store, caps
 
     def collect(self) -> Iterator[Metric]:
         summed = totals(self.store.redis, self.store.tenants())
@@ -76,19 +76,37 @@ class StateCollector:
         stats = self.store.redis.hgetall(keys.STATS)
         stale = CounterMetricFamily("reckon_stale_writes_rejected", "Writes refused for a stale lease generation.")
         stale.add_metric([], int(stats.get("stale_writes_rejected", 0)))
-        blocked = GaugeMetricFamily("reckon_provider_blocked",
-                                    "1 while dispatch to a provider is stopped (credentials, pause).",
+        yield from (jobs, ledger, depth, stale, *self._fleet())
+
+    def _fleet(self) -> Iterator[Metric]:
+        """Per server: stop marks, slots, whether a watcher holds it; the parked jobs (one HGETALL,
+        one ZCARD, one EXISTS per server)."""
+        fleet = self.store.fleet(self.caps)
+        blocked = GaugeMetricFamily("reckon_provider_blocked", "1 while dispatch to a server is stopped, by reason.",
+                                    labels=["provider", "reason"])
+        slots = GaugeMetricFamily("reckon_provider_slots", "Dispatch slots of a server: busy and cap.",
+                                  labels=["provider", "kind"])
+        watched = GaugeMetricFamily("reckon_provider_watched", "Prompts at a server, followed by its watcher.",
                                     labels=["provider"])
-        blocked.add_metric([self.provider], int(self.store.provider_block(self.provider) is not None))
-        yield from (jobs, ledger, depth, stale, blocked)
+        up = GaugeMetricFamily("reckon_watcher_up", "1 while a watcher holds the server's lock.", labels=["provider"])
+        for name, view in fleet.items():
+            for reason in SERVER_BLOCKS:
+                blocked.add_metric([name, reason], int(reason in view["stopped"]))
+            slots.add_metric([name, "busy"], view["busy"])
+            slots.add_metric([name, "cap"], view["cap"])
+            watched.add_metric([name], view["watched"])
+            up.add_metric([name], self.store.redis.exists(keys.watcher_lock(name)))
+        parked = GaugeMetricFamily("reckon_parked_jobs", "Queued jobs waiting for a free server slot.")
+        parked.add_metric([], self.store.redis.zcard(keys.PARKED))
+        yield from (blocked, slots, watched, up, parked)
 
 
 class Metrics:
     public = True
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, caps: dict[str, int]) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(StateCollector(store))
+        self.registry.register(StateCollector(store, caps))
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.content_type = CONTENT_TYPE_LATEST

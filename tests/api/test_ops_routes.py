@@ -24,7 +24,7 @@ def test_metrics_sum_every_tenant_and_name_none(client, submit, tenant, store) -
     submit(globex, key="g-1", body=job_body(outputs=2))
     cancelled = submit(globex, key="g-2", body=job_body(outputs=2)).json["id"]
     assert client.simulate_post(f"/v1/jobs/{cancelled}/cancel", headers=auth(globex)).status_code == 200
-    store.block_provider("comfyui", "provider_credentials", now_ms=1)
+    store.block_provider("sim", "provider_credentials", now_ms=1)
     text = client.simulate_get("/metrics").text
     assert "tenant=" not in text and "acme" not in text and "globex" not in text
     samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
@@ -37,7 +37,13 @@ def test_metrics_sum_every_tenant_and_name_none(client, submit, tenant, store) -
         'reckon_ledger_units{kind="available"}': 10_410.0}
     assert samples['reckon_index_jobs{index="queued"}'] == 2.0
     assert samples['reckon_index_jobs{index="outbox"}'] == 0.0
-    assert samples['reckon_provider_blocked{provider="comfyui"}'] == 1.0
+    assert {k: v for k, v in samples.items() if k.startswith("reckon_provider_blocked")} == {
+        'reckon_provider_blocked{provider="sim",reason="dispatch_paused"}': 0.0,
+        'reckon_provider_blocked{provider="sim",reason="provider_credentials"}': 1.0,
+        'reckon_provider_blocked{provider="sim",reason="provider_unreachable"}': 0.0}
+    assert samples['reckon_provider_slots{kind="busy",provider="sim"}'] == 0.0
+    assert samples['reckon_provider_slots{kind="cap",provider="sim"}'] == 1000.0
+    assert samples['reckon_watcher_up{provider="sim"}'] == 0.0 and samples["reckon_parked_jobs"] == 0.0
     assert store.redis.zcard(TenantKeys("acme").queued) == store.redis.zcard(TenantKeys("globex").queued) == 1
 
 

@@ -181,3 +181,31 @@ def test_an_unreachable_server_is_skipped_probed_and_put_back(store, settings, a
     assert [a["server"] for a in store.attempts(late)] == ["a"]
     assert len(sim.sim.charges) == 4 and len(back.sim.charges) == 1
     assert store.redis.hget(keys.ProviderKeys("comfyui").budget, "tokens") == "100"  # no retry token spent
+
+
+def test_a_duplicated_collect_message_collects_once(store, settings, admit) -> None:
+    server = simulated.start(delay=0.3)
+    try:
+        fleet = fleet_of({"a": server})
+        executor = Executor(store, fleet, BlobStore(settings.blob_dir), dataclasses.replace(settings, watch=True))
+        job_id = admit(outputs=2)
+        assert executor.run(job_id) is True and store.job(job_id)["lease_owner"] == "watcher"
+        wait_until(lambda: store.job(job_id)["operation_id"] in server.sim.history)
+        start, results = threading.Barrier(2), []
+
+        def collect() -> None:
+            start.wait()
+            results.append(executor.collect(job_id))
+
+        threads = [threading.Thread(target=collect) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert executor.collect(job_id) is False  # and a third, after the job finished
+    finally:
+        server.close()
+    assert sorted(results) == [False, True]
+    assert store.job(job_id)["state"] == "completed" and sorted(store.outputs(job_id)) == [0, 1]
+    assert len(server.sim.charges) == 1 and store.ledger("acme")["settled"] == 20
+    assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "completed"]
