@@ -4,7 +4,7 @@
 -- Guarantees: only the current holder, after marking the submission, hands over;
 -- the generation goes up, so the handing worker can no longer write; the watcher
 -- list of the fleet holds the job with the new generation, its server, operation
--- id and attempt. The job stays `running` with its slot; the watcher renews its
+-- id, attempt and deadline (the watcher renews no lease past the deadline). The job stays `running` with its slot; the watcher renews its
 -- lease (heartbeat with the new generation) while the prompt is pending or running,
 -- and a collect message claims it when the prompt ends. If every watcher is gone,
 -- the lease expires and the sweeper reconciles the job, as for a dead worker.
@@ -21,13 +21,15 @@
 
 local job = KEYS[1]
 if not holds_lease(job, ARGV[1]) then return {9} end
-local f = redis.call('HMGET', job, 'id', 'submitted', 'server', 'operation_id', 'attempt_count')
+local f = redis.call('HMGET', job, 'id', 'submitted', 'server', 'operation_id', 'attempt_count', 'deadline')
 if f[2] ~= '1' then return {8, 'not_submitted'} end
 local now = clock(ARGV[2])
 local expires = now + tonumber(ARGV[3])
 local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
-redis.call('HSET', job, 'lease_owner', 'watcher', 'lease_expires', expires, 'refusal', ARGV[4])
+redis.call('HSET', job, 'lease_owner', 'watcher', 'lease_expires', expires)
+if ARGV[4] ~= '' then redis.call('HSET', job, 'refusal', ARGV[4]) end  -- kept across hand-backs
 redis.call('ZADD', KEYS[2], expires, f[1])
 wake(KEYS[4], job, expires)
-redis.call('HSET', KEYS[3], 'w:' .. f[1], cjson.encode({server = f[3], gen = gen, op = f[4], attempt = tonumber(f[5])}))
+redis.call('HSET', KEYS[3], 'w:' .. f[1], cjson.encode({server = f[3], gen = gen, op = f[4], attempt = tonumber(f[5]),
+  deadline = tonumber(f[6])}))
 return {0, gen}

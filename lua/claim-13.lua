@@ -35,7 +35,10 @@ local job = KEYS[1]
 local now = clock(ARGV[1])
 local f = redis.call('HMGET', job, 'state', 'id', 'deadline')
 if not f[1] then return {7} end
-if f[1] ~= 'queued' then return {8, f[1]} end
+if f[1] ~= 'queued' then
+  redis.call('ZREM', KEYS[13], f[2])  -- a parked entry of a job that moved on is dropped here
+  return {8, f[1]}
+end
 if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
   expire_queued(job, {ledger = KEYS[7], queued = KEYS[3], dead = KEYS[8], events = KEYS[5], counts = KEYS[6],
     done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'deadline_passed_while_queued')
@@ -60,6 +63,7 @@ redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends
 redis.call('ZADD', KEYS[2], expires, job_id)
 wake(KEYS[11], job, expires)
 redis.call('ZREM', KEYS[3], job_id)
+redis.call('ZREM', KEYS[13], job_id)
 redis.call('HSET', KEYS[4], n, cjson.encode({
   number = n, worker = ARGV[2], generation = gen, provider = ARGV[5], server = server,
   operation_id = ARGV[4], state = 'running', started_at = now,

@@ -170,10 +170,13 @@ class Executor:
         with Heartbeat(self.store, claim, lease_ms=self.lease_ms) as heartbeat:
             try:
                 status = self._submitted(lambda: provider.status(claim.operation_id))
-                if status.state in ("pending", "running") and self.store.cancel_requested(claim.job_id):
-                    status = self._cancel_at_provider(claim, provider)
-                if status.state in ("pending", "running"):  # not ended yet: back to the watcher
-                    self.store.await_provider(claim, lease_ms=self.lease_ms)
+                job = self.store.job(claim.job_id) or {}
+                if status.state in ("pending", "running") and job.get("cancel_requested") == "1":
+                    status = self._cancel_at_provider(claim, provider, status, job.get("submit_epoch", ""))
+                if status.state in ("pending", "running"):
+                    if claim.claimed_ms >= int(job["deadline"]):  # as a worker's own wait: reconcile it
+                        raise UnknownOutcome("deadline_passed_while_running")
+                    self.store.await_provider(claim, lease_ms=self.lease_ms)  # not ended yet: back to the watcher
                     return True
                 self._complete(claim, provider, status, heartbeat)
             except LOST as exc:  # a paid output gone: reconciliation asks again, then an operator
@@ -182,19 +185,27 @@ class Executor:
                 raise AttemptFailed(claim, exc) from exc
         return True
 
-    def _cancel_at_provider(self, claim: Claim, provider: Provider) -> OperationStatus:
+    def _cancel_at_provider(self, claim: Claim, provider: Provider, before: OperationStatus,
+                            epoch: str) -> OperationStatus:
         """The client cancelled while the prompt is at its server: take it off the server's queue,
-        or interrupt it if it runs (ComfyUI interrupts only that prompt). A prompt gone from queue
-        and history right after we removed it never ran: it ends cancelled, nothing charged."""
+        or interrupt it if it runs (ComfyUI interrupts only that prompt).
+
+        Gone from queue and history right after we removed it, it never ran, provided it was
+        pending, every request since answered, and the server's epoch (if it shows one) is the
+        submission's: a restart that loses history cannot fit between answers a moment apart
+        (ComfyUI takes seconds to start). Anything less is an unknown outcome, reconciled."""
         try:
             provider.cancel(claim.operation_id)
-        except ProviderError as exc:  # the prompt runs to its end; the job still ends cancelled
+        except ProviderError as exc:  # a later collect tries again; the job ends cancelled either way
             log.info("cancel of %s at %s failed (%s)", claim.job_id, claim.server, exc.reason)
+            return before
         status = self._submitted(lambda: provider.status(claim.operation_id))
-        if status.state == "unknown":
-            self.store.finish(claim, "cancelled", reason="removed_from_provider_queue")
-            return OperationStatus("cancelled")
-        return status
+        if status.state != "unknown":
+            return status
+        if before.state != "pending" or self._submitted(provider.epoch) != epoch:
+            raise UnknownOutcome("cancelled_prompt_not_found")
+        self.store.finish(claim, "cancelled", reason="removed_from_provider_queue")
+        return OperationStatus("cancelled")
 
     def _submitted(self, ask: Callable[[], T]) -> T:
         """Ask about a submitted prompt: any provider error is an unknown outcome, because only

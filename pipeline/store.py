@@ -324,7 +324,7 @@ class Store(Reads):
         t = j.tenant
         reply = self.scripts(
             "cancel", [j.record, t.ledger, t.queued, t.retry, j.events, t.counts, t.review, t.done,
-                       j.workflow, keys.WAKE],
+                       j.workflow, keys.WAKE, keys.PARKED],
             [_at(now_ms)],
         )
         self._check(reply)

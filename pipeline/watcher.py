@@ -64,6 +64,7 @@ class ServerWatch:
         self.checked: dict[str, float] = {}  # job id -> when /history was last asked (monotonic)
         self.renewed: dict[str, float] = {}
         self.cancelling: dict[str, int] = {}  # job id -> generation whose cancel was passed on
+        self.late: dict[str, int] = {}  # job id -> generation found past its deadline
         self.contact = 0.0  # when the server last answered (monotonic)
         self.connected = False
         self._next_tick = self._next_probe = 0.0
@@ -110,7 +111,12 @@ class ServerWatch:
     def _on_message(self, raw: str | bytes) -> None:
         if isinstance(raw, bytes):  # preview images: not ours to keep
             return
-        message = orjson.loads(raw)
+        try:
+            self._handle(orjson.loads(raw))
+        except (ValueError, TypeError, AttributeError, KeyError):  # unreadable: /history covers it
+            log.info("watcher of %s: unreadable websocket message skipped", self.name)
+
+    def _handle(self, message: dict[str, Any]) -> None:
         kind, data = message.get("type"), message.get("data") or {}
         ended = kind == "executing" and data.get("node") is None
         if kind != "progress" and not ended:
@@ -137,7 +143,7 @@ class ServerWatch:
     def refresh(self) -> None:
         self.watched = {job_id: entry for job_id, entry in self.store.watched().items()
                         if entry["server"] == self.name}
-        for seen in (self.checked, self.renewed, self.cancelling):
+        for seen in (self.checked, self.renewed, self.cancelling, self.late):
             for job_id in [j for j in seen if j not in self.watched]:
                 del seen[job_id]
 
@@ -166,7 +172,15 @@ class ServerWatch:
             self._renew(now)
 
     def _renew(self, now: float) -> None:
+        """Renew the leases of the prompts watched here, except past a job's deadline: there a
+        collect decides (the prompt goes to reconciliation, as a worker's own wait would)."""
+        server_ms = self.store.server_ms() if self.watched else 0
         for job_id, entry in self.watched.items():
+            if server_ms >= entry.get("deadline", float("inf")):
+                if self.late.get(job_id) != entry["gen"]:
+                    self.late[job_id] = entry["gen"]
+                    self._collect(job_id)
+                continue
             if now - self.renewed.get(job_id, 0.0) < self.settings.lease_seconds / 3:
                 continue
             try:

@@ -9,17 +9,21 @@ from collections import Counter
 from collections.abc import Iterator
 
 import dramatiq
+import orjson
 import pytest
 
 from pipeline import actors, keys
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
+from pipeline.errors import AttemptFailed
 from pipeline.executor import Executor
 from pipeline.fleet import Fleet, Server
 from pipeline.progress import events_after, record
 from pipeline.providers import sim as simulated
+from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
+from pipeline.routing import Router
 from pipeline.watcher import Watcher
 from tests.conftest import wait_until
 from tests.pipeline.conftest import InProcess
@@ -209,3 +213,103 @@ def test_a_duplicated_collect_message_collects_once(store, settings, admit) -> N
     assert store.job(job_id)["state"] == "completed" and sorted(store.outputs(job_id)) == [0, 1]
     assert len(server.sim.charges) == 1 and store.ledger("acme")["settled"] == 20
     assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "completed"]
+
+
+class Refusing:
+    """Takes the prompt but refuses one output node (a 200 with node_errors); the prompt still runs
+    at the first status read, then completes with one image of the two requested."""
+
+    name, price_per_output, client_id = "comfyui", 10, "reckon"
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def submit(self, operation_id, workflow, indices, *, front=False):
+        return {"node_id": "7", "class_type": "SaveImage", "error_type": "bad_output", "message": "refused"}
+
+    def cancel(self, operation_id) -> None:
+        pass
+
+    def status(self, operation_id) -> OperationStatus:
+        self.reads += 1
+        return OperationStatus("running") if self.reads == 1 else OperationStatus(
+            "completed", outputs=[OutputRef(0, "a.png")])
+
+    def fetch(self, ref) -> bytes:
+        return simulated.png("x")
+
+    def epoch(self) -> str:
+        return ""
+
+
+def test_a_refusal_at_submission_survives_hand_backs_and_names_the_failure(store, settings, admit) -> None:
+    fleet = Fleet([Server("a", "http://a", 2)], lambda _: Refusing())
+    executor = Executor(store, fleet, BlobStore(settings.blob_dir), dataclasses.replace(settings, watch=True))
+    job_id = admit(outputs=2)
+    assert executor.run(job_id) is True
+    assert executor.collect(job_id) is True  # still running: handed back to the watcher
+    with pytest.raises(AttemptFailed) as failure:
+        executor.collect(job_id)
+    assert Router(store, settings, rng=lambda: 1.0).route(failure.value) == "dead_letter"
+    job = store.job(job_id)
+    assert (job["state"], job["error_class"], job["error_reason"]) == (
+        "failed", "execution_failed", "provider_refused_output_nodes")
+    assert orjson.loads(job["error_detail"])["node_id"] == "7" and job["settled"] == "10"  # one image made
+
+
+def test_no_lease_is_renewed_past_the_deadline(store, settings, admit, broker) -> None:
+    server = simulated.start(delay=30.0)  # a prompt that runs (or hangs) far beyond the job's deadline
+    try:
+        with InProcess(store, settings, broker, {"a": server}):
+            job_id = admit(deadline_s=2)
+            wait_until(lambda: store.job(job_id).get("lease_owner") == "watcher")
+            wait_until(lambda: store.job(job_id)["state"] == "reconciling", timeout=15)
+    finally:
+        server.close()
+    assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "reconciling"]
+    assert store.fleet(CAPS)["a"]["busy"] == 1  # the prompt may still occupy the server
+    assert len(server.sim.charges) == 0
+
+
+class RestartsOnCancel(ComfyUI):
+    """The prompt finishes, then the server restarts (history lost), just before our cancel lands."""
+
+    def __init__(self, server: simulated.SimServer) -> None:
+        super().__init__(HttpTransport(server.url, timeout=5), price_per_output=10)
+        self.server = server
+
+    def cancel(self, operation_id: str) -> None:
+        wait_until(lambda: operation_id in self.server.sim.history)
+        self.server.sim.restart()
+        super().cancel(operation_id)
+
+
+def test_a_cancel_never_takes_a_prompt_lost_in_a_restart_for_never_run(store, settings, admit) -> None:
+    server = simulated.start(delay=0.5)
+    try:
+        fleet = Fleet([Server("a", server.url, 2)], lambda _: RestartsOnCancel(server))
+        executor = Executor(store, fleet, BlobStore(settings.blob_dir), dataclasses.replace(settings, watch=True))
+        job_id = admit()
+        assert executor.run(job_id) is True
+        store.cancel(job_id)
+        with pytest.raises(AttemptFailed) as failure:
+            executor.collect(job_id)
+        assert Router(store, settings).route(failure.value) == "reconcile"
+        assert executor.reconcile(job_id) is True
+    finally:
+        server.close()
+    job = store.job(job_id)
+    assert (job["state"], job["error_reason"], job["uncertain"]) == ("needs_review", "outcome_unknowable", "10")
+    assert len(server.sim.charges) == 1  # it ran: the cost is held, not released
+
+
+def test_a_cancelled_job_leaves_the_parked_set(store, admit) -> None:
+    caps = {"a": 1}
+    running = store.claim(admit("k0"), worker="w", lease_ms=60_000, operation_id="op0", servers=caps)
+    gone, waiting = admit("k1"), admit("k2")
+    assert [store.claim(j, worker="w", lease_ms=60_000, operation_id=j, servers=caps) for j in (gone, waiting)] == [
+        None, None]
+    store.cancel(gone)
+    assert store.redis.zrange(keys.PARKED, 0, -1) == [waiting]
+    store.retry(running, delay_ms=60_000, error_class="test")
+    assert store.unpark(caps) == [(waiting, "interactive")]

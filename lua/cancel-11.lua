@@ -8,12 +8,14 @@
 -- starts after it (mark-submit checks it), and the job ends cancelled once its
 -- outcome is known. Cancelling again changes nothing. `external_effect` says
 -- whether a provider execution may already have happened: none, possible or occurred.
+-- A cancelled job leaves the fleet's parked set, so no free slot is spent on it.
 --
 -- KEYS[1] job record (hash)          KEYS[6]  tenant's per-state counts (hash)
 -- KEYS[2] tenant ledger (hash)       KEYS[7]  tenant's review index (zset)
 -- KEYS[3] tenant's queued (zset)     KEYS[8]  tenant's done index (zset)
 -- KEYS[4] tenant's retry index       KEYS[9]  job's workflow (string)
 -- KEYS[5] job's event list           KEYS[10] wake set (zset)
+--                                    KEYS[11] fleet's parked jobs (zset)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 --
@@ -26,6 +28,7 @@ local state = f[1]
 local effect = external_effect(job)
 if state == 'queued' or state == 'retry_wait' or state == 'needs_review' then
   redis.call('ZREM', KEYS[7], f[2])
+  redis.call('ZREM', KEYS[11], f[2])
   redis.call('HSET', job, 'cancel_requested', 1, 'external_effect', effect)
   end_waiting(job, {ledger = KEYS[2], queued = KEYS[3], retry = KEYS[4], events = KEYS[5], counts = KEYS[6],
     done = KEYS[8], workflow = KEYS[9], wake = KEYS[10]}, now, state, 'cancelled', 'cancelled')
