@@ -153,6 +153,16 @@ local function server_busy(fleet, name)
   return tonumber(f[1] or '0')
 end
 
+-- Free slots on the usable servers of `servers` ({name, cap} pairs).
+local function free_slots(fleet, servers)
+  local free = 0
+  for _, server in ipairs(servers) do
+    local busy = server_busy(fleet, server[1])
+    if busy then free = free + math.max(0, server[2] - busy) end
+  end
+  return free
+end
+
 -- Takes a dispatch slot on the least loaded usable server of `servers` ({name, cap}
 -- pairs), turning the round-robin start each time so equal loads share the work.
 -- Returns the server's name, or nil when every server is stopped or at its cap.

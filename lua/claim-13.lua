@@ -13,7 +13,9 @@
 -- server that is paused, unreachable or refusing our credentials, or at its cap.
 -- So a server's cap holds however many workers claim at once. With no server
 -- free, the job stays `queued`, parked in the fleet's waiting set (by priority,
--- then age) without using an attempt; a freed slot publishes it again.
+-- then age) without using an attempt; a freed slot publishes it again. A job does
+-- not take a slot that better-ranked parked jobs are waiting for (as many slots as
+-- are free go to the best parked), so a parked job is not overtaken by newcomers.
 --
 -- KEYS[1] job record (hash)          KEYS[7]  tenant ledger (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[8]  tenant's dead letters (zset)
@@ -48,10 +50,15 @@ end
 local job_id = f[2]
 local servers = {}
 for i = 7, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
-local server = take_slot(KEYS[12], servers)
+-- rank: interactive before batch, then the oldest intent first
+local g = redis.call('HMGET', job, 'priority', 'created_at')
+local rank = (g[1] == 'batch' and 1e13 or 0) + tonumber(g[2] or now)
+local server
+if redis.call('ZCOUNT', KEYS[13], '-inf', '(' .. rank) < free_slots(KEYS[12], servers) then
+  server = take_slot(KEYS[12], servers)  -- else better jobs wait parked for the free slots
+end
 if not server then
-  local rank = redis.call('HGET', job, 'priority') == 'batch' and 1e13 or 0
-  redis.call('ZADD', KEYS[13], rank + tonumber(redis.call('ZSCORE', KEYS[3], job_id) or now), job_id)
+  redis.call('ZADD', KEYS[13], rank, job_id)
   return {15}
 end
 local expires = now + tonumber(ARGV[3])

@@ -10,14 +10,14 @@
 --
 -- ARGV[1], ARGV[2], ... server name, its cap, for each server
 --
--- Returns {0 OK, job id, score, job id, score, ...}
+-- Returns {0 OK, job id, score, job id, score, ...}. The caller publishes them to the
+-- `reckon-unparked` queue, which workers serve before their other queues, so a parked
+-- job does not wait again behind the backlog that arrived after it.
 
 if redis.call('ZCARD', KEYS[2]) == 0 then return {0} end
-local free = 0
-for i = 1, #ARGV, 2 do
-  local busy = server_busy(KEYS[1], ARGV[i])
-  if busy then free = free + math.max(0, tonumber(ARGV[i + 1]) - busy) end
-end
+local servers = {}
+for i = 1, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
+local free = free_slots(KEYS[1], servers)
 local reply = {0}
 if free == 0 then return reply end
 for _, item in ipairs(redis.call('ZPOPMIN', KEYS[2], free)) do reply[#reply + 1] = item end

@@ -333,7 +333,7 @@ class Chaos(threading.Thread):
             [("admitted", f, self.kill_web) for f in (0.3, 0.65)[:opts.api_kills]]
             + [(p, f, self.restart_redis) for p, f in (("admitted", 0.5), ("drained", 0.3))[:opts.redis_restarts]]
             + [("drained", 0.5, self.restart_provider)][:opts.provider_restarts]
-            + [("drained", 0.2, self.drop_websockets), ("drained", 0.4, self.kill_watcher)])
+            + [("admitted", 0.4, self.drop_websockets), ("admitted", 0.8, self.kill_watcher)])
         self.stop = threading.Event()
         self.t0 = time.monotonic()
         self.until = self.t0 + opts.chaos_seconds
@@ -504,7 +504,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tenants", type=int, default=4)
     p.add_argument("--workers", type=int, default=3, help="Dramatiq worker processes")
     p.add_argument("--threads", type=int, default=4, help="threads per worker process")
-    p.add_argument("--cap", type=int, default=4, help="RECKON_PROVIDER_CAP: prompts in flight at the provider")
+    p.add_argument("--cap", type=int, default=8, help="RECKON_PROVIDER_CAP: prompts in flight at the provider")
     p.add_argument("--clients", type=int, default=4, help="client threads")
     p.add_argument("--fault-rate", type=float, default=0.2, help="share of provider prompts given a fault")
     p.add_argument("--seed", type=int, default=1)

@@ -79,3 +79,5 @@ run_interactive = _declare(run_job, "interactive", 0)
 run_batch = _declare(run_job, "batch", 10)
 reconcile = _declare(reconcile_job, "reconcile", 0)
 collect = _declare(collect_job, "collect", 0)
+#: Parked jobs published when a slot frees: served first, they waited longest.
+run_unparked = _declare(run_job, "unparked", -1)

@@ -18,6 +18,7 @@ ROUTES = {
     "batch": ("reckon-batch", "run_batch"),
     "reconcile": ("reckon-reconcile", "reconcile_job"),
     "collect": ("reckon-collect", "collect_job"),
+    "unparked": ("reckon-unparked", "run_unparked"),
 }
 
 

@@ -148,7 +148,7 @@ class Unpark(Middleware):
                               exception: BaseException | None = None) -> None:
         try:
             current = self.executor()  # its fleet: the servers its claims take slots on
-            for job_id, priority in current.store.unpark(current.fleet.caps()):
-                self.publish(job_id, priority)
+            for job_id in current.store.unpark(current.fleet.caps()):
+                self.publish(job_id, "unparked")
         except Exception:  # the sweeper unparks on its next pass
             log.warning("unpark after message %s failed", message.message_id, exc_info=True)

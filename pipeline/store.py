@@ -159,11 +159,10 @@ class Store(Reads):
             return None
         return Claim(job_id, int(reply[1]), int(reply[2]), reply[3], int(reply[5]), reply[4])
 
-    def unpark(self, servers: Mapping[str, int]) -> list[tuple[str, str]]:
-        """Parked jobs, as many as the fleet has free slots, with their priority, to publish again."""
+    def unpark(self, servers: Mapping[str, int]) -> list[str]:
+        """The best parked jobs, as many as the fleet has free slots, to publish (route ``unparked``)."""
         reply = self.scripts("unpark", [keys.FLEET, keys.PARKED], [item for pair in servers.items() for item in pair])
-        pairs = zip(reply[1::2], reply[2::2], strict=True)
-        return [(job_id, "batch" if float(score) >= 1e13 else "interactive") for job_id, score in pairs]
+        return list(reply[1::2])
 
     def heartbeat(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> int:
         j = JobKeys(claim.job_id)

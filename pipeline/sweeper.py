@@ -60,8 +60,8 @@ class Sweeper:
         """One pass over the tenants with due work; returns how many jobs each step moved."""
         done: Counter[str] = Counter()
         now = self.now_ms()
-        for job_id, priority in self.store.unpark(self.servers):
-            self.publish(job_id, priority)
+        for job_id in self.store.unpark(self.servers):
+            self.publish(job_id, "unparked")
             done["unparked"] += 1
         tenants = self.store.take_due(limit=TENANTS_PER_PASS, hold_ms=HOLD_MS, now_ms=now)
         for tenant in tenants:

@@ -220,8 +220,8 @@ class ServerWatch:
         self.contact = time.monotonic()
         if self.store.clear_provider(self.name, ["provider_unreachable"]):
             log.info("server %s answers again; dispatch resumes", self.name)
-            for job_id, priority in self.store.unpark(self.caps):
-                self.publish(job_id, priority)
+            for job_id in self.store.unpark(self.caps):
+                self.publish(job_id, "unparked")
 
     def _collect(self, job_id: str) -> None:
         log.info("prompt of %s ended at %s; collecting", job_id, self.name)

@@ -51,7 +51,7 @@ def test_pause_drains_a_server_without_losing_work(store, settings, capsys, admi
     assert sweeper.sweep_once()["unparked"] == 0 and published == []
     code, out, _ = run(store, capsys, "provider", "clear", "sim")
     assert code == 0 and orjson.loads(out)["cleared"] is True
-    assert sweeper.sweep_once()["unparked"] == 1 and published == [(job_id, "interactive")]
+    assert sweeper.sweep_once()["unparked"] == 1 and published == [(job_id, "unparked")]
     assert make_executor(sim).run(job_id) is True
     assert store.job(job_id)["state"] == "completed" and len(sim.sim.charges) == 1
     status = orjson.loads(run(store, capsys, "provider", "status")[1])

@@ -74,7 +74,7 @@ def test_caps_hold_with_sixteen_threads_claiming_at_once(store, admit) -> None:
     assert len(parked) == 34 and {store.job(j)["state"] for j in parked} == {"queued"}
     assert {store.job(j).get("attempt_count", "0") for j in parked} == {"0"}  # no attempt used
     store.finish(claims[0], "failed", error_class="test")
-    assert store.unpark(CAPS) == [(parked[0], "interactive")]  # one slot: the oldest parked job
+    assert store.unpark(CAPS) == [parked[0]]  # one slot: the oldest parked job
     again = store.claim(parked[0], worker="w", lease_ms=60_000, operation_id="again", servers=CAPS)
     assert again is not None and again.server == claims[0].server
     assert store.unpark(CAPS) == []  # full again: nothing is published to bounce
@@ -312,4 +312,19 @@ def test_a_cancelled_job_leaves_the_parked_set(store, admit) -> None:
     store.cancel(gone)
     assert store.redis.zrange(keys.PARKED, 0, -1) == [waiting]
     store.retry(running, delay_ms=60_000, error_class="test")
-    assert store.unpark(caps) == [(waiting, "interactive")]
+    assert store.unpark(caps) == [waiting]
+
+
+def test_a_newcomer_does_not_take_the_slot_an_older_parked_job_waits_for(store, admit) -> None:
+    caps = {"a": 1}
+    first = store.claim(admit("k0"), worker="w", lease_ms=60_000, operation_id="op0", servers=caps)
+    older = admit("k1")
+    assert store.claim(older, worker="w", lease_ms=60_000, operation_id="op1", servers=caps) is None  # parked
+    store.finish(first, "failed", error_class="test")  # a slot frees
+    newer = admit("k2")
+    assert store.claim(newer, worker="w", lease_ms=60_000, operation_id="op2", servers=caps) is None
+    assert store.redis.zrange(keys.PARKED, 0, -1) == [older, newer]
+    assert store.claim(older, worker="w", lease_ms=60_000, operation_id="op3", servers=caps).server == "a"
+    batch = admit("k3", priority="batch")
+    assert store.claim(batch, worker="w", lease_ms=60_000, operation_id="op4", servers=caps) is None
+    assert store.redis.zrange(keys.PARKED, 0, -1) == [newer, batch]  # interactive first, then age
