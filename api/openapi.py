@@ -85,7 +85,11 @@ SPEC: dict[str, Any] = {
                     "deadline": _TIME, "created_at": _TIME, "updated_at": _TIME,
                     "error": {"oneOf": [{"type": "null"}, {
                         "type": "object", "required": ["class", "reason"],
-                        "properties": {"class": {"type": "string"}, "reason": {"type": ["string", "null"]}}}]},
+                        "properties": {"class": {"type": "string"}, "reason": {"type": ["string", "null"]},
+                                       "detail": {"type": ["object", "null"], "description": (
+                                           "what the provider said failed: node_id, class_type, error_type, "
+                                           "input_name, message (inputs elided); never the workflow"),
+                                           "additionalProperties": {"type": "string"}}}}]},
                 },
             },
             "Event": {"oneOf": [
@@ -158,6 +162,7 @@ SPEC: dict[str, Any] = {
                     "properties": {"number": {"type": "integer"}, "worker": {"type": "string"},
                                    "submitted_at": _NULLABLE_TIME,
                                    "generation": {"type": "integer"}, "provider": {"type": "string"},
+                                   "server": {"type": "string", "description": "the fleet server it ran on"},
                                    "operation_id": {"type": "string"}, "state": {"type": "string"},
                                    "started_at": _TIME, "ended_at": _NULLABLE_TIME,
                                    "error_class": {"type": ["string", "null"]}}}}}}),

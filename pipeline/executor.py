@@ -223,7 +223,8 @@ class Executor:
             return
         if status.state == "unknown":
             raise UnknownOutcome("operation_not_found")
-        self.store.charge(claim, len(status.outputs) * provider.price_per_output)
+        made = max(len(status.outputs), status.produced or 0)  # a whole run, up to what was reserved
+        self.store.charge(claim, made * provider.price_per_output)
         self._submitted(lambda: self._store_outputs(claim, provider, status.outputs, heartbeat))
         faultpoints.reached("after_outputs")
         if status.state == "interrupted":  # stopped at the server (an operator): honoured as a cancel

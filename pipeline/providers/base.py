@@ -33,6 +33,9 @@ class OperationStatus:
     retryable: bool = True
     #: A safe summary of the failure (node id, class type, error type, message), or None.
     detail: dict[str, str] | None = None
+    #: Outputs the run made in all, ours or not (a graph runs whole: a retry for one missing
+    #: output makes them all); None when the provider does not say. What the run is charged.
+    produced: int | None = None
 
 
 class Provider(Protocol):

@@ -20,6 +20,7 @@ values and server paths, are never read.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from .base import OperationStatus, OutputRef
@@ -53,19 +54,17 @@ def from_history(entry: dict[str, Any]) -> OperationStatus:
     workflow = _dict(prompt[2] if len(prompt) > 2 else None)
     extra = _dict(prompt[3] if len(prompt) > 3 else None)
     refs = output_refs(entry.get("outputs"), extra.get("reckon_outputs"))
+    produced = len(output_images(entry.get("outputs")))
     if status.get("status_str") == "error":
-        return _failure(status.get("messages"), refs, workflow)
+        return replace(_failure(status.get("messages"), refs, workflow), produced=produced)
     if not status.get("completed", True):
         return OperationStatus("running")
-    return OperationStatus("completed", refs)
+    return OperationStatus("completed", refs, produced=produced)
 
 
 def output_refs(outputs: Any, requested: Any) -> list[OutputRef]:
     """The ``output`` images in a deterministic order, mapped onto the requested indices."""
-    images = []
-    outputs = _dict(outputs)
-    for node_id in sorted(outputs, key=node_order):
-        images += [image for image in _list(_dict(outputs[node_id]).get("images")) if _is_output(image)]
+    images = output_images(outputs)
     if isinstance(requested, list) and all(type(index) is int for index in requested):
         indices = requested
     else:  # not asked by reckon (or by an older reckon): every image, in order
@@ -73,6 +72,15 @@ def output_refs(outputs: Any, requested: Any) -> list[OutputRef]:
     return [OutputRef(index, image["filename"], _text(image.get("subfolder")), "output",
                       content_type=type_for_name(image["filename"]))
             for index, image in zip(indices, images, strict=False)]  # extra images are not ours
+
+
+def output_images(outputs: Any) -> list[dict[str, Any]]:
+    """Every ``output`` image of a run, by node id, then position."""
+    images: list[dict[str, Any]] = []
+    outputs = _dict(outputs)
+    for node_id in sorted(outputs, key=node_order):
+        images += [image for image in _list(_dict(outputs[node_id]).get("images")) if _is_output(image)]
+    return images
 
 
 def _is_output(image: Any) -> bool:

@@ -70,7 +70,8 @@ class RealComfyUI:
     def start(self) -> None:
         script = SHARED / "start.sh"
         done = subprocess.run([str(script), str(self.directory), str(self.port), str(self.output_dir)],
-                              capture_output=True, text=True, timeout=START_TIMEOUT)
+                              capture_output=True, text=True, timeout=START_TIMEOUT,
+                              env=os.environ | {"PYTHONUNBUFFERED": "1"})  # its log, line by line
         if done.returncode != 0:
             raise RuntimeError(f"ComfyUI did not start: {done.stderr.strip()}")
         self.pid = int(done.stdout.strip())
@@ -87,6 +88,11 @@ class RealComfyUI:
             if _exited(self.pid, STOP_TIMEOUT):
                 break
         self.pid = 0
+
+    def executions(self) -> int:
+        """Prompts this server's log says it executed ("Prompt executed in ..."), since it started."""
+        log = self.output_dir / "comfyui.log"
+        return log.read_text(errors="replace").count("Prompt executed in") if log.exists() else 0
 
     def restart(self) -> None:
         """A new ComfyUI process on the same port and output folder: queue and history are lost."""

@@ -39,8 +39,10 @@ def executions(comfyui: RealComfyUI, job_id: str, store: Store) -> int:
 
 def test_a_job_completes_once_with_its_outputs_stripped_and_hashed(store, settings, admit, stack, comfyui) -> None:
     prefix = f"e2e-{comfyui.color()}"
+    logged = comfyui.executions()
     job_id = admit(workflow={"1": empty(comfyui.color(), batch=2), "9": save("1", prefix)}, outputs=2)
     job = ended(store, job_id)
+    wait_until(lambda: comfyui.executions() > logged)
     assert (job["state"], job["attempt_count"], job["settled"]) == ("completed", "1", "20")
     files = comfyui.files(prefix)
     assert len(files) == 2
@@ -50,8 +52,16 @@ def test_a_job_completes_once_with_its_outputs_stripped_and_hashed(store, settin
     blobs = BlobStore(settings.blob_dir)
     assert all(b"prompt" not in blobs.read(stored[i]["sha256"]) for i in (0, 1))  # no embedded workflow
     assert {stored[i]["content_type"] for i in (0, 1)} == {"image/png"}
-    assert executions(comfyui, job_id, store) == 1
+    assert executions(comfyui, job_id, store) == 1 and comfyui.executions() == logged + 1  # history and log
     assert store.attempts(job_id)[0]["operation_id"] in comfyui.get(f"/history/{job['operation_id']}")
+
+
+def test_images_beyond_the_request_are_not_kept_but_are_paid(store, admit, stack, comfyui) -> None:
+    """ComfyUI runs the whole graph: what it made is what the run costs, up to the reservation."""
+    job_id = admit(workflow={"1": empty(comfyui.color(), batch=2), "9": save("1", "extra")}, outputs=1)
+    job = ended(store, job_id)
+    assert (job["state"], job["settled"]) == ("completed", "20")
+    assert sorted(store.outputs(job_id)) == [0] and executions(comfyui, job_id, store) == 1
 
 
 def test_an_invalid_graph_fails_with_a_useful_error_and_no_retry(store, admit, stack, comfyui) -> None:
