@@ -98,18 +98,20 @@ def test_api_killed_between_admission_and_publish_still_runs_the_job(stack, redi
     assert len(stack.charges()["charges"]) == 1
 
 
-def handed_over(store: Store, job_id: str) -> bool:
-    return (store.job(job_id) or {}).get("lease_owner") == "watcher"
-
-
-def test_watcher_killed_mid_render_is_reconciled_without_a_second_charge(stack, redis_client, store) -> None:
+def at_the_watcher(stack, redis_client, store, delay: float) -> str:
+    """A whole stack whose provider takes ``delay`` per prompt; a job submitted and handed to the watcher."""
     auth = setup(stack, redis_client)
-    stack.start_provider(delay=3.0)
+    stack.start_provider(delay=delay)
     stack.start_web()
     stack.start_worker()
     stack.start_sweeper()
     job_id = submit(stack, auth)
-    wait_until(lambda: handed_over(store, job_id), timeout=20)
+    wait_until(lambda: (store.job(job_id) or {}).get("lease_owner") == "watcher", timeout=20)
+    return job_id
+
+
+def test_watcher_killed_mid_render_is_reconciled_without_a_second_charge(stack, redis_client, store) -> None:
+    job_id = at_the_watcher(stack, redis_client, store, delay=3.0)
     stack.kill("watcher")  # nobody renews the lease now: it expires, and reconciliation asks the server
     wait_until(lambda: finished(store, job_id), timeout=40)
     assert store.job(job_id)["state"] == "completed"
@@ -120,13 +122,7 @@ def test_watcher_killed_mid_render_is_reconciled_without_a_second_charge(stack, 
 
 
 def test_a_dropped_websocket_falls_back_to_history_and_loses_nothing(stack, redis_client, store) -> None:
-    auth = setup(stack, redis_client)
-    stack.start_provider(delay=1.5)
-    stack.start_web()
-    stack.start_worker()
-    stack.start_sweeper()
-    job_id = submit(stack, auth)
-    wait_until(lambda: handed_over(store, job_id), timeout=20)
+    job_id = at_the_watcher(stack, redis_client, store, delay=1.5)
     urlopen(Request(f"http://127.0.0.1:{stack.sim_port}/sim/ws-drop", data=b"{}", method="POST"), timeout=5).close()
     wait_until(lambda: finished(store, job_id), timeout=40)
     assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "completed"]  # the lease held
