@@ -332,7 +332,7 @@ class Chaos(threading.Thread):
         self.plan = [] if opts.no_chaos else (
             [("admitted", f, self.kill_web) for f in (0.3, 0.65)[:opts.api_kills]]
             + [(p, f, self.restart_redis) for p, f in (("admitted", 0.5), ("drained", 0.3))[:opts.redis_restarts]]
-            + [("drained", 0.5, self.restart_provider)][:opts.provider_restarts]
+            + [("drained", 0.25, self.restart_provider)][:opts.provider_restarts]
             + [("admitted", 0.4, self.drop_websockets), ("admitted", 0.8, self.kill_watcher)])
         self.stop = threading.Event()
         self.t0 = time.monotonic()

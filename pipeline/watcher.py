@@ -67,7 +67,7 @@ class ServerWatch:
         self.late: dict[str, int] = {}  # job id -> generation found past its deadline
         self.contact = 0.0  # when the server last answered (monotonic)
         self.connected = False
-        self._next_tick = self._next_probe = 0.0
+        self._next_tick = self._next_probe = self._held_until = 0.0
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -83,8 +83,14 @@ class ServerWatch:
             self.lock.release()
 
     def _hold(self) -> bool:
-        """Hold the server's watcher lock (another process may be watching it)."""
-        return bool(self.lock.reacquire() if self.lock.owned() else self.lock.acquire())
+        """Hold the server's watcher lock (another process may be watching it), renewing it every
+        third of its length rather than on every message."""
+        now = time.monotonic()
+        if now < self._held_until:
+            return True
+        held = bool(self.lock.reacquire() if self.lock.owned() else self.lock.acquire())
+        self._held_until = now + self.settings.lease_seconds / 3 if held else 0.0
+        return held
 
     def _listen(self, stop: threading.Event) -> None:
         """Follow the websocket while it is up; tick without it while it is down."""
