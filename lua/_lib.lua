@@ -163,6 +163,12 @@ local function free_slots(fleet, servers)
   return free
 end
 
+-- Slots promised to called jobs (unparked, not yet claimed), after dropping lapsed promises.
+local function promised(calling, now)
+  redis.call('ZREMRANGEBYSCORE', calling, '-inf', now)
+  return redis.call('ZCARD', calling)
+end
+
 -- Takes a dispatch slot on the least loaded usable server of `servers` ({name, cap}
 -- pairs), turning the round-robin start each time so equal loads share the work.
 -- Returns the server's name, or nil when every server is stopped or at its cap.

@@ -3,7 +3,7 @@
 
 Run: ``make bench`` (or ``.venv/bin/python ops/bench.py --jobs 400 --concurrency 16``).
 Starts a private redis-server (ops/redis.conf: AOF, fsync always), gunicorn, a Dramatiq
-worker and the simulated provider (zero delay), all on 127.0.0.1 free ports, and stops them.
+worker, the watcher and the simulated provider (zero delay), all on 127.0.0.1 free ports, and stops them.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=400, help="jobs per phase")
     parser.add_argument("--concurrency", type=int, default=16, help="client connections")
+    parser.add_argument("--cap", type=int, default=8, help="RECKON_PROVIDER_CAP: prompts in flight at the provider")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="reckon-bench-"))
@@ -90,7 +91,8 @@ def main() -> None:
     env = os.environ | {
         "RECKON_REDIS_URL": f"redis://127.0.0.1:{rport}/0", "RECKON_BROKER_URL": f"redis://127.0.0.1:{rport}/1",
         "RECKON_PROVIDER_URL": f"http://127.0.0.1:{sport}", "RECKON_BLOB_DIR": str(work / "blobs"),
-        "RECKON_POLL_INTERVAL_SECONDS": "0.01", "PORT": str(wport),
+        "RECKON_POLL_INTERVAL_SECONDS": "0.01", "PORT": str(wport), "RECKON_PROVIDER_CAP": str(args.cap),
+        "RECKON_WATCH_POLL_SECONDS": "0.1",
     }
     procs: list[subprocess.Popen[bytes]] = []
 
@@ -119,6 +121,7 @@ def main() -> None:
         # 2. End to end: drain the admitted backlog with one Dramatiq worker process, then count commands.
         client.config_resetstat()
         started = time.perf_counter()
+        start(str(BIN / "python"), "-m", "pipeline.watcher")
         start(str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1", "--threads", "8")
         wait_for(lambda: finished(client) == args.jobs, timeout=600)
         elapsed = time.perf_counter() - started

@@ -78,6 +78,7 @@ def _declare(fn: Callable[[str], None], route: str, order: int) -> dramatiq.Acto
 run_interactive = _declare(run_job, "interactive", 0)
 run_batch = _declare(run_job, "batch", 10)
 reconcile = _declare(reconcile_job, "reconcile", 0)
-collect = _declare(collect_job, "collect", 0)
+#: Collects first: each one frees a server slot.
+collect = _declare(collect_job, "collect", -2)
 #: Parked jobs published when a slot frees: served first, they waited longest.
 run_unparked = _declare(run_job, "unparked", -1)

@@ -17,6 +17,9 @@ from .scripts import Code, Scripts, raise_for
 #: Why dispatch to a server may be stopped: an operator's pause, credentials refused, or no
 #: answer (connection refused, 5xx) with the watcher probing until it answers again.
 SERVER_BLOCKS = ("dispatch_paused", "provider_credentials", "provider_unreachable")
+#: How long an unparked job's slot waits for its claim (ms): its message crosses the broker in
+#: milliseconds; past this it is taken for lost (the sweeper's redelivery sends the job again).
+CALL_MS = 10_000
 #: No Redis call waits longer than this (s): a worker cut off from Redis must not resume a step
 #: minutes later on a decision it made before (every script runs in milliseconds).
 SOCKET_TIMEOUT_S = 10.0
@@ -133,7 +136,7 @@ class Store(Reads):
         reply = self.scripts(
             "claim",
             [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
-             j.workflow, keys.WAKE, keys.FLEET, keys.PARKED],
+             j.workflow, keys.WAKE, keys.FLEET, keys.PARKED, keys.CALLED],
             [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms,
              *[item for pair in servers.items() for item in pair]],
         )
@@ -159,9 +162,11 @@ class Store(Reads):
             return None
         return Claim(job_id, int(reply[1]), int(reply[2]), reply[3], int(reply[5]), reply[4])
 
-    def unpark(self, servers: Mapping[str, int]) -> list[str]:
-        """The best parked jobs, as many as the fleet has free slots, to publish (route ``unparked``)."""
-        reply = self.scripts("unpark", [keys.FLEET, keys.PARKED], [item for pair in servers.items() for item in pair])
+    def unpark(self, servers: Mapping[str, int], *, call_ms: int = CALL_MS, now_ms: int | None = None) -> list[str]:
+        """The best parked jobs, as many as the fleet has free slots not promised yet, each promised
+        a slot for ``call_ms``: to publish (route ``unparked``)."""
+        reply = self.scripts("unpark", [keys.FLEET, keys.PARKED, keys.CALLED],
+                             [_at(now_ms), call_ms, *[item for pair in servers.items() for item in pair]])
         return list(reply[1::2])
 
     def heartbeat(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> int:

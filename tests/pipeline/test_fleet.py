@@ -74,7 +74,10 @@ def test_caps_hold_with_sixteen_threads_claiming_at_once(store, admit) -> None:
     assert len(parked) == 34 and {store.job(j)["state"] for j in parked} == {"queued"}
     assert {store.job(j).get("attempt_count", "0") for j in parked} == {"0"}  # no attempt used
     store.finish(claims[0], "failed", error_class="test")
-    assert store.unpark(CAPS) == [parked[0]]  # one slot: the oldest parked job
+    assert store.unpark(CAPS) == [parked[0]]  # one slot: the oldest parked job, promised the slot
+    assert store.unpark(CAPS) == []  # until it claims, no other job is called for the same slot
+    newcomer = admit("k99")
+    assert store.claim(newcomer, worker="w", lease_ms=60_000, operation_id="new", servers=CAPS) is None
     again = store.claim(parked[0], worker="w", lease_ms=60_000, operation_id="again", servers=CAPS)
     assert again is not None and again.server == claims[0].server
     assert store.unpark(CAPS) == []  # full again: nothing is published to bounce

@@ -15,7 +15,8 @@
 -- free, the job stays `queued`, parked in the fleet's waiting set (by priority,
 -- then age) without using an attempt; a freed slot publishes it again. A job does
 -- not take a slot that better-ranked parked jobs are waiting for (as many slots as
--- are free go to the best parked), so a parked job is not overtaken by newcomers.
+-- are free go to the best parked, and slots promised to called jobs are theirs), so a
+-- parked job is not overtaken by newcomers.
 --
 -- KEYS[1] job record (hash)          KEYS[7]  tenant ledger (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[8]  tenant's dead letters (zset)
@@ -24,6 +25,7 @@
 -- KEYS[5] job's event list           KEYS[11] wake set (zset)
 -- KEYS[6] tenant's per-state counts (hash)   KEYS[12] fleet (hash)
 --                                           KEYS[13] fleet's parked jobs (zset)
+--                                           KEYS[14] fleet's called jobs (zset)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)   ARGV[4] provider operation id
 -- ARGV[2] worker id                      ARGV[5] provider kind (e.g. comfyui)
@@ -37,6 +39,7 @@ local job = KEYS[1]
 local now = clock(ARGV[1])
 local f = redis.call('HMGET', job, 'state', 'id', 'deadline')
 if not f[1] then return {7} end
+if f[2] then redis.call('ZREM', KEYS[14], f[2]) end  -- a call is answered by this claim, whatever it finds
 if f[1] ~= 'queued' then
   redis.call('ZREM', KEYS[13], f[2])  -- a parked entry of a job that moved on is dropped here
   return {8, f[1]}
@@ -54,7 +57,8 @@ for i = 7, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} 
 local g = redis.call('HMGET', job, 'priority', 'created_at')
 local rank = (g[1] == 'batch' and 1e13 or 0) + tonumber(g[2] or now)
 local server
-if redis.call('ZCOUNT', KEYS[13], '-inf', '(' .. rank) < free_slots(KEYS[12], servers) then
+local open = free_slots(KEYS[12], servers) - promised(KEYS[14], now)
+if redis.call('ZCOUNT', KEYS[13], '-inf', '(' .. rank) < open then
   server = take_slot(KEYS[12], servers)  -- else better jobs wait parked for the free slots
 end
 if not server then
