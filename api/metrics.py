@@ -15,8 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pipeline import keys
-from pipeline.keys import TenantKeys
-from pipeline.store import SERVER_BLOCKS, Store
+from pipeline.keys import SERVER_BLOCKS, TenantKeys
+from pipeline.store import Store
 
 INDEXES = ("queued", "leases", "retry", "reconcile", "review", "dead", "outbox")
 LEDGER_KINDS = ("allowance", "reserved", "uncertain", "settled")
@@ -96,9 +96,13 @@ class StateCollector:
             slots.add_metric([name, "cap"], view["cap"])
             watched.add_metric([name], view["watched"])
             up.add_metric([name], self.store.redis.exists(keys.watcher_lock(name)))
+        paused = GaugeMetricFamily("reckon_class_paused", "1 while a workload class is paused.", labels=["class"])
+        pauses = self.store.class_pauses()
+        for cls in ("interactive", "batch"):
+            paused.add_metric([cls], int(cls in pauses))
         parked = GaugeMetricFamily("reckon_parked_jobs", "Queued jobs waiting for a free server slot.")
         parked.add_metric([], self.store.redis.zcard(keys.PARKED))
-        yield from (blocked, slots, watched, up, parked)
+        yield from (blocked, slots, watched, up, paused, parked)
 
 
 class Metrics:

@@ -237,7 +237,8 @@ class Ready:
             self.store.scripts.load()
         except redis.RedisError:
             raise Problem(503, "not-ready", "Not ready", "Redis is not reachable") from None
-        resp.media = {"status": "ready", "scripts": self.store.scripts.verbs}
+        resp.media = {"status": "ready", "scripts": self.store.scripts.verbs,
+                      "paused_classes": sorted(self.store.class_pauses())}
 
 
 class Document:

@@ -141,6 +141,9 @@ local function expire_queued(job, k, now, reason)
   move(job, k.counts, k.events, now, 'queued', 'failed', 'deadline_exceeded')
 end
 
+-- A batch job's rank in the parked set starts here (interactive ranks are admission times).
+local BATCH_RANK = '10000000000000'
+
 -- Why dispatch to a server is stopped; each is a field `<reason>:<server>` of the fleet hash.
 local SERVER_BLOCKS = {'dispatch_paused', 'provider_credentials', 'provider_unreachable'}
 
@@ -153,6 +156,14 @@ local function server_busy(fleet, name)
   return tonumber(f[1] or '0')
 end
 
+-- Why dispatch of a job of `class` to `server` (nil: any) must wait: its class is paused
+-- (`pause_class:<class>` in the fleet hash) or its server is; nil when it may go.
+local function paused_for(fleet, class, server)
+  if redis.call('HEXISTS', fleet, 'pause_class:' .. class) == 1 then return 'class_paused' end
+  if server and redis.call('HEXISTS', fleet, 'dispatch_paused:' .. server) == 1 then return 'dispatch_paused' end
+  return nil
+end
+
 -- Free slots on the usable servers of `servers` ({name, cap} pairs).
 local function free_slots(fleet, servers)
   local free = 0
@@ -163,10 +174,16 @@ local function free_slots(fleet, servers)
   return free
 end
 
--- Slots promised to called jobs (unparked, not yet claimed), after dropping lapsed promises.
-local function promised(calling, now)
-  redis.call('ZREMRANGEBYSCORE', calling, '-inf', now)
-  return redis.call('ZCARD', calling)
+-- The jobs called to a slot and not yet claimed, each holding a promised slot. A call whose
+-- time ran out (its message was lost) or whose job left the parked set (claimed, cancelled,
+-- failed) is dropped; a called job keeps its place in the parked set until it claims.
+local function promised(called, parked, now)
+  redis.call('ZREMRANGEBYSCORE', called, '-inf', now)
+  local live = {}
+  for _, id in ipairs(redis.call('ZRANGE', called, 0, -1)) do
+    if redis.call('ZSCORE', parked, id) then live[#live + 1] = id else redis.call('ZREM', called, id) end
+  end
+  return live
 end
 
 -- Takes a dispatch slot on the least loaded usable server of `servers` ({name, cap}

@@ -30,21 +30,23 @@
 -- ARGV[1] now (ms; '' = Redis's clock)   ARGV[4] provider operation id
 -- ARGV[2] worker id                      ARGV[5] provider kind (e.g. comfyui)
 -- ARGV[3] lease length (ms)              ARGV[6] least time an attempt needs (ms)
--- ARGV[7], ARGV[8], ... server name, its cap (prompts in flight), for each server
+-- ARGV[7] job id
+-- ARGV[8], ARGV[9], ... server name, its cap (prompts in flight), for each server
 --
 -- Returns {0 OK, generation, attempt number, now (ms), server} | {7 NOT_FOUND}
---   | {8 NOT_CLAIMABLE, state} | {14 EXPIRED} | {15 NO_CAPACITY}
+--   | {8 NOT_CLAIMABLE, state} | {14 EXPIRED} | {15 NO_CAPACITY} | {16 PAUSED} (parked too)
 
 local job = KEYS[1]
 local now = clock(ARGV[1])
 local f = redis.call('HMGET', job, 'state', 'id', 'deadline')
-if not f[1] then return {7} end
-if f[2] then redis.call('ZREM', KEYS[14], f[2]) end  -- a call is answered by this claim, whatever it finds
+redis.call('ZREM', KEYS[14], ARGV[7])  -- a call is answered by this claim, whatever it finds
 if f[1] ~= 'queued' then
-  redis.call('ZREM', KEYS[13], f[2])  -- a parked entry of a job that moved on is dropped here
+  redis.call('ZREM', KEYS[13], ARGV[7])  -- a parked entry of a job that moved on (or is gone) goes
+  if not f[1] then return {7} end
   return {8, f[1]}
 end
 if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
+  redis.call('ZREM', KEYS[13], ARGV[7])
   expire_queued(job, {ledger = KEYS[7], queued = KEYS[3], dead = KEYS[8], events = KEYS[5], counts = KEYS[6],
     done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'deadline_passed_while_queued')
   return {14}
@@ -52,13 +54,24 @@ end
 
 local job_id = f[2]
 local servers = {}
-for i = 7, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
+for i = 8, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
 -- rank: interactive before batch, then the oldest intent first
 local g = redis.call('HMGET', job, 'priority', 'created_at')
-local rank = (g[1] == 'batch' and 1e13 or 0) + tonumber(g[2] or now)
+local rank = (g[1] == 'batch' and tonumber(BATCH_RANK) or 0) + tonumber(g[2] or now)
+if paused_for(KEYS[12], g[1] or 'interactive') then  -- `reckon pause --class`: it waits, parked
+  redis.call('ZADD', KEYS[13], rank, job_id)
+  return {16}
+end
 local server
-local open = free_slots(KEYS[12], servers) - promised(KEYS[14], now)
-if redis.call('ZCOUNT', KEYS[13], '-inf', '(' .. rank) < open then
+local calls = promised(KEYS[14], KEYS[13], now)
+local open = free_slots(KEYS[12], servers) - #calls
+local low = paused_for(KEYS[12], 'interactive') and BATCH_RANK or '-inf'  -- a paused class waits behind
+local ahead = redis.call('ZCOUNT', KEYS[13], low, '(' .. rank)
+for _, id in ipairs(calls) do  -- a called job holds a promised slot: counted in `open`, not ahead
+  local r = tonumber(redis.call('ZSCORE', KEYS[13], id))
+  if r < rank and (low == '-inf' or r >= tonumber(low)) then ahead = ahead - 1 end
+end
+if ahead < open then
   server = take_slot(KEYS[12], servers)  -- else better jobs wait parked for the free slots
 end
 if not server then

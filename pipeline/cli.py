@@ -77,8 +77,30 @@ def status(store: Store, args: argparse.Namespace) -> int:
         tenants[tenant] = {"jobs": counts, "ledger": store.ledger(tenant), "disabled": is_disabled(store.redis, tenant)}
         for state, n in counts.items():
             totals[state] = totals.get(state, 0) + n
-    _print({"jobs": totals, "tenants": tenants})
+    servers = store.fleet(_caps())
+    paused = {"classes": store.class_pauses(),
+              "servers": sorted(name for name, view in servers.items() if "dispatch_paused" in view["stopped"])}
+    _print({"jobs": totals, "paused": paused, "tenants": tenants})
     return 0
+
+
+def pause(store: Store, args: argparse.Namespace) -> int:
+    """``reckon pause --class C`` / ``--provider P``: no new claims or submissions for it, admission goes on."""
+    done = store.pause_class(args.cls) if args.cls else store.block_provider(args.provider, "dispatch_paused")
+    _print({"paused": {"class": args.cls} if args.cls else {"provider": args.provider}, "changed": done})
+    return 0
+
+
+def resume(store: Store, args: argparse.Namespace) -> int:
+    """Lift a pause; the next unpark (a worker's next message, or the sweeper's pass within a second)
+    dispatches what waited, interactive first, oldest first."""
+    done = store.resume_class(args.cls) if args.cls else store.clear_provider(args.provider, ["dispatch_paused"])
+    _print({"resumed": {"class": args.cls} if args.cls else {"provider": args.provider}, "changed": done})
+    return 0
+
+
+def _caps() -> dict[str, int]:
+    return {server.name: server.cap for server in Settings.from_env().servers()}
 
 
 def _listing(store: Store, index: str) -> list[dict[str, Any]]:
@@ -129,8 +151,7 @@ def provider_pause(store: Store, args: argparse.Namespace) -> int:
 def provider_status(store: Store, args: argparse.Namespace) -> int:
     """Every configured server: slots in use of its cap, why dispatch to it is stopped, prompts
     watched there; the jobs parked for a free slot; the fleet's retry budget."""
-    caps = {server.name: server.cap for server in Settings.from_env().servers()}
-    _print({"servers": store.fleet(caps), "parked": store.redis.zcard(keys.PARKED),
+    _print({"servers": store.fleet(_caps()), "parked": store.redis.zcard(keys.PARKED),
             "retry_budget": store.redis.hgetall(ProviderKeys(BUDGET).budget)})
     return 0
 
@@ -144,7 +165,14 @@ def parser() -> argparse.ArgumentParser:
     show = job.add_parser("show", help="a job's record, outputs, attempts and events")
     show.add_argument("id")
     show.set_defaults(run=job_show)
-    verbs.add_parser("status", help="jobs per state and ledgers per tenant").set_defaults(run=status)
+    verbs.add_parser("status", help="jobs per state, pauses, ledgers per tenant").set_defaults(run=status)
+    for verb, run, text in (("pause", pause, "stop claims and submissions of a class or a server; admission goes on"),
+                            ("resume", resume, "lift a pause: what waited is dispatched, best first")):
+        sub = verbs.add_parser(verb, help=text)
+        which = sub.add_mutually_exclusive_group(required=True)
+        which.add_argument("--class", dest="cls", choices=("interactive", "batch"))
+        which.add_argument("--provider", metavar="SERVER")
+        sub.set_defaults(run=run)
     dlq = verbs.add_parser("dlq").add_subparsers(dest="verb", required=True)
     dlq.add_parser("list", help="failed (dead-lettered) jobs").set_defaults(run=dlq_list)
     replay = dlq.add_parser("replay", help="run a failed job again (reserves its ceiling again)")

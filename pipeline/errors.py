@@ -38,6 +38,10 @@ class CancelRequested(ReckonError):
     """The client cancelled the job before the provider was called."""
 
 
+class DispatchPaused(ReckonError):
+    """The job's class or server was paused after its claim: nothing is sent, the attempt goes back."""
+
+
 class DeadlineExceeded(ReckonError):
     """Too little time is left before the job's deadline to submit an attempt."""
 

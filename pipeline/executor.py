@@ -25,6 +25,7 @@ from .errors import (
     AttemptFailed,
     CancelRequested,
     DeadlineExceeded,
+    DispatchPaused,
     ExecutionFailed,
     IncompleteOutputs,
     NotExecuted,
@@ -129,6 +130,8 @@ class Executor:
                                   reason="deadline_passed_before_submission")
             except Unreachable as exc:  # nothing was sent: the server is down, not the job
                 self._server_down(claim, exc)
+            except DispatchPaused:  # paused since the claim: nothing sent, the attempt goes back
+                self.store.retry(claim, delay_ms=0, error_class="dispatch_paused", free=True)
             except LOST as exc:  # a paid output gone: reconciliation asks again, then an operator
                 raise AttemptFailed(claim, UnknownOutcome(exc.reason)) from exc
             except ProviderError as exc:

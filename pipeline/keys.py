@@ -20,9 +20,15 @@ STATS = f"{PREFIX}:stats"
 WAKE = f"{PREFIX}:wake"
 #: Hash: the provider fleet. ``busy:<server>`` prompts in flight (slots taken by claims);
 #: ``<reason>:<server>`` (dispatch_paused, provider_credentials, provider_unreachable) -> since
-#: when (ms) while dispatch to the server is stopped; ``w:<job id>`` -> JSON {server, gen, op,
+#: when (ms) while dispatch to the server is stopped; ``pause_class:<class>`` -> since when (ms) while
+#: a workload class is paused; ``w:<job id>`` -> JSON {server, gen, op,
 #: attempt} for each prompt waiting at a server, watched by the server's watcher; ``rr``.
 FLEET = f"{PREFIX}:fleet"
+#: Why dispatch to a server may be stopped (fields ``<reason>:<server>`` of ``FLEET``): an operator's
+#: pause, credentials refused, or no answer (connection refused, 5xx) while the watcher probes it.
+SERVER_BLOCKS = ("dispatch_paused", "provider_credentials", "provider_unreachable")
+
+
 def watcher_lock(server: str) -> str:
     """String: the lock (redis-py ``Lock``) of the one watcher following ``server``."""
     return f"{PREFIX}:fleet:watcher:{server}"

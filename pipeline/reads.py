@@ -8,7 +8,7 @@ import orjson
 
 from . import keys
 from .errors import UnknownTenant
-from .keys import JobKeys, TenantKeys
+from .keys import SERVER_BLOCKS, JobKeys, TenantKeys
 
 
 def _outputs(raw: dict[str, str]) -> dict[int, dict[str, Any]]:
@@ -103,6 +103,12 @@ class Reads:
         raw = self.redis.hget(JobKeys(job_id).record, "refusal")
         return orjson.loads(raw) if raw else None
 
+    def class_pauses(self) -> dict[str, int]:
+        """Paused workload classes -> since when (ms)."""
+        raw = self.redis.hgetall(keys.FLEET)
+        return {field.removeprefix("pause_class:"): int(since) for field, since in raw.items()
+                if field.startswith("pause_class:")}
+
     def watched(self) -> dict[str, dict[str, Any]]:
         """Job id -> {server, gen, op, attempt} of every prompt waiting at a server (the watch list)."""
         raw = self.redis.hgetall(keys.FLEET)
@@ -114,8 +120,9 @@ class Reads:
         watched = [orjson.loads(value)["server"] for field, value in raw.items() if field.startswith("w:")]
         view: dict[str, dict[str, Any]] = {}
         for name, cap in caps.items():
-            stops = {field.split(":")[0]: int(since) for field, since in raw.items()
-                     if field.endswith(f":{name}") and not field.startswith(("busy:", "w:"))}
+            stops = {reason: int(since) for reason, since in
+                     ((field.partition(":")[0], since) for field, since in raw.items()
+                      if field.partition(":")[2] == name) if reason in SERVER_BLOCKS}
             view[name] = {"busy": int(raw.get(f"busy:{name}", 0)), "cap": cap, "stopped": stops,
                           "watched": watched.count(name)}
         return view

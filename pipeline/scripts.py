@@ -38,6 +38,7 @@ class Code(IntEnum):
     BUDGET_EXHAUSTED = 13
     EXPIRED = 14
     NO_CAPACITY = 15
+    PAUSED = 16
 
 
 def raise_for(code: Code, reply: Sequence[Any]) -> None:

@@ -9,14 +9,18 @@ import orjson
 import redis
 
 from . import keys
-from .errors import CancelRequested, DeadlineExceeded, InsufficientAllowance, InvalidRequest, UnknownTenant
-from .keys import JobKeys, ProviderKeys, TenantKeys
+from .errors import (
+    CancelRequested,
+    DeadlineExceeded,
+    DispatchPaused,
+    InsufficientAllowance,
+    InvalidRequest,
+    UnknownTenant,
+)
+from .keys import SERVER_BLOCKS, JobKeys, ProviderKeys, TenantKeys
 from .reads import Reads
 from .scripts import Code, Scripts, raise_for
 
-#: Why dispatch to a server may be stopped: an operator's pause, credentials refused, or no
-#: answer (connection refused, 5xx) with the watcher probing until it answers again.
-SERVER_BLOCKS = ("dispatch_paused", "provider_credentials", "provider_unreachable")
 #: How long an unparked job's slot waits for its claim (ms): its message crosses the broker in
 #: milliseconds; past this it is taken for lost (the sweeper's redelivery sends the job again).
 CALL_MS = 10_000
@@ -137,7 +141,7 @@ class Store(Reads):
             "claim",
             [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
              j.workflow, keys.WAKE, keys.FLEET, keys.PARKED, keys.CALLED],
-            [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms,
+            [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms, job_id,
              *[item for pair in servers.items() for item in pair]],
         )
         if Code(reply[0]) is not Code.OK:
@@ -179,10 +183,12 @@ class Store(Reads):
         """Record that the provider request is about to go out, renewing the lease for ``lease_ms``;
         CancelRequested if cancelled, DeadlineExceeded if too little time is left to run it."""
         j = JobKeys(claim.job_id)
-        reply = self.scripts("mark-submit", [j.record, j.attempts, j.tenant.leases],
+        reply = self.scripts("mark-submit", [j.record, j.attempts, j.tenant.leases, keys.FLEET],
                              [claim.generation, _at(now_ms), epoch, lease_ms, min_attempt_ms])
         if Code(reply[0]) is Code.CANCELLED:
             raise CancelRequested(claim.job_id)
+        if Code(reply[0]) is Code.PAUSED:
+            raise DispatchPaused(claim.job_id)
         if Code(reply[0]) is Code.EXPIRED:
             raise DeadlineExceeded(claim.job_id)
         self._check(reply)
@@ -360,6 +366,14 @@ class Store(Reads):
         """Why dispatch to the server is stopped (the first reason), or None."""
         found = self.redis.hmget(keys.FLEET, [f"{reason}:{server}" for reason in SERVER_BLOCKS])
         return next((reason for reason, since in zip(SERVER_BLOCKS, found, strict=True) if since), None)
+
+    def pause_class(self, priority: str, *, now_ms: int | None = None) -> bool:
+        """Stop claims and submissions of the class's jobs (admission goes on); False if it already was."""
+        return bool(self.redis.hsetnx(keys.FLEET, f"pause_class:{priority}", self.server_ms() if now_ms is None
+                                      else now_ms))
+
+    def resume_class(self, priority: str) -> bool:
+        return bool(self.redis.hdel(keys.FLEET, f"pause_class:{priority}"))
 
     def clear_provider(self, server: str, reasons: Sequence[str] = SERVER_BLOCKS) -> bool:
         """Let dispatch to the server resume (for ``reasons``); False if it was not stopped for them."""

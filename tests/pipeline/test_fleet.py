@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -12,18 +13,20 @@ import dramatiq
 import orjson
 import pytest
 
-from pipeline import actors, keys
+from pipeline import actors, cli, keys
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.errors import AttemptFailed
 from pipeline.executor import Executor
 from pipeline.fleet import Fleet, Server
+from pipeline.keys import JobKeys
 from pipeline.progress import events_after, record
 from pipeline.providers import sim as simulated
 from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
 from pipeline.routing import Router
+from pipeline.store import CALL_MS
 from pipeline.watcher import Watcher
 from tests.conftest import wait_until
 from tests.pipeline.conftest import InProcess
@@ -50,6 +53,15 @@ def in_flight(sims: dict[str, simulated.SimServer]) -> int:
 
 def charges(sims: dict[str, simulated.SimServer]) -> Counter[str]:
     return Counter(c["prompt_id"] for s in sims.values() for c in s.sim.charges)
+
+
+def in_order(admit, *idempotency_keys: str) -> list[str]:
+    """Jobs admitted a few milliseconds apart: equal admission times rank in any order."""
+    jobs = []
+    for key in idempotency_keys:
+        jobs.append(admit(key))
+        time.sleep(0.003)
+    return jobs
 
 
 def test_caps_hold_with_sixteen_threads_claiming_at_once(store, admit) -> None:
@@ -321,13 +333,94 @@ def test_a_cancelled_job_leaves_the_parked_set(store, admit) -> None:
 def test_a_newcomer_does_not_take_the_slot_an_older_parked_job_waits_for(store, admit) -> None:
     caps = {"a": 1}
     first = store.claim(admit("k0"), worker="w", lease_ms=60_000, operation_id="op0", servers=caps)
+    time.sleep(0.003)
     older = admit("k1")
+    time.sleep(0.003)
     assert store.claim(older, worker="w", lease_ms=60_000, operation_id="op1", servers=caps) is None  # parked
     store.finish(first, "failed", error_class="test")  # a slot frees
     newer = admit("k2")
+    time.sleep(0.003)
     assert store.claim(newer, worker="w", lease_ms=60_000, operation_id="op2", servers=caps) is None
     assert store.redis.zrange(keys.PARKED, 0, -1) == [older, newer]
     assert store.claim(older, worker="w", lease_ms=60_000, operation_id="op3", servers=caps).server == "a"
     batch = admit("k3", priority="batch")
     assert store.claim(batch, worker="w", lease_ms=60_000, operation_id="op4", servers=caps) is None
     assert store.redis.zrange(keys.PARKED, 0, -1) == [newer, batch]  # interactive first, then age
+
+
+def test_a_call_whose_message_is_lost_keeps_its_place(store, admit) -> None:
+    caps = {"a": 1}
+    first = store.claim(admit("k0"), worker="w", lease_ms=60_000, operation_id="op0", servers=caps)
+    older, younger = in_order(admit, "k1", "k2")
+    for job_id in (older, younger):
+        assert store.claim(job_id, worker="w", lease_ms=60_000, operation_id=job_id, servers=caps) is None
+    store.finish(first, "failed", error_class="test")
+    now = store.server_ms()
+    assert store.unpark(caps, now_ms=now) == [older]  # its message is lost
+    assert store.claim(admit("k3"), worker="w", lease_ms=60_000, operation_id="k3", servers=caps) is None
+    assert store.unpark(caps, now_ms=now + 1_000) == []  # the slot is still promised
+    assert store.unpark(caps, now_ms=now + CALL_MS + 1) == [older]  # lapsed: called again, first
+    assert store.redis.zrange(keys.PARKED, 0, -1)[:2] == [older, younger]
+
+
+def test_a_call_for_a_job_that_is_gone_or_cancelled_frees_its_promise(store, admit) -> None:
+    caps = {"a": 1}
+    first = store.claim(admit("k0"), worker="w", lease_ms=60_000, operation_id="op0", servers=caps)
+    gone, cancelled, waiting = in_order(admit, "k1", "k2", "k3")
+    for job_id in (gone, cancelled, waiting):
+        assert store.claim(job_id, worker="w", lease_ms=60_000, operation_id=job_id, servers=caps) is None
+    store.finish(first, "failed", error_class="test")
+    assert store.unpark(caps) == [gone]
+    store.redis.delete(JobKeys(gone).record)  # purged meanwhile: its claim finds nothing
+    assert store.claim(gone, worker="w", lease_ms=60_000, operation_id="x", servers=caps) is None
+    assert store.unpark(caps) == [cancelled]
+    store.cancel(cancelled)  # its call is void at once, not after CALL_MS
+    assert store.unpark(caps) == [waiting]
+    assert store.redis.zrange(keys.PARKED, 0, -1) == [waiting]
+
+
+def test_a_paused_class_waits_and_loses_duplicates_or_charges_nothing(store, settings, admit, broker, capsys) -> None:
+    server = simulated.start(delay=1.0)
+    try:
+        with InProcess(store, settings, broker, {"a": server}):
+            first = admit("i0")
+            wait_until(lambda: store.job(first).get("lease_owner") == "watcher")  # at the server
+            assert cli.main(["pause", "--class", "interactive"], store=store) == 0
+            waiting = [admit(f"i{n}") for n in range(1, 4)]  # admission goes on
+            batch = [admit(f"b{n}", priority="batch") for n in range(2)]
+            wait_until(lambda: all(store.job(j)["state"] == "completed" for j in [first, *batch]), timeout=20)
+            assert [(store.job(j)["state"], store.job(j).get("attempt_count", "0")) for j in waiting] == [
+                ("queued", "0")] * 3
+            assert len(server.sim.charges) == 3  # the one at the server was seen through; batch ran
+            assert orjson.loads(capsys.readouterr().out)["paused"] == {"class": "interactive"}
+            assert cli.main(["status"], store=store) == 0
+            assert list(orjson.loads(capsys.readouterr().out)["paused"]["classes"]) == ["interactive"]
+            assert cli.main(["resume", "--class", "interactive"], store=store) == 0
+            wait_until(lambda: all(store.job(j)["state"] == "completed" for j in waiting), timeout=20)
+    finally:
+        server.close()
+    assert sorted(Counter(c["prompt_id"] for c in server.sim.charges).values()) == [1] * 6
+    assert store.ledger("acme")["settled"] == 60 and store.ledger("acme")["reserved"] == 0
+    assert store.redis.zcard(keys.PARKED) == 0
+
+
+class PausesBeforeSending(ComfyUI):
+    """The class is paused between the claim and the submission (while the epoch is read)."""
+
+    def __init__(self, server: simulated.SimServer, store) -> None:
+        super().__init__(HttpTransport(server.url, timeout=5), price_per_output=10)
+        self.store = store
+
+    def epoch(self) -> str:
+        self.store.pause_class("interactive")
+        return super().epoch()
+
+
+def test_a_pause_after_the_claim_sends_nothing_and_gives_the_attempt_back(store, settings, admit, sim) -> None:
+    fleet = Fleet([Server("a", sim.url, 2)], lambda _: PausesBeforeSending(sim, store))
+    executor = Executor(store, fleet, BlobStore(settings.blob_dir), settings)
+    job_id = admit()
+    assert executor.run(job_id) is True
+    job = store.job(job_id)
+    assert (job["state"], job["error_class"], job["attempts_allowed"]) == ("retry_wait", "dispatch_paused", "4")
+    assert sim.sim.charges == [] and store.fleet({"a": 2})["a"]["busy"] == 0

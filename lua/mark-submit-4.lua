@@ -10,6 +10,7 @@
 -- KEYS[1] job record (hash)
 -- KEYS[2] job's attempts (hash)
 -- KEYS[3] tenant's leases (zset)
+-- KEYS[4] fleet (hash): a paused class or server sends nothing new
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -17,11 +18,12 @@
 -- ARGV[4] lease length (ms)
 -- ARGV[5] least time an attempt needs (ms)
 --
--- Returns {0 OK} | {9 STALE_LEASE} | {12 CANCELLED} | {14 EXPIRED}
+-- Returns {0 OK} | {9 STALE_LEASE} | {12 CANCELLED} | {14 EXPIRED} | {16 PAUSED}
 
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
-local f = redis.call('HMGET', KEYS[1], 'cancel_requested', 'deadline')
+local f = redis.call('HMGET', KEYS[1], 'cancel_requested', 'deadline', 'priority', 'server')
 if f[1] == '1' then return {12} end
+if paused_for(KEYS[4], f[3] or 'interactive', f[4]) then return {16} end
 local now = clock(ARGV[2])
 if now + tonumber(ARGV[5]) >= tonumber(f[2]) then return {14} end
 local expires = now + tonumber(ARGV[4])
