@@ -5,6 +5,7 @@ gunicorn serves ``api.app:create_app()`` (see ops/gunicorn.conf.py).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import falcon
@@ -18,6 +19,7 @@ from pipeline.errors import (
     IdempotencyKeyReused,
     InsufficientAllowance,
     InvalidRequest,
+    OverLimit,
     UnknownTenant,
 )
 from pipeline.jobs import Admitter
@@ -82,6 +84,11 @@ _ERROR_HANDLERS = {
     IdempotencyConflict: _problem(lambda e: Problem(
         409, "idempotency-request-in-progress", "Request in progress",
         "the first request with this key is still being processed; retry shortly")),
+    OverLimit: _problem(lambda e: Problem(
+        429, "rate-limited" if e.reason == "rate" else "too-many-in-flight", "Over the tenant's limit",
+        "submissions faster than the tenant's rate" if e.reason == "rate"
+        else "the tenant has as many jobs in flight as its limit allows", limit=e.reason,
+        headers={"Retry-After": str(max(1, math.ceil(e.retry_after)))})),
     InsufficientAllowance: _problem(lambda e: Problem(
         402, "insufficient-allowance", "Insufficient allowance", str(e),
         available=e.available, required=e.required)),

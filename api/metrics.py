@@ -76,7 +76,10 @@ class StateCollector:
         stats = self.store.redis.hgetall(keys.STATS)
         stale = CounterMetricFamily("reckon_stale_writes_rejected", "Writes refused for a stale lease generation.")
         stale.add_metric([], int(stats.get("stale_writes_rejected", 0)))
-        yield from (jobs, ledger, depth, stale, *self._fleet())
+        refused = CounterMetricFamily("reckon_admission_refused", "Admissions refused, by reason.", labels=["reason"])
+        for reason in ("max_inflight", "rate"):
+            refused.add_metric([reason], int(stats.get(f"admission_refused:{reason}", 0)))
+        yield from (jobs, ledger, depth, stale, refused, *self._fleet())
 
     def _fleet(self) -> Iterator[Metric]:
         """Per server: stop marks, slots, whether a watcher holds it; the parked jobs (one HGETALL,

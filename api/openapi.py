@@ -120,6 +120,8 @@ SPEC: dict[str, Any] = {
                     "400": _problem("malformed JSON (malformed-json) or Idempotency-Key (idempotency-key-invalid)"),
                     **_AUTH,
                     "402": _problem("the cost ceiling exceeds the available allowance (insufficient-allowance)"),
+                    "429": _problem("over the tenant's limit: jobs in flight (too-many-in-flight) or submission "
+                                    "rate (rate-limited); Retry-After says when to try again; nothing was written"),
                     "409": _problem("the first request with this key is still being processed"),
                     "413": _problem("request body larger than RECKON_MAX_BODY_BYTES (payload-too-large)"),
                     "415": _problem("the body is not application/json or application/*+json"),

@@ -17,7 +17,16 @@ from .jobs import iso
 from .keys import ProviderKeys, TenantKeys
 from .settings import Settings
 from .store import Store, connect
-from .tenants import TenantError, create_key, create_tenant, is_disabled, list_keys, revoke_key, set_disabled
+from .tenants import (
+    TenantError,
+    create_key,
+    create_tenant,
+    is_disabled,
+    list_keys,
+    revoke_key,
+    set_disabled,
+    set_limits,
+)
 
 #: Job record fields never printed: the workflow is the client's private input.
 PRIVATE_FIELDS = frozenset({"workflow"})
@@ -37,6 +46,17 @@ def tenant_disable(store: Store, args: argparse.Namespace) -> int:
     set_disabled(store.redis, args.name, args.verb == "disable")
     _print({"tenant": args.name, "disabled": is_disabled(store.redis, args.name)})
     return 0
+
+
+def tenant_set(store: Store, args: argparse.Namespace) -> int:
+    limits = set_limits(store.redis, args.name, max_inflight=args.max_inflight, rate=args.rate, burst=args.burst)
+    _print({"tenant": args.name, "limits": limits})
+    return 0
+
+
+def _rate(value: str) -> float:
+    """``5``, ``5/s`` or ``0.5/s``: jobs per second."""
+    return float(value.removesuffix("/s"))
 
 
 def key_create(store: Store, args: argparse.Namespace) -> int:
@@ -213,6 +233,12 @@ def _tenant_commands(tenant: Any) -> None:
     create.add_argument("name")
     create.add_argument("--allowance", type=int, required=True)
     create.set_defaults(run=tenant_create)
+    limits = tenant.add_parser("set", help="admission limits: jobs in flight, submission rate (429 above them)")
+    limits.add_argument("name")
+    limits.add_argument("--max-inflight", type=int, help="queued + running + retry_wait + reconciling (0: none)")
+    limits.add_argument("--rate", type=_rate, help="submissions per second, e.g. 5/s (0: none)")
+    limits.add_argument("--burst", type=int, help="submissions at once above the rate (default: the rate)")
+    limits.set_defaults(run=tenant_set)
     for verb, text in (("disable", "refuse every key of the tenant (401 on every route); jobs already "
                                    "admitted run on"),
                        ("enable", "accept the tenant's keys again")):

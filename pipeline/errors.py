@@ -166,6 +166,15 @@ class InvalidRequest(ReckonError):
         self.problem = problem
 
 
+class OverLimit(ReckonError):
+    """The tenant is over one of its admission limits (HTTP 429): ``max_inflight`` or ``rate``."""
+
+    def __init__(self, reason: str, retry_after: float) -> None:
+        super().__init__(f"over the tenant's {reason} limit")
+        self.reason = reason
+        self.retry_after = retry_after
+
+
 class IdempotencyConflict(ReckonError):
     """The key's first request is still being processed (HTTP 409)."""
 

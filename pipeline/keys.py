@@ -123,6 +123,11 @@ class TenantKeys:
         """Sorted set: finished (terminal) job id scored by when it finished (ms); purged after retention."""
         return self._k("done")
 
+    @property
+    def limits(self) -> str:
+        """Hash: max_inflight, rate (jobs/s), burst, tokens, at (ms): the admission limits (``reckon tenant set``)."""
+        return self._k("limits")
+
     def idempotency(self, key: str) -> str:
         """Hash: fingerprint, job_id, state (pending|done), status, body; expires."""
         return self._k(f"idem:{key}")

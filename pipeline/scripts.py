@@ -39,6 +39,7 @@ class Code(IntEnum):
     EXPIRED = 14
     NO_CAPACITY = 15
     PAUSED = 16
+    LIMITED = 17
 
 
 def raise_for(code: Code, reply: Sequence[Any]) -> None:

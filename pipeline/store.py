@@ -15,6 +15,7 @@ from .errors import (
     DispatchPaused,
     InsufficientAllowance,
     InvalidRequest,
+    OverLimit,
     UnknownTenant,
 )
 from .keys import SERVER_BLOCKS, JobKeys, ProviderKeys, TenantKeys
@@ -106,7 +107,7 @@ class Store(Reads):
         reply = self.scripts(
             "admit",
             [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
-             older.record, older.events, t.retry, j.workflow, t.done, older.workflow, keys.WAKE],
+             older.record, older.events, t.retry, j.workflow, t.done, older.workflow, keys.WAKE, t.limits],
             [_at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
              orjson.dumps(fields), status, supersedes, workflow],
         )
@@ -119,6 +120,9 @@ class Store(Reads):
             return Admission(code, "", available=reply[1], ceiling=reply[2])
         if code is Code.REPLAYED:
             return Admission(code, reply[1], status=reply[2])
+        if code is Code.LIMITED:
+            self.redis.hincrby(keys.STATS, f"admission_refused:{reply[1]}", 1)
+            raise OverLimit(reply[1], int(reply[2]) / 1000)
         if code is Code.CREATED:
             return Admission(code, reply[1], created_ms=int(reply[2]))
         return Admission(code, reply[1])

@@ -75,6 +75,31 @@ def set_disabled(client: redis.Redis, tenant: str, disabled: bool) -> None:
         client.delete(keys.tenant_disabled(tenant))
 
 
+def set_limits(client: redis.Redis, tenant: str, *, max_inflight: int | None = None, rate: float | None = None,
+               burst: int | None = None) -> dict[str, str]:
+    """Set the tenant's admission limits (None leaves one as it is; 0 removes it): jobs in flight, and a
+    submission rate (jobs per second) with its burst (default: the rate, at least 1). Returns them."""
+    _require(client, tenant)
+    key = TenantKeys(tenant).limits
+    if (max_inflight or 0) < 0 or (rate or 0) < 0 or (burst is not None and burst < 1):
+        raise TenantError("limits are non-negative (burst at least 1)")
+    with client.pipeline(transaction=True) as pipe:
+        if max_inflight == 0:
+            pipe.hdel(key, "max_inflight")
+        elif max_inflight is not None:
+            pipe.hset(key, "max_inflight", max_inflight)
+        if rate == 0:
+            pipe.hdel(key, "rate", "burst", "tokens", "at")
+        elif rate is not None:  # a new rate starts with a full bucket
+            size = burst or max(1, int(rate))
+            pipe.hset(key, mapping={"rate": rate, "burst": size})
+            pipe.hdel(key, "tokens", "at")
+        elif burst is not None:
+            pipe.hset(key, "burst", burst)
+        pipe.execute()
+    return {_text(k): _text(v) for k, v in client.hgetall(key).items() if _text(k) in ("max_inflight", "rate", "burst")}
+
+
 def is_disabled(client: redis.Redis, tenant: str) -> bool:
     return bool(client.exists(keys.tenant_disabled(tenant)))
 

@@ -10,6 +10,12 @@
 -- its own, so the record stays small and the workflow can go when the job ends.
 -- The job's times (created_at, updated_at, deadline = now + deadline_s) are stamped
 -- here, on Redis's clock, whatever the API host's clock says.
+-- The tenant's limits (`reckon tenant set`) are checked in the same step, after the
+-- idempotency check (a retry of an admitted request is never limited) and before the
+-- allowance: jobs in flight (queued, running, retry_wait, reconciling) below
+-- `max_inflight`, and a token from the submission bucket (`rate` per second up to
+-- `burst`, refilled on Redis's clock). A refused request writes nothing, the bucket
+-- included.
 -- The idempotency record keeps no response body: the first response is rebuilt
 -- from the job's fields that never change (id, kind, priority, outputs, ceiling,
 -- deadline_s, created_at), so a replay is the same bytes.
@@ -22,6 +28,8 @@
 -- KEYS[6] tenant's outbox (zset)         KEYS[13] tenant's done index (zset)
 -- KEYS[7] job's event list               KEYS[14] superseded job's workflow (likewise)
 -- KEYS[8] tenant's per-state counts      KEYS[15] wake set (zset: tenant -> when work is due)
+--                                        KEYS[16] tenant's limits (hash: max_inflight, rate,
+--                                                 burst, tokens, at)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)   ARGV[6] delay before the outbox republishes (ms)
 -- ARGV[2] new job id                     ARGV[7] job record (JSON object of strings)
@@ -32,6 +40,7 @@
 -- Returns {1 CREATED, job_id, now (ms)} | {2 REPLAYED, job_id, status}
 --   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
 --   | {5 INSUFFICIENT_ALLOWANCE, available, ceiling} | {6 UNKNOWN_TENANT} | {7 NOT_FOUND}
+--   | {17 LIMITED, reason (max_inflight | rate), retry after (ms)}
 
 local now, job_id, fingerprint = clock(ARGV[1]), ARGV[2], ARGV[3]
 local ceiling = tonumber(ARGV[4])
@@ -45,6 +54,19 @@ end
 
 local ledger = redis.call('HMGET', KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
 if not ledger[1] then return {6} end
+local limit = redis.call('HMGET', KEYS[16], 'max_inflight', 'rate', 'burst', 'tokens', 'at')
+if limit[1] then
+  local c = redis.call('HMGET', KEYS[8], 'queued', 'running', 'retry_wait', 'reconciling')
+  local inflight = 0
+  for _, n in ipairs(c) do inflight = inflight + tonumber(n or '0') end
+  if inflight >= tonumber(limit[1]) then return {17, 'max_inflight', 1000} end
+end
+local tokens
+if limit[2] then
+  local rate, burst = tonumber(limit[2]), tonumber(limit[3])
+  tokens = math.min(burst, tonumber(limit[4] or burst) + (now - tonumber(limit[5] or now)) * rate / 1000)
+  if tokens < 1 then return {17, 'rate', math.ceil((1 - tokens) * 1000 / rate)} end
+end
 local available = tonumber(ledger[1]) - tonumber(ledger[2] or '0')
   - tonumber(ledger[3] or '0') - tonumber(ledger[4] or '0')
 if ceiling > available then return {5, available, ceiling} end
@@ -54,6 +76,7 @@ if ARGV[9] ~= '' then
   if not older then return {7} end
 end
 
+if tokens then redis.call('HSET', KEYS[16], 'tokens', tostring(tokens - 1), 'at', now) end
 redis.call('HINCRBY', KEYS[2], 'reserved', ceiling)
 local seq = redis.call('HINCRBY', KEYS[2], 'job_seq', 1)
 local fields = {}
