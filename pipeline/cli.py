@@ -13,8 +13,9 @@ from .blobs import BlobStore
 from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed
 from .executor import BUDGET
 from .fleet import DEFAULT_SERVER
-from .jobs import iso
+from .jobs import State, iso
 from .keys import ProviderKeys, TenantKeys
+from .progress import events_after
 from .settings import Settings
 from .store import Store, connect
 from .tenants import (
@@ -87,6 +88,56 @@ def job_show(store: Store, args: argparse.Namespace) -> int:
     _print({"job": shown, "outputs": store.outputs(args.id), "attempts": store.attempts(args.id),
             "events": [e | {"at": iso(e["at"])} for e in store.events(args.id)]})
     return 0
+
+
+#: The index each state's jobs sit in (scored by time).
+STATE_INDEX = {"queued": "queued", "running": "leases", "retry_wait": "retry", "reconciling": "reconcile",
+               "needs_review": "review", "failed": "dead", "completed": "done", "cancelled": "done"}
+
+
+def job_events(store: Store, args: argparse.Namespace) -> int:
+    """A job's state changes and progress points, in seq order (never the workflow)."""
+    if not _exists(store, args.id):
+        print(f"no job {args.id}", file=sys.stderr)
+        return 1
+    _print([e | {"at": iso(e["at"])} for e in events_after(store.redis, args.id, args.after)])
+    return 0
+
+
+def jobs_list(store: Store, args: argparse.Namespace) -> int:
+    """Jobs in one state, across tenants or for one: id, tenant, priority, updated, error."""
+    tenants = [args.tenant] if args.tenant else store.tenants()
+    rows = []
+    for tenant in tenants:  # each state's index, newest last; `done` holds completed and cancelled
+        ids = store.redis.zrange(getattr(TenantKeys(tenant), STATE_INDEX[args.state]), -args.limit, -1)
+        for record, _ in store.jobs_with_outputs(ids):
+            if record.get("state") == args.state:
+                rows.append({"id": record["id"], "tenant": tenant, "priority": record.get("priority"),
+                             "updated_at": iso(int(record.get("updated_at", 0))),
+                             "error": {"class": record.get("error_class") or None,
+                                       "reason": record.get("error_reason") or None}})
+    _print(rows[-args.limit:])
+    return 0
+
+
+def tenant_show(store: Store, args: argparse.Namespace) -> int:
+    """One tenant: ledger, jobs per state, admission limits, whether it is disabled."""
+    if args.name not in store.tenants():
+        print(f"no tenant {args.name}", file=sys.stderr)
+        return 1
+    limits = store.redis.hgetall(TenantKeys(args.name).limits)
+    jobs = {state: n for state, n in store.state_counts(args.name).items() if n}
+    _print({"tenant": args.name, "ledger": store.ledger(args.name), "jobs": jobs,
+            "limits": {k: v for k, v in limits.items() if k in ("max_inflight", "rate", "burst")},
+            "disabled": is_disabled(store.redis, args.name)})
+    return 0
+
+
+def _exists(store: Store, job_id: str) -> bool:
+    try:
+        return store.job(job_id) is not None
+    except ValueError:  # not a job id
+        return False
 
 
 def status(store: Store, args: argparse.Namespace) -> int:
@@ -185,6 +236,15 @@ def parser() -> argparse.ArgumentParser:
     show = job.add_parser("show", help="a job's record, outputs, attempts and events")
     show.add_argument("id")
     show.set_defaults(run=job_show)
+    events = job.add_parser("events", help="a job's state changes and progress, in order")
+    events.add_argument("id")
+    events.add_argument("--after", type=int, default=0, help="only events with a larger seq")
+    events.set_defaults(run=job_events)
+    jobs = verbs.add_parser("jobs", help="jobs in one state (every tenant, or --tenant)")
+    jobs.add_argument("--state", required=True, choices=[s.value for s in State])
+    jobs.add_argument("--tenant")
+    jobs.add_argument("--limit", type=int, default=100, help="the newest N (default 100)")
+    jobs.set_defaults(run=jobs_list)
     verbs.add_parser("status", help="jobs per state, pauses, ledgers per tenant").set_defaults(run=status)
     for verb, run, text in (("pause", pause, "stop claims and submissions of a class or a server; admission goes on"),
                             ("resume", resume, "lift a pause: what waited is dispatched, best first")):
@@ -233,6 +293,9 @@ def _tenant_commands(tenant: Any) -> None:
     create.add_argument("name")
     create.add_argument("--allowance", type=int, required=True)
     create.set_defaults(run=tenant_create)
+    show_tenant = tenant.add_parser("show", help="a tenant's ledger, jobs per state, limits")
+    show_tenant.add_argument("name")
+    show_tenant.set_defaults(run=tenant_show)
     limits = tenant.add_parser("set", help="admission limits: jobs in flight, submission rate (429 above them)")
     limits.add_argument("name")
     limits.add_argument("--max-inflight", type=int, help="queued + running + retry_wait + reconciling (0: none)")

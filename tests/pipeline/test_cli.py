@@ -78,3 +78,26 @@ def test_tenant_disable_enable_and_key_revoke(store, capsys) -> None:
     assert (tenant_for_key(store.redis, first), tenant_for_key(store.redis, second)) == (None, None)
     code, _, err = run(store, capsys, "key", "revoke", first)
     assert (code, err.strip()) == (1, "reckon: no such API key")
+
+
+def test_jobs_by_state_job_events_and_tenant_show(store, capsys, admit, make_executor, sim) -> None:
+    done, waiting = admit("k1"), admit("k2")
+    assert make_executor(sim).run(done) is True
+    code, out, _ = run(store, capsys, "jobs", "--state", "queued", "--tenant", "acme")
+    assert code == 0 and [row["id"] for row in orjson.loads(out)] == [waiting]
+    code, out, _ = run(store, capsys, "jobs", "--state", "completed")
+    assert [(row["id"], row["tenant"]) for row in orjson.loads(out)] == [(done, "acme")]
+    code, out, _ = run(store, capsys, "job", "events", done)
+    assert code == 0 and [e["to"] for e in orjson.loads(out) if e["type"] == "state"] == [
+        "queued", "running", "completed"]
+    assert "KSampler" not in out
+    code, out, _ = run(store, capsys, "job", "events", done, "--after", "2")
+    assert [e["seq"] for e in orjson.loads(out)] == [3]
+    assert run(store, capsys, "job", "events", "acme.nope")[0] == 1
+    assert run(store, capsys, "tenant", "set", "acme", "--max-inflight", "5", "--rate", "2/s")[0] == 0
+    code, out, _ = run(store, capsys, "tenant", "show", "acme")
+    shown = orjson.loads(out)
+    assert code == 0 and shown["jobs"] == {"completed": 1, "queued": 1}
+    assert shown["limits"] == {"max_inflight": "5", "rate": "2.0", "burst": "2"} and shown["disabled"] is False
+    assert shown["ledger"]["settled"] == 10
+    assert run(store, capsys, "tenant", "show", "nobody")[0] == 1
