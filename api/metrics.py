@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pipeline import keys
-from pipeline.keys import SERVER_BLOCKS, TenantKeys
+from pipeline.keys import SERVER_BLOCKS, ProviderKeys, TenantKeys
 from pipeline.store import Store
 
 INDEXES = ("queued", "leases", "retry", "reconcile", "review", "dead", "outbox")
@@ -79,7 +79,14 @@ class StateCollector:
         refused = CounterMetricFamily("reckon_admission_refused", "Admissions refused, by reason.", labels=["reason"])
         for reason in ("max_inflight", "rate"):
             refused.add_metric([reason], int(stats.get(f"admission_refused:{reason}", 0)))
-        yield from (jobs, ledger, depth, stale, refused, *self._fleet())
+        beat = self.store.redis.hget(keys.SWEEPER, "at")
+        sweeper = GaugeMetricFamily("reckon_sweeper_last_pass_age_seconds",
+                                    "Seconds since the sweeper's last pass (on Redis's clock); NaN if it never ran.")
+        sweeper.add_metric([], (self.store.server_ms() - int(beat)) / 1000 if beat else float("nan"))
+        budget = GaugeMetricFamily("reckon_retry_budget_tokens", "Tokens left in the fleet's shared retry budget.")
+        tokens = self.store.redis.hget(ProviderKeys("comfyui").budget, "tokens")
+        budget.add_metric([], float(tokens) if tokens is not None else float("nan"))
+        yield from (jobs, ledger, depth, stale, refused, sweeper, budget, *self._fleet())
 
     def _fleet(self) -> Iterator[Metric]:
         """Per server: stop marks, slots, whether a watcher holds it; the parked jobs (one HGETALL,

@@ -16,6 +16,8 @@ PREFIX = "reckon"
 TENANTS = f"{PREFIX}:tenants"
 #: Counters of process-level events (e.g. rejected stale writes), a hash.
 STATS = f"{PREFIX}:stats"
+#: Hash: the sweeper's heartbeat: ``at`` (ms, Redis's clock, written every pass) and ``by`` (host/pid).
+SWEEPER = f"{PREFIX}:sweeper"
 #: Sorted set: tenant -> when its next work is due (ms). The sweeper visits only due tenants.
 WAKE = f"{PREFIX}:wake"
 #: Hash: the provider fleet. ``busy:<server>`` prompts in flight (slots taken by claims);

@@ -11,8 +11,8 @@
 
 A pass visits only tenants whose work is due: every script that schedules work also
 moves the tenant's entry in the wake set (``reckon:wake``) earlier, and after a visit
-``rearm`` sets it to the tenant's true next due time. An idle pass is two commands (unpark,
-take-due).
+``rearm`` sets it to the tenant's true next due time. An idle pass is three commands (its
+heartbeat, unpark, take-due).
 Two sweepers at once take different tenants (``take-due`` holds a tenant for one pass).
 
 Run it: ``python -m pipeline.sweeper`` (the ``sweeper`` process in the Procfile).
@@ -21,11 +21,14 @@ Run it: ``python -m pipeline.sweeper`` (the ``sweeper`` process in the Procfile)
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 from collections import Counter
 from typing import Callable
 
+from . import keys
 from .keys import TenantKeys
 from .settings import Settings
 from .store import Store
@@ -60,6 +63,7 @@ class Sweeper:
         """One pass over the tenants with due work; returns how many jobs each step moved."""
         done: Counter[str] = Counter()
         now = self.now_ms()
+        self.store.redis.hset(keys.SWEEPER, mapping={"at": now, "by": f"{socket.gethostname()}/{os.getpid()}"})
         for job_id in self.store.unpark(self.servers):
             self.publish(job_id, "unparked")
             done["unparked"] += 1

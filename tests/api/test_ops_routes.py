@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 from falcon import testing
 
 from api.app import create_app
+from pipeline import keys
 from pipeline.keys import TenantKeys
 from pipeline.store import Store, connect
 from tests.conftest import free_port
@@ -44,6 +47,12 @@ def test_metrics_sum_every_tenant_and_name_none(client, submit, tenant, store) -
     assert samples['reckon_provider_slots{kind="busy",provider="sim"}'] == 0.0
     assert samples['reckon_provider_slots{kind="cap",provider="sim"}'] == 1000.0
     assert samples['reckon_watcher_up{provider="sim"}'] == 0.0 and samples["reckon_parked_jobs"] == 0.0
+    assert math.isnan(samples["reckon_sweeper_last_pass_age_seconds"])  # no sweeper ran: the alert fires
+    store.redis.hset(keys.SWEEPER, "at", store.server_ms() - 5_000)
+    text = client.simulate_get("/metrics").text
+    age = float(next(line.split()[1] for line in text.splitlines()
+                     if line.startswith("reckon_sweeper_last_pass_age_seconds ")))
+    assert 5.0 <= age < 8.0
     assert store.redis.zcard(TenantKeys("acme").queued) == store.redis.zcard(TenantKeys("globex").queued) == 1
 
 

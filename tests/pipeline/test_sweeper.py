@@ -60,14 +60,16 @@ def test_a_dead_letter_keeps_its_workflow_for_replay_until_retention(store, sett
     assert store.workflow(job_id) is None
 
 
-def test_an_idle_pass_costs_two_round_trips_whatever_the_number_of_tenants(store, settings) -> None:
+def test_an_idle_pass_costs_three_round_trips_whatever_the_number_of_tenants(store, settings) -> None:
     for n in range(200):
         create_tenant(store.redis, f"idle{n}", 100)
+    before_ms = store.server_ms()
     before = commands(store)
     assert sweeper(store, settings).sweep_once() == {}
-    # two round trips: unpark (EVALSHA, ZCARD of the parked set) and take-due (EVALSHA and its one range
-    # query), plus the INFO read here
-    assert commands(store) - before == 5
+    # three round trips: the heartbeat (HSET), unpark (EVALSHA, ZCARD of the parked set) and take-due
+    # (EVALSHA and its one range query), plus the INFO read here
+    assert commands(store) - before == 6
+    assert int(store.redis.hget(keys.SWEEPER, "at")) >= before_ms
 
 
 def test_the_wake_entry_is_the_true_next_due_time(store, settings, admit, make_executor, make_router) -> None:
