@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,16 +94,18 @@ class Stack:
         proc.wait(timeout=20)
 
     def stop(self) -> None:
-        for name in list(self.procs):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            self.procs.pop(name)
+        """SIGTERM every process group, then SIGKILL what is left after 10 s: the whole group, since
+        a group leader (Dramatiq's main process) can exit while its children still consume messages
+        that the next test publishes."""
+        for proc in self.procs.values():
+            _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            while _group_alive(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self.procs.clear()
 
     @staticmethod
     def _up(url: str) -> bool:
@@ -126,6 +129,25 @@ class Stack:
     def charges(self) -> dict[str, Any]:
         with urlopen(f"http://127.0.0.1:{self.sim_port}/sim/charges", timeout=5) as resp:
             return orjson.loads(resp.read())
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is still running (zombies, waiting for their parent, are not)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 @pytest.fixture

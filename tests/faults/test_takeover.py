@@ -46,6 +46,7 @@ def test_a_worker_frozen_past_its_lease_is_fenced_out_when_it_wakes(stack, redis
     stack.start_web()
     stack.env["RECKON_WATCH"] = "0"  # it waits for the prompt itself, holding the job
     stack.start("frozen", *DRAMATIQ)
+    stack.start_watcher()
     stack.start_sweeper()
     job_id = submit(stack, auth)
     wait_until(lambda: store.job(job_id).get("submitted") == "1", timeout=20)
@@ -73,6 +74,7 @@ def test_jobs_held_by_a_killed_worker_run_within_the_redelivery_window(stack, re
     stack.start_provider()
     stack.start_web()
     stack.start("worker", *DRAMATIQ, pause_at="before_claim")
+    stack.start_watcher()
     stack.start_sweeper()
     jobs = [submit(stack, auth, key=f"prefetched-{n}") for n in range(3)]
     stack.kill_when_paused("worker")  # its messages sit in a dead consumer's unacked set
