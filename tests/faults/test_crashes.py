@@ -30,17 +30,23 @@ def submit(stack, auth: dict[str, str], key: str = "crash-1") -> str:
     return headers["location"].rsplit("/", 1)[1]
 
 
+def submitted_to(stack, redis_client, *, delay: float, pause_at: str | None = None) -> str:
+    """A whole stack whose provider takes ``delay`` per prompt (the worker stopping at ``pause_at``),
+    and the id of one job submitted to it."""
+    auth = setup(stack, redis_client)
+    stack.start_provider(delay=delay)
+    stack.start_web()
+    stack.start_worker(pause_at=pause_at)
+    stack.start_sweeper()
+    return submit(stack, auth)
+
+
 def finished(store: Store, job_id: str) -> bool:
     return (store.job(job_id) or {}).get("state") in ("completed", "failed", "needs_review")
 
 
 def test_worker_killed_after_submission_is_reconciled_without_a_second_charge(stack, redis_client, store) -> None:
-    auth = setup(stack, redis_client)
-    stack.start_provider(delay=0.3)
-    stack.start_web()
-    stack.start_worker(pause_at="after_submit")
-    stack.start_sweeper()
-    job_id = submit(stack, auth)
+    job_id = submitted_to(stack, redis_client, delay=0.3, pause_at="after_submit")
     stack.kill_when_paused("worker")  # the prompt is with the provider; the worker is gone
     stack.start_worker()
     wait_until(lambda: finished(store, job_id), timeout=40)
@@ -100,12 +106,7 @@ def test_api_killed_between_admission_and_publish_still_runs_the_job(stack, redi
 
 def at_the_watcher(stack, redis_client, store, delay: float) -> str:
     """A whole stack whose provider takes ``delay`` per prompt; a job submitted and handed to the watcher."""
-    auth = setup(stack, redis_client)
-    stack.start_provider(delay=delay)
-    stack.start_web()
-    stack.start_worker()
-    stack.start_sweeper()
-    job_id = submit(stack, auth)
+    job_id = submitted_to(stack, redis_client, delay=delay)
     wait_until(lambda: (store.job(job_id) or {}).get("lease_owner") == "watcher", timeout=20)
     return job_id
 
@@ -130,12 +131,7 @@ def test_a_dropped_websocket_falls_back_to_history_and_loses_nothing(stack, redi
 
 
 def test_worker_killed_while_collecting_completes_without_a_provider_call(stack, redis_client, store) -> None:
-    auth = setup(stack, redis_client)
-    stack.start_provider(delay=0.5)
-    stack.start_web()
-    stack.start_worker(pause_at="collect_claimed")
-    stack.start_sweeper()
-    job_id = submit(stack, auth)
+    job_id = submitted_to(stack, redis_client, delay=0.5, pause_at="collect_claimed")
     stack.kill_when_paused("worker")  # the collect was claimed; nothing is stored yet
     assert store.outputs(job_id) == {} and store.job(job_id)["state"] == "running"
     stack.start_worker()
