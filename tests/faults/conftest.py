@@ -126,6 +126,16 @@ class Stack:
         except HTTPError as err:
             return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
 
+    def sim_post(self, path: str, body: Any) -> None:
+        """A control request to the simulated provider (faults, restart)."""
+        req = Request(f"http://127.0.0.1:{self.sim_port}{path}", data=orjson.dumps(body), method="POST")
+        with urlopen(req, timeout=5) as resp:
+            resp.read()
+
+    def sim_faults(self) -> list[dict[str, Any]]:
+        with urlopen(f"http://127.0.0.1:{self.sim_port}/sim/faults", timeout=5) as resp:
+            return orjson.loads(resp.read())["faults"]
+
     def charges(self) -> dict[str, Any]:
         with urlopen(f"http://127.0.0.1:{self.sim_port}/sim/charges", timeout=5) as resp:
             return orjson.loads(resp.read())
