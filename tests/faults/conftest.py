@@ -132,6 +132,11 @@ class Stack:
         with urlopen(req, timeout=5) as resp:
             resp.read()
 
+    def sim_running(self) -> bool:
+        """Whether the simulated provider is running a prompt now."""
+        with urlopen(f"http://127.0.0.1:{self.sim_port}/queue", timeout=5) as resp:
+            return bool(orjson.loads(resp.read())["queue_running"])
+
     def sim_faults(self) -> list[dict[str, Any]]:
         with urlopen(f"http://127.0.0.1:{self.sim_port}/sim/faults", timeout=5) as resp:
             return orjson.loads(resp.read())["faults"]

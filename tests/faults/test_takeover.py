@@ -49,7 +49,7 @@ def test_a_worker_frozen_past_its_lease_is_fenced_out_when_it_wakes(stack, redis
     stack.start_watcher()
     stack.start_sweeper()
     job_id = submit(stack, auth)
-    wait_until(lambda: store.job(job_id).get("submitted") == "1", timeout=20)
+    wait_until(lambda: stack.sim_running(), timeout=20)  # the prompt is at the provider, not just marked
     frozen = stack.procs["frozen"].pid
     os.killpg(frozen, signal.SIGSTOP)  # the prompt is at the provider; its worker stops reporting
     try:
