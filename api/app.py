@@ -65,7 +65,7 @@ def create_app(
     app.add_route("/healthz", resources.Health())
     app.add_route("/readyz", resources.Ready(store))
     app.add_route("/openapi.json", resources.Document(document(settings)))
-    app.add_route("/metrics", Metrics(store, {server.name: server.cap for server in settings.servers()}))
+    app.add_route("/metrics", Metrics(store, settings.caps()))
     return app
 
 

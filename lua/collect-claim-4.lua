@@ -13,11 +13,13 @@
 -- ARGV[2] worker id
 -- ARGV[3] lease length (ms)
 --
--- Returns {0 OK, generation, attempt number, operation id, server, now (ms)}
+-- Returns {0 OK, generation, attempt number, operation id, server, now (ms), cancel requested
+--   (0|1), deadline (ms), provider epoch at submission}
 --   | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
 
 local job, now = KEYS[1], clock(ARGV[1])
-local f = redis.call('HMGET', job, 'state', 'lease_owner', 'id', 'attempt_count', 'operation_id', 'server')
+local f = redis.call('HMGET', job, 'state', 'lease_owner', 'id', 'attempt_count', 'operation_id', 'server',
+  'cancel_requested', 'deadline', 'submit_epoch')
 if not f[1] then return {7} end
 if f[1] ~= 'running' or f[2] ~= 'watcher' then return {8, f[1]} end
 local expires = now + tonumber(ARGV[3])
@@ -26,4 +28,4 @@ redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires)
 redis.call('ZADD', KEYS[2], expires, f[3])
 wake(KEYS[4], job, expires)
 redis.call('HDEL', KEYS[3], 'w:' .. f[3])
-return {0, gen, tonumber(f[4]), f[5], f[6], now}
+return {0, gen, tonumber(f[4]), f[5], f[6], now, f[7] == '1' and 1 or 0, tonumber(f[8]), f[9] or ''}

@@ -171,7 +171,7 @@ def resume(store: Store, args: argparse.Namespace) -> int:
 
 
 def _caps() -> dict[str, int]:
-    return {server.name: server.cap for server in Settings.from_env().servers()}
+    return Settings.from_env().caps()
 
 
 def _listing(store: Store, index: str) -> list[dict[str, Any]]:

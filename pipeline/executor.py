@@ -163,9 +163,10 @@ class Executor:
     def collect(self, job_id: str, worker: str | None = None) -> bool:
         """Store the outputs of a prompt that ended at its server and finish the job (the
         watcher saw it end); False if the job is not waiting at a server (a duplicate message)."""
-        claim = self.store.collect_claim(job_id, worker=worker or worker_name(), lease_ms=self.lease_ms)
-        if claim is None:
+        taken = self.store.collect_claim(job_id, worker=worker or worker_name(), lease_ms=self.lease_ms)
+        if taken is None:
             return False
+        claim = taken.claim
         faultpoints.reached("collect_claimed")
         if claim.server not in self.fleet:
             raise AttemptFailed(claim, UnknownOutcome("server_not_configured"))
@@ -173,11 +174,13 @@ class Executor:
         with Heartbeat(self.store, claim, lease_ms=self.lease_ms) as heartbeat:
             try:
                 status = self._submitted(lambda: provider.status(claim.operation_id))
-                job = self.store.job(claim.job_id) or {}
-                if status.state in ("pending", "running") and job.get("cancel_requested") == "1":
-                    status = self._cancel_at_provider(claim, provider, status, job.get("submit_epoch", ""))
+                if status.state in ("pending", "running") and taken.cancel_requested:
+                    after = self._cancel_at_provider(claim, provider, status, taken.epoch)
+                    if after is None:  # taken off the server's queue before it ran: ended here
+                        return True
+                    status = after
                 if status.state in ("pending", "running"):
-                    if claim.claimed_ms >= int(job["deadline"]):  # as a worker's own wait: reconcile it
+                    if claim.claimed_ms >= taken.deadline_ms:  # as a worker's own wait: reconcile it
                         raise UnknownOutcome("deadline_passed_while_running")
                     self.store.await_provider(claim, lease_ms=self.lease_ms)  # not ended yet: back to the watcher
                     return True
@@ -189,14 +192,15 @@ class Executor:
         return True
 
     def _cancel_at_provider(self, claim: Claim, provider: Provider, before: OperationStatus,
-                            epoch: str) -> OperationStatus:
+                            epoch: str) -> OperationStatus | None:
         """The client cancelled while the prompt is at its server: take it off the server's queue,
         or interrupt it if it runs (ComfyUI interrupts only that prompt).
 
         Gone from queue and history right after we removed it, it never ran, provided it was
         pending, every request since answered, and the server's epoch (if it shows one) is the
         submission's: a restart that loses history cannot fit between answers a moment apart
-        (ComfyUI takes seconds to start). Anything less is an unknown outcome, reconciled."""
+        (ComfyUI takes seconds to start): the job ends cancelled and None is returned. Anything
+        less is an unknown outcome, reconciled."""
         try:
             provider.cancel(claim.operation_id)
         except ProviderError as exc:  # a later collect tries again; the job ends cancelled either way
@@ -208,7 +212,7 @@ class Executor:
         if before.state != "pending" or self._submitted(provider.epoch) != epoch:
             raise UnknownOutcome("cancelled_prompt_not_found")
         self.store.finish(claim, "cancelled", reason="removed_from_provider_queue")
-        return OperationStatus("cancelled")
+        return None
 
     def _submitted(self, ask: Callable[[], T]) -> T:
         """Ask about a submitted prompt: any provider error is an unknown outcome, because only
@@ -222,8 +226,6 @@ class Executor:
 
     def _complete(self, claim: Claim, provider: Provider, status: OperationStatus, heartbeat: Heartbeat) -> None:
         """Book, store and finish what an ended prompt produced."""
-        if status.state == "cancelled":  # taken off the server's queue before it ran
-            return
         if status.state == "unknown":
             raise UnknownOutcome("operation_not_found")
         made = max(len(status.outputs), status.produced or 0)  # a whole run, up to what was reserved

@@ -95,9 +95,6 @@ class Reads:
     def state_counts(self, tenant: str) -> dict[str, int]:
         return {state: int(n) for state, n in self.redis.hgetall(TenantKeys(tenant).counts).items()}
 
-    def cancel_requested(self, job_id: str) -> bool:
-        return self.redis.hget(JobKeys(job_id).record, "cancel_requested") == "1"
-
     def refusal(self, job_id: str) -> dict[str, str] | None:
         """What the server refused of the prompt when it took it (output nodes), or None."""
         raw = self.redis.hget(JobKeys(job_id).record, "refusal")

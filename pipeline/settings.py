@@ -171,6 +171,10 @@ class Settings:
         return parse_servers(self.providers, default_url=self.provider_url, cap=self.provider_cap,
                              price=self.price_per_output)
 
+    def caps(self) -> dict[str, int]:
+        """Server name -> dispatch cap, for the processes that unpark or report without a fleet."""
+        return {server.name: server.cap for server in self.servers()}
+
 
 def flag(value: str) -> bool:
     """A boolean variable: 1/true/yes/on or 0/false/no/off."""

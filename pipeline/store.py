@@ -76,6 +76,17 @@ class Reconcile:
     claims: int = 1
 
 
+@dataclass(frozen=True)
+class Collect:
+    """A collector's claim plus what it decides with: a cancel to pass on, the deadline, the epoch."""
+
+    claim: Claim
+    cancel_requested: bool
+    deadline_ms: int
+    #: The provider epoch seen just before submission ('' when the provider shows none).
+    epoch: str
+
+
 def _at(now_ms: int | None) -> int | str:
     """A script's ``now`` argument: '' lets the script read Redis's clock (production);
     tests pass a number to control time."""
@@ -161,14 +172,16 @@ class Store(Reads):
                              [claim.generation, _at(now_ms), lease_ms, orjson.dumps(refused) if refused else ""])
         return replace(claim, generation=int(reply[1]))
 
-    def collect_claim(self, job_id: str, *, worker: str, lease_ms: int, now_ms: int | None = None) -> Claim | None:
+    def collect_claim(self, job_id: str, *, worker: str, lease_ms: int,
+                      now_ms: int | None = None) -> Collect | None:
         """Take a job the watcher holds, to collect its outputs; None if it is not watched (any more)."""
         j = JobKeys(job_id)
         reply = self.scripts("collect-claim", [j.record, j.tenant.leases, keys.FLEET, keys.WAKE],
                              [_at(now_ms), worker, lease_ms])
         if Code(reply[0]) is not Code.OK:
             return None
-        return Claim(job_id, int(reply[1]), int(reply[2]), reply[3], int(reply[5]), reply[4])
+        claim = Claim(job_id, int(reply[1]), int(reply[2]), reply[3], int(reply[5]), reply[4])
+        return Collect(claim, bool(reply[6]), int(reply[7]), reply[8])
 
     def unpark(self, servers: Mapping[str, int], *, call_ms: int = CALL_MS, now_ms: int | None = None) -> list[str]:
         """The best parked jobs, as many as the fleet has free slots not promised yet, each promised

@@ -52,7 +52,7 @@ class Sweeper:
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.store, self.publish, self.settings, self.clock = store, publish, settings, clock
-        self.servers = {server.name: server.cap for server in settings.servers()}
+        self.servers = settings.caps()
         self.window_ms = int(settings.outbox_grace_seconds * 1000)
         self.retention_ms = int(settings.retention_seconds * 1000)
 
