@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -78,6 +78,14 @@ DEFAULT_DUPLICATE_COST_ALLOWANCE = 0
 DEFAULT_SSE_MAX_SECONDS = 15.0
 #: Event streams one web process serves at once (half its default 4 threads); more get 503.
 DEFAULT_SSE_MAX_STREAMS = 2
+#: Admission defaults, each overridable at run time with ``reckon admission set`` (hash
+#: ``reckon:admission``): queued jobs per workload class beyond which admission answers 503...
+DEFAULT_QUEUE_CAP_INTERACTIVE = 1000
+DEFAULT_QUEUE_CAP_BATCH = 10000
+#: ...and how long the oldest eligible interactive job may wait before batch work is shed (503).
+DEFAULT_INTERACTIVE_TARGET_SECONDS = 60
+#: Bearer token for the operator pages (``GET /ui``); empty: those pages answer 401 to everyone.
+DEFAULT_OPERATOR_TOKEN = ""
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,10 @@ class Settings:
     retention_seconds: int = DEFAULT_RETENTION_SECONDS
     sse_max_seconds: float = DEFAULT_SSE_MAX_SECONDS
     sse_max_streams: int = DEFAULT_SSE_MAX_STREAMS
+    queue_cap_interactive: int = DEFAULT_QUEUE_CAP_INTERACTIVE
+    queue_cap_batch: int = DEFAULT_QUEUE_CAP_BATCH
+    interactive_target_seconds: int = DEFAULT_INTERACTIVE_TARGET_SECONDS
+    operator_token: str = field(default=DEFAULT_OPERATOR_TOKEN, repr=False)
 
     def __post_init__(self) -> None:
         if self.retention_seconds < self.idempotency_ttl_seconds:
@@ -161,6 +173,10 @@ class Settings:
             "retention_seconds": ("RECKON_RETENTION_SECONDS", int),
             "sse_max_seconds": ("RECKON_SSE_MAX_SECONDS", float),
             "sse_max_streams": ("RECKON_SSE_MAX_STREAMS", int),
+            "queue_cap_interactive": ("RECKON_QUEUE_CAP_INTERACTIVE", int),
+            "queue_cap_batch": ("RECKON_QUEUE_CAP_BATCH", int),
+            "interactive_target_seconds": ("RECKON_INTERACTIVE_TARGET_SECONDS", int),
+            "operator_token": ("RECKON_OPERATOR_TOKEN", str),
         }
         values = {name: parse(env[var]) for name, (var, parse) in fields.items() if var in env}
         if "RECKON_REDIS_URL" in env and "RECKON_BROKER_URL" not in env:
