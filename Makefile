@@ -24,7 +24,7 @@ run: $(STAMP) redis-server
 	@bash ops/run.sh
 
 test: $(STAMP) redis-server
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q && bash ops/check_alerts.sh
 
 bench: $(STAMP) redis-server
 	$(BIN)/python ops/bench.py
