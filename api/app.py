@@ -15,6 +15,7 @@ import redis
 
 from pipeline.blobs import BlobStore
 from pipeline.errors import (
+    DeadlineInfeasible,
     IdempotencyConflict,
     IdempotencyKeyReused,
     InsufficientAllowance,
@@ -26,7 +27,7 @@ from pipeline.jobs import Admitter
 from pipeline.settings import Settings
 from pipeline.store import Store, connect
 
-from . import resources, sse
+from . import resources, sse, ui
 from .auth import Authenticate
 from .metrics import Metrics
 from .openapi import document
@@ -66,6 +67,8 @@ def create_app(
     app.add_route("/readyz", resources.Ready(store))
     app.add_route("/openapi.json", resources.Document(document(settings)))
     app.add_route("/metrics", Metrics(store, settings.caps()))
+    app.add_route("/ui", ui.Page(settings.operator_token))
+    app.add_route("/ui/status.json", ui.Status(store, settings.operator_token, settings.caps()))
     return app
 
 
@@ -76,6 +79,17 @@ def _problem(build: Callable[[Any], Problem]) -> Callable[..., None]:
     return handler
 
 
+#: Status, problem type, title and detail of each admission refusal for load.
+_OVER_LIMIT = {
+    "rate": (429, "rate-limited", "Over the tenant's limit", "submissions faster than the tenant's rate"),
+    "max_inflight": (429, "too-many-in-flight", "Over the tenant's limit",
+                     "the tenant has as many jobs in flight as its limit allows"),
+    "queue_full": (503, "queue-full", "Queue full",
+                   "the queue of this workload class is at its cap; nothing was changed"),
+    "load_shed": (503, "load-shed", "Batch work shed",
+                  "interactive jobs wait longer than their target, so batch submissions are refused for now"),
+}
+
 _ERROR_HANDLERS = {
     InvalidRequest: _problem(lambda e: Problem(422, e.problem, "Invalid job request", e.detail, field=e.field)),
     IdempotencyKeyReused: _problem(lambda e: Problem(
@@ -85,10 +99,10 @@ _ERROR_HANDLERS = {
         409, "idempotency-request-in-progress", "Request in progress",
         "the first request with this key is still being processed; retry shortly")),
     OverLimit: _problem(lambda e: Problem(
-        429, "rate-limited" if e.reason == "rate" else "too-many-in-flight", "Over the tenant's limit",
-        "submissions faster than the tenant's rate" if e.reason == "rate"
-        else "the tenant has as many jobs in flight as its limit allows", limit=e.reason,
-        headers={"Retry-After": str(max(1, math.ceil(e.retry_after)))})),
+        *_OVER_LIMIT[e.reason], limit=e.reason, headers={"Retry-After": str(max(1, math.ceil(e.retry_after)))})),
+    DeadlineInfeasible: _problem(lambda e: Problem(
+        422, "deadline-infeasible", "Deadline cannot be met", str(e),
+        estimate_seconds=e.estimate_s, deadline_seconds=e.deadline_s)),
     InsufficientAllowance: _problem(lambda e: Problem(
         402, "insufficient-allowance", "Insufficient allowance", str(e),
         available=e.available, required=e.required)),

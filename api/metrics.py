@@ -1,59 +1,49 @@
 """Prometheus exposition of reckon's Redis state, read fresh on every scrape.
 
-``/metrics`` is public, so it names no tenant: jobs, ledgers and indexes are summed over all
-tenants. Per-tenant figures are for operators (``reckon status``) and each tenant (``GET /v1/usage``).
+Every figure is read from the global keys the scripts keep in step (``pipeline.status``), so a
+scrape costs the same number of Redis commands with one tenant or ten thousand. ``/metrics`` is
+public, so it names no tenant and no job: labels are class, provider, state, error class, reason.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
 
 import falcon
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from pipeline import keys
-from pipeline.keys import SERVER_BLOCKS, ProviderKeys, TenantKeys
+from pipeline.keys import SERVER_BLOCKS
+from pipeline.status import BUDGET_PROVIDER, CLASSES, STATES, Figures, read
 from pipeline.store import Store
 
-INDEXES = ("queued", "leases", "retry", "reconcile", "review", "dead", "outbox")
-LEDGER_KINDS = ("allowance", "reserved", "uncertain", "settled")
-#: Tenants read per pipelined round trip while a scrape sums their figures.
-TENANTS_PER_ROUND_TRIP = 500
+NAN = float("nan")
+#: Reasons admission refuses a request, each counted in ``refused:<reason>`` (README "Admission").
+REFUSALS = ("max_inflight", "rate", "queue_full", "load_shed", "deadline_infeasible", "insufficient_allowance")
+TTC_BOUNDS = ("1", "5", "15", "30", "60", "120", "300", "600", "1800", "3600", "7200", "+Inf")
+ATTEMPT_BOUNDS = ("1", "2", "3", "5", "10", "+Inf")
 
 
-@dataclass
-class Totals:
-    """Figures summed over every tenant: no tenant is named in the public exposition."""
-
-    jobs: Counter[str] = field(default_factory=Counter)
-    ledger: Counter[str] = field(default_factory=Counter)
-    indexes: Counter[str] = field(default_factory=Counter)
+def _gauge(name: str, text: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, labels=labels)
 
 
-def totals(client: Any, tenants: list[str]) -> Totals:
-    """Sum each tenant's counts, ledger and index sizes (9 commands per tenant, pipelined)."""
-    summed = Totals()
-    for start in range(0, len(tenants), TENANTS_PER_ROUND_TRIP):
-        pipe = client.pipeline(transaction=False)
-        for tenant in tenants[start:start + TENANTS_PER_ROUND_TRIP]:
-            t = TenantKeys(tenant)
-            pipe.hgetall(t.counts)
-            pipe.hmget(t.ledger, LEDGER_KINDS)
-            for index in INDEXES:
-                pipe.zcard(getattr(t, index))
-        replies = pipe.execute()
-        step = 2 + len(INDEXES)
-        for at in range(0, len(replies), step):
-            counts, ledger, sizes = replies[at], replies[at + 1], replies[at + 2:at + step]
-            summed.jobs.update({state: int(n) for state, n in counts.items()})
-            figures = {kind: int(units or 0) for kind, units in zip(LEDGER_KINDS, ledger, strict=True)}
-            figures["available"] = figures["allowance"] - sum(figures[kind] for kind in LEDGER_KINDS[1:])
-            summed.ledger.update(figures)
-            summed.indexes.update(dict(zip(INDEXES, sizes, strict=True)))
-    return summed
+def _histogram(f: Figures, field: str, name: str, text: str, bounds: tuple[str, ...]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, text, labels=["class"])
+    for cls in CLASSES:
+        running, buckets = 0, []
+        for le in bounds:
+            running += f.number(f"{field}:{cls}:{le}")
+            buckets.append((le, running))
+        family.add_metric([cls], buckets, sum_value=float(f.stats.get(f"{field}_sum:{cls}", 0)))
+    return family
+
+
+def _prefixed(f: Figures, prefix: str) -> Iterator[tuple[list[str], int]]:
+    """Label values and count of every stats field ``<prefix><a>:<b>...``."""
+    for field, value in sorted(f.stats.items()):
+        if field.startswith(prefix):
+            yield field[len(prefix):].split(":"), int(value)
 
 
 class StateCollector:
@@ -61,58 +51,92 @@ class StateCollector:
         self.store, self.caps = store, caps
 
     def collect(self) -> Iterator[Metric]:
-        summed = totals(self.store.redis, self.store.tenants())
-        jobs = GaugeMetricFamily("reckon_jobs", "Jobs by state, all tenants.", labels=["state"])
-        for state, count in sorted(summed.jobs.items()):
-            jobs.add_metric([state], count)
-        ledger = GaugeMetricFamily("reckon_ledger_units", "Ledgers in cost units, summed over all tenants.",
-                                   labels=["kind"])
-        for kind in (*LEDGER_KINDS, "available"):
-            ledger.add_metric([kind], summed.ledger[kind])
-        depth = GaugeMetricFamily("reckon_index_jobs", "Jobs in each due-time index (outbox, retry, dead, ...).",
-                                  labels=["index"])
-        for index in INDEXES:
-            depth.add_metric([index], summed.indexes[index])
-        stats = self.store.redis.hgetall(keys.STATS)
-        stale = CounterMetricFamily("reckon_stale_writes_rejected", "Writes refused for a stale lease generation.")
-        stale.add_metric([], int(stats.get("stale_writes_rejected", 0)))
-        refused = CounterMetricFamily("reckon_admission_refused", "Admissions refused, by reason.", labels=["reason"])
-        for reason in ("max_inflight", "rate"):
-            refused.add_metric([reason], int(stats.get(f"admission_refused:{reason}", 0)))
-        beat = self.store.redis.hget(keys.SWEEPER, "at")
-        sweeper = GaugeMetricFamily("reckon_sweeper_last_pass_age_seconds",
-                                    "Seconds since the sweeper's last pass (on Redis's clock); NaN if it never ran.")
-        sweeper.add_metric([], (self.store.server_ms() - int(beat)) / 1000 if beat else float("nan"))
-        budget = GaugeMetricFamily("reckon_retry_budget_tokens", "Tokens left in the fleet's shared retry budget.")
-        tokens = self.store.redis.hget(ProviderKeys("comfyui").budget, "tokens")
-        budget.add_metric([], float(tokens) if tokens is not None else float("nan"))
-        yield from (jobs, ledger, depth, stale, refused, sweeper, budget, *self._fleet())
+        f = read(self.store, self.caps)
+        yield from self._jobs(f)
+        yield from self._money_and_counters(f)
+        yield from self._fleet(f)
 
-    def _fleet(self) -> Iterator[Metric]:
-        """Per server: stop marks, slots, whether a watcher holds it; the parked jobs (one HGETALL,
-        one ZCARD, one EXISTS per server)."""
-        fleet = self.store.fleet(self.caps)
-        blocked = GaugeMetricFamily("reckon_provider_blocked", "1 while dispatch to a server is stopped, by reason.",
-                                    labels=["provider", "reason"])
-        slots = GaugeMetricFamily("reckon_provider_slots", "Dispatch slots of a server: busy and cap.",
-                                  labels=["provider", "kind"])
-        watched = GaugeMetricFamily("reckon_provider_watched", "Prompts at a server, followed by its watcher.",
-                                    labels=["provider"])
-        up = GaugeMetricFamily("reckon_watcher_up", "1 while a watcher holds the server's lock.", labels=["provider"])
-        for name, view in fleet.items():
+    def _jobs(self, f: Figures) -> Iterator[Metric]:
+        jobs = _gauge("reckon_jobs", "Jobs per class and state (terminal ones while retained).", ["class", "state"])
+        depth = _gauge("reckon_queue_depth", "Queued jobs per class (eligible for dispatch, parked ones too).",
+                       ["class"])
+        oldest = _gauge("reckon_oldest_eligible_age_seconds", "Age of the oldest queued job (0: none).", ["class"])
+        overdue = _gauge("reckon_overdue_jobs", "Unfinished jobs past the deadline promised at admission.", ["class"])
+        estimate = _gauge("reckon_service_time_estimate_seconds",
+                          "Moving estimate of the time a job holds a dispatch slot (NaN: no completion yet).",
+                          ["class"])
+        for cls in CLASSES:
+            for state in STATES:
+                jobs.add_metric([cls, state], f.count(cls, state))
+            depth.add_metric([cls], f.depth[cls])
+            since = f.oldest_ms[cls]
+            oldest.add_metric([cls], max(0, f.at_ms - since) / 1000 if since is not None else 0)
+            overdue.add_metric([cls], f.overdue[cls])
+            service = f.estimate_s(cls)
+            estimate.add_metric([cls], service if service is not None else NAN)
+        running = _gauge("reckon_running_claims", "Jobs running under a worker's lease.")
+        running.add_metric([], f.total("running"))
+        unknown = _gauge("reckon_unknown_outcomes", "Jobs reconciling: outcome unknown, the provider is asked.")
+        unknown.add_metric([], f.total("reconciling"))
+        review = _gauge("reckon_needs_review", "Jobs waiting for an operator's decision.")
+        review.add_metric([], f.total("needs_review"))
+        dead = _gauge("reckon_dead_letter_jobs", "Failed (dead-lettered) jobs currently kept.")
+        dead.add_metric([], f.total("failed"))
+        yield from (jobs, depth, oldest, overdue, estimate, running, unknown, review, dead)
+        yield _histogram(f, "ttc", "reckon_time_to_completion_seconds", "Admission to a terminal state.", TTC_BOUNDS)
+        yield _histogram(f, "attempts", "reckon_attempts_per_job", "Attempts of each completed job.", ATTEMPT_BOUNDS)
+
+    def _money_and_counters(self, f: Figures) -> Iterator[Metric]:
+        exposure = _gauge("reckon_exposure_units", "Unsettled cost units, all tenants.", ["kind"])
+        for kind in ("reserved", "uncertain"):
+            exposure.add_metric([kind], f.number(f"ledger:{kind}"))
+        settled = CounterMetricFamily("reckon_settled_units", "Cost units settled, all tenants.")
+        settled.add_metric([], f.number("ledger:settled"))
+        finished = CounterMetricFamily("reckon_jobs_finished", "Jobs that reached a terminal state.",
+                                       labels=["class", "state", "error_class"])
+        for labels, n in _prefixed(f, "finished:"):
+            finished.add_metric(labels, n)
+        retries = CounterMetricFamily("reckon_retries", "Retries scheduled, by error class.", labels=["error_class"])
+        for labels, n in _prefixed(f, "retries:"):
+            retries.add_metric(labels, n)
+        refused = CounterMetricFamily("reckon_admission_refused", "Admissions refused, by reason.", labels=["reason"])
+        for reason in REFUSALS:
+            refused.add_metric([reason], f.number(f"refused:{reason}"))
+        yield from (exposure, settled, finished, retries, refused)
+        for name, field, text in (
+            ("reckon_dead_letters", "dead_letters_total", "Jobs dead-lettered (moved to failed)."),
+            ("reckon_leases_expired", "leases_expired_total", "Worker leases that expired (the job was reconciled)."),
+            ("reckon_stale_writes_rejected", "stale_writes_rejected", "Writes refused for a stale lease generation."),
+        ):
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], f.number(field))
+            yield counter
+
+    def _fleet(self, f: Figures) -> Iterator[Metric]:
+        """Per server: stop marks, slots, watched prompts, whether a watcher holds it; pauses, parked jobs."""
+        blocked = _gauge("reckon_provider_blocked", "1 while dispatch to a server is stopped, by reason.",
+                         ["provider", "reason"])
+        slots = _gauge("reckon_provider_slots", "Dispatch slots of a server: busy and cap.", ["provider", "kind"])
+        watched = _gauge("reckon_provider_watched", "Prompts at a server, followed by its watcher.", ["provider"])
+        up = _gauge("reckon_watcher_up", "1 while a watcher holds the server's lock.", ["provider"])
+        for name, view in f.fleet.items():
             for reason in SERVER_BLOCKS:
                 blocked.add_metric([name, reason], int(reason in view["stopped"]))
             slots.add_metric([name, "busy"], view["busy"])
             slots.add_metric([name, "cap"], view["cap"])
             watched.add_metric([name], view["watched"])
-            up.add_metric([name], self.store.redis.exists(keys.watcher_lock(name)))
-        paused = GaugeMetricFamily("reckon_class_paused", "1 while a workload class is paused.", labels=["class"])
-        pauses = self.store.class_pauses()
-        for cls in ("interactive", "batch"):
-            paused.add_metric([cls], int(cls in pauses))
-        parked = GaugeMetricFamily("reckon_parked_jobs", "Queued jobs waiting for a free server slot.")
-        parked.add_metric([], self.store.redis.zcard(keys.PARKED))
-        yield from (blocked, slots, watched, up, paused, parked)
+            up.add_metric([name], int(f.watchers[name]))
+        paused = _gauge("reckon_class_paused", "1 while a workload class is paused.", ["class"])
+        for cls in CLASSES:
+            paused.add_metric([cls], int(cls in f.pauses))
+        parked = _gauge("reckon_parked_jobs", "Queued jobs waiting for a free server slot.")
+        parked.add_metric([], f.parked)
+        sweeper = _gauge("reckon_sweeper_last_pass_age_seconds",
+                         "Seconds since the sweeper's last pass (on Redis's clock); NaN if it never ran.")
+        sweeper.add_metric([], (f.at_ms - f.sweeper_ms) / 1000 if f.sweeper_ms else NAN)
+        budget = _gauge("reckon_retry_budget_tokens", "Tokens left in the shared retry budget.", ["provider"])
+        budget.add_metric([BUDGET_PROVIDER], f.budget if f.budget is not None else NAN)
+        yield from (blocked, slots, watched, up, paused, parked, sweeper, budget)
 
 
 class Metrics:

@@ -28,12 +28,79 @@ local function append_event(job, events, now, from, to, reason)
     seq = seq, at = tonumber(now), from = (from ~= '' and from) or cjson.null, to = to, reason = reason}))
 end
 
--- Moves a job from one state to another: record, per-state counts, event log.
+-- Figures over all tenants, kept in step by every script that moves a job or money, so
+-- /metrics, `reckon status` and admission read them in O(1) whatever the number of tenants:
+--   G.stats  hash: `jobs:<class>:<state>` counts, `ledger:<kind>` totals, counters, histograms,
+--            `service_ms:<class>` estimates (README "Metrics" lists every field);
+--   G.queue  zset: queued job id -> class rank + when it was queued (ms);
+--   G.due    zset: unfinished job id -> class rank + its deadline (ms).
+-- A class rank is 0 for interactive and BATCH_RANK for batch, so one range reads one class.
+-- Each script that needs them calls use_globals with the position of the three in its KEYS.
+local G
+local function use_globals(first)
+  G = {stats = KEYS[first], queue = KEYS[first + 1], due = KEYS[first + 2]}
+end
+
+-- A batch job's rank in the parked set and the global indexes starts here (interactive ranks
+-- are plain times in ms).
+local BATCH_RANK = '10000000000000'
+local function class_rank(class) return class == 'batch' and tonumber(BATCH_RANK) or 0 end
+
+local TERMINAL = {completed = true, failed = true, cancelled = true}
+-- Upper bounds (s) of the time-to-completion histogram, and of attempts per completed job.
+local TTC_BOUNDS = {1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200}
+local ATTEMPT_BOUNDS = {1, 2, 3, 5, 10}
+
+-- Adds one observation to histogram `name` of `class`: its bucket, sum and count.
+local function observe(name, class, bounds, value)
+  local le = '+Inf'
+  for _, bound in ipairs(bounds) do
+    if value <= bound then le = tostring(bound) break end
+  end
+  redis.call('HINCRBY', G.stats, name .. ':' .. class .. ':' .. le, 1)
+  redis.call('HINCRBYFLOAT', G.stats, name .. '_sum:' .. class, value)
+  redis.call('HINCRBY', G.stats, name .. '_count:' .. class, 1)
+end
+
+-- Adds `amount` to a tenant ledger field and to its total over all tenants.
+local function ledger_add(ledger, field, amount)
+  redis.call('HINCRBY', ledger, field, amount)
+  redis.call('HINCRBY', G.stats, 'ledger:' .. field, amount)
+end
+
+-- The state changes of this call, returned beside its reply so the caller logs each one
+-- (pipeline/scripts.py): job, from, to, reason, attempt, generation, error class.
+local MOVES = {}
+
+-- Keeps the global figures in step with one state change of a job (`f`: the job's id,
+-- priority, deadline, created_at, attempt_count, error_class).
+local function count_move(f, now, from, to)
+  local id, class, rank = f[1], f[2], class_rank(f[2])
+  if from ~= '' then redis.call('HINCRBY', G.stats, 'jobs:' .. class .. ':' .. from, -1) end
+  redis.call('HINCRBY', G.stats, 'jobs:' .. class .. ':' .. to, 1)
+  if to == 'queued' then redis.call('ZADD', G.queue, rank + now, id) end
+  if from == 'queued' then redis.call('ZREM', G.queue, id) end
+  if from == '' or TERMINAL[from] then redis.call('ZADD', G.due, rank + tonumber(f[3]), id) end
+  if not TERMINAL[to] then return end
+  redis.call('ZREM', G.due, id)
+  local error_class = (f[6] and f[6] ~= '') and f[6] or 'none'
+  redis.call('HINCRBY', G.stats, 'finished:' .. class .. ':' .. to .. ':' .. error_class, 1)
+  observe('ttc', class, TTC_BOUNDS, (now - tonumber(f[4])) / 1000)
+  if to == 'completed' then observe('attempts', class, ATTEMPT_BOUNDS, tonumber(f[5] or '0')) end
+  if to == 'failed' then redis.call('HINCRBY', G.stats, 'dead_letters_total', 1) end
+end
+
+-- Moves a job from one state to another: record, per-state counts (the tenant's and the
+-- global ones), event log, and the list of changes the caller logs.
 local function move(job, counts, events, now, from, to, reason)
   redis.call('HSET', job, 'state', to, 'updated_at', now)
   if from ~= '' then redis.call('HINCRBY', counts, from, -1) end
   redis.call('HINCRBY', counts, to, 1)
   append_event(job, events, now, from, to, reason)
+  local f = redis.call('HMGET', job, 'id', 'priority', 'deadline', 'created_at', 'attempt_count', 'error_class',
+    'lease_gen')
+  count_move(f, now, from, to)
+  MOVES[#MOVES + 1] = {f[1], from, to, reason, f[5] or '0', f[7] or '0', f[6] or ''}
 end
 
 -- True when the job is running or reconciling under lease generation `gen` (a string).
@@ -80,8 +147,8 @@ local function shift(job, ledger, from, to, amount)
   redis.call('HINCRBY', job, from, -amount)
   redis.call('HINCRBY', job, to, amount)
   if LEDGER_FIELD[from] ~= LEDGER_FIELD[to] then
-    redis.call('HINCRBY', ledger, LEDGER_FIELD[from], -amount)
-    redis.call('HINCRBY', ledger, LEDGER_FIELD[to], amount)
+    ledger_add(ledger, LEDGER_FIELD[from], -amount)
+    ledger_add(ledger, LEDGER_FIELD[to], amount)
   end
   return amount
 end
@@ -102,8 +169,8 @@ local function settle(job, ledger, now)
   shift(job, ledger, 'uncertain', 'charged', redis.call('HGET', job, 'uncertain') or '0')
   local f = redis.call('HMGET', job, 'reserved', 'charged')
   local reserved, charged = tonumber(f[1] or '0'), tonumber(f[2] or '0')
-  redis.call('HINCRBY', ledger, 'reserved', -(reserved + charged))
-  redis.call('HINCRBY', ledger, 'settled', charged)
+  ledger_add(ledger, 'reserved', -(reserved + charged))
+  ledger_add(ledger, 'settled', charged)
   redis.call('HINCRBY', job, 'settled', charged)
   redis.call('HSET', job, 'reserved', 0, 'charged', 0, 'settled_at', now)
 end
@@ -140,9 +207,6 @@ local function expire_queued(job, k, now, reason)
   redis.call('ZADD', k.dead, now, job_id)
   move(job, k.counts, k.events, now, 'queued', 'failed', 'deadline_exceeded')
 end
-
--- A batch job's rank in the parked set starts here (interactive ranks are admission times).
-local BATCH_RANK = '10000000000000'
 
 -- Why dispatch to a server is stopped; each is a field `<reason>:<server>` of the fleet hash.
 local SERVER_BLOCKS = {'dispatch_paused', 'provider_credentials', 'provider_unreachable'}

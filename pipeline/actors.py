@@ -11,12 +11,14 @@ from .broker import ROUTES, Publisher, build_broker
 from .errors import AttemptFailed, StaleLease
 from .executor import Executor
 from .fleet import Fleet, Server
+from .logs import configure_dramatiq_worker
 from .providers.comfyui import ComfyUI
 from .providers.http import HttpTransport
 from .routing import FailureRouter, Router, Unpark
 from .settings import Settings
 from .store import Store, connect
 
+configure_dramatiq_worker()  # JSON lines, in place of the format Dramatiq's CLI set
 settings = Settings.from_env()
 broker = build_broker(settings)
 dramatiq.set_broker(broker)

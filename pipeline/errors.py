@@ -167,12 +167,24 @@ class InvalidRequest(ReckonError):
 
 
 class OverLimit(ReckonError):
-    """The tenant is over one of its admission limits (HTTP 429): ``max_inflight`` or ``rate``."""
+    """Admission refused for load: the tenant is over one of its limits (HTTP 429: ``max_inflight``,
+    ``rate``) or the fleet is (HTTP 503: ``queue_full``, ``load_shed``); ``retry_after`` in seconds."""
+
+    TENANT_REASONS = ("max_inflight", "rate")
 
     def __init__(self, reason: str, retry_after: float) -> None:
         super().__init__(f"over the tenant's {reason} limit")
         self.reason = reason
         self.retry_after = retry_after
+
+
+class DeadlineInfeasible(ReckonError):
+    """The job cannot finish before its deadline given the backlog ahead of it (HTTP 422)."""
+
+    def __init__(self, estimate_s: float, deadline_s: float) -> None:
+        super().__init__(f"estimated to finish in {estimate_s:.0f} s, after its deadline of {deadline_s:.0f} s")
+        self.estimate_s = estimate_s
+        self.deadline_s = deadline_s
 
 
 class IdempotencyConflict(ReckonError):

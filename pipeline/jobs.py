@@ -15,7 +15,7 @@ from . import faultpoints, keys
 from .errors import IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest
 from .scripts import Code
 from .settings import Settings
-from .store import Admission, Store
+from .store import Admission, FleetLimits, Store
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,9 @@ class Admitter:
         self.publish = publish
         self.settings = settings
         self.new_job_id = new_job_id
+        self.limits = FleetLimits(
+            sum(settings.caps().values()), settings.queue_cap_interactive, settings.queue_cap_batch,
+            settings.interactive_target_seconds)
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
         request = parse_request(body, self.settings)
@@ -184,7 +187,7 @@ class Admitter:
             tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,
             fields={k: str(v) for k, v in record.items()}, workflow=request.workflow_json, status=202,
             idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
-            outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000),
+            outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000), limits=self.limits,
         )
         if admission.code is Code.REPLAYED:
             return self._replay(admission)

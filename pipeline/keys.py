@@ -14,10 +14,24 @@ from dataclasses import dataclass
 PREFIX = "reckon"
 #: Set of every tenant name (the sweeper walks it).
 TENANTS = f"{PREFIX}:tenants"
-#: Counters of process-level events (e.g. rejected stale writes), a hash.
+#: Hash: figures over all tenants, kept in step by the scripts (job counts per class and state,
+#: ledger totals, counters, histograms, service-time estimates; README "Metrics" lists the fields).
 STATS = f"{PREFIX}:stats"
+#: Sorted set: every queued job id -> class rank (0 interactive, 1e13 batch) + when it was queued (ms).
+QUEUE = f"{PREFIX}:queue"
+#: Sorted set: every unfinished job id -> class rank + its deadline (ms); overdue jobs score below now.
+DUE = f"{PREFIX}:due"
+#: The three keys every script that moves a job or money keeps in step (``use_globals`` in lua/_lib.lua).
+GLOBALS = (STATS, QUEUE, DUE)
+#: Hash: admission settings an operator changes at run time (``reckon admission set``): ``queue_cap:<class>``,
+#: ``target_s:interactive``; a field not set takes its default from the environment (pipeline/settings.py).
+ADMISSION = f"{PREFIX}:admission"
+#: Rank of a batch job in QUEUE, DUE and PARKED (interactive ranks are plain times in ms).
+BATCH_RANK = 10**13
 #: Hash: the sweeper's heartbeat: ``at`` (ms, Redis's clock, written every pass) and ``by`` (host/pid).
 SWEEPER = f"{PREFIX}:sweeper"
+#: Hash: status page samples (pipeline/history.py): slot % 120 -> JSON {at, depth and oldest age per class}.
+HISTORY = f"{PREFIX}:history"
 #: Sorted set: tenant -> when its next work is due (ms). The sweeper visits only due tenants.
 WAKE = f"{PREFIX}:wake"
 #: Hash: the provider fleet. ``busy:<server>`` prompts in flight (slots taken by claims);

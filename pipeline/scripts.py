@@ -1,11 +1,14 @@
 """Loads the Lua scripts in ``lua/`` and names their return codes.
 
-A script is ``lua/<verb>-<nkeys>.lua``; ``lua/_lib.lua`` is prepended to each.
-redis-py's ``Script`` runs them with EVALSHA and reloads on NOSCRIPT.
+A script is ``lua/<verb>-<nkeys>.lua``; ``lua/_lib.lua`` is prepended to each and its body
+runs as a function whose reply travels beside the state changes it made, which the caller
+logs (logger ``reckon.state``, one line per change). redis-py's ``Script`` runs them with
+EVALSHA and reloads on NOSCRIPT.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from enum import IntEnum
 from pathlib import Path
@@ -17,6 +20,12 @@ from .errors import IncompleteOutputs, NotAllowed, ScriptError, StaleLease
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 _NAME_RE = re.compile(r"([a-z-]+)-([0-9]+)\.lua")  # fullmatch; \d would take "١" too
+#: A script's body runs as a function; ``MOVES`` (lua/_lib.lua) holds the state changes it made.
+_BODY = "local function main()\n{body}\nend\nlocal reply = main()\nreturn {{MOVES, reply}}\n"
+#: One field of each state change in ``MOVES``, in order.
+_MOVE_FIELDS = ("job", "from", "to", "reason", "attempt", "generation", "error_class")
+
+state_log = logging.getLogger("reckon.state")
 
 
 class Code(IntEnum):
@@ -40,6 +49,7 @@ class Code(IntEnum):
     NO_CAPACITY = 15
     PAUSED = 16
     LIMITED = 17
+    INFEASIBLE = 18
 
 
 def raise_for(code: Code, reply: Sequence[Any]) -> None:
@@ -68,7 +78,7 @@ class Scripts:
             verb = match.group(1)
             if verb in self._scripts:
                 raise ScriptError(f"two scripts for {verb}")
-            source = prelude + "\n" + path.read_text()
+            source = prelude + "\n" + _BODY.format(body=path.read_text())
             self._scripts[verb] = (int(match.group(2)), client.register_script(source))
 
     @property
@@ -84,8 +94,10 @@ class Scripts:
         nkeys, script = self._scripts[verb]
         if len(keys) != nkeys:
             raise ScriptError(f"{verb} takes {nkeys} keys, got {len(keys)}")
-        reply = script(keys=list(keys), args=list(args))
-        return [_text(item) for item in reply]
+        moves, *reply = script(keys=list(keys), args=list(args))
+        for move in moves:
+            state_log.info("state change", extra=dict(zip(_MOVE_FIELDS, map(_text, move), strict=True)))
+        return [_text(item) for item in reply[0]] if reply else []
 
 
 def _text(item: Any) -> Any:

@@ -12,6 +12,7 @@ from . import keys
 from .errors import (
     CancelRequested,
     DeadlineExceeded,
+    DeadlineInfeasible,
     DispatchPaused,
     InsufficientAllowance,
     InvalidRequest,
@@ -21,6 +22,12 @@ from .errors import (
 from .keys import SERVER_BLOCKS, JobKeys, ProviderKeys, TenantKeys
 from .reads import Reads
 from .scripts import Code, Scripts, raise_for
+from .settings import (
+    DEFAULT_INTERACTIVE_TARGET_SECONDS,
+    DEFAULT_PROVIDER_CAP,
+    DEFAULT_QUEUE_CAP_BATCH,
+    DEFAULT_QUEUE_CAP_INTERACTIVE,
+)
 
 #: How long an unparked job's slot waits for its claim (ms): its message crosses the broker in
 #: milliseconds; past this it is taken for lost (the sweeper's redelivery sends the job again).
@@ -45,6 +52,18 @@ class Admission:
     ceiling: int = 0
     #: When a created job was admitted, on Redis's clock (ms).
     created_ms: int = 0
+
+
+@dataclass(frozen=True)
+class FleetLimits:
+    """Admission's fleet-wide figures: the dispatch slots that serve the queue, and the defaults
+    of the per-class queue caps and the interactive target wait (``reckon admission set``
+    overrides these two in Redis)."""
+
+    slots: int = DEFAULT_PROVIDER_CAP
+    queue_cap_interactive: int = DEFAULT_QUEUE_CAP_INTERACTIVE
+    queue_cap_batch: int = DEFAULT_QUEUE_CAP_BATCH
+    interactive_target_s: int = DEFAULT_INTERACTIVE_TARGET_SECONDS
 
 
 @dataclass(frozen=True)
@@ -112,15 +131,18 @@ class Store(Reads):
         self, tenant: str, idem_key: str, job_id: str, *, fingerprint: str, ceiling: int,
         fields: dict[str, str], workflow: bytes, status: int, idem_ttl_s: int,
         outbox_delay_ms: int, now_ms: int | None = None, supersedes: str = "",
+        limits: FleetLimits = FleetLimits(),
     ) -> Admission:
         t, j = TenantKeys(tenant), JobKeys(job_id)
         older = JobKeys(supersedes) if supersedes else j
         reply = self.scripts(
             "admit",
             [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
-             older.record, older.events, t.retry, j.workflow, t.done, older.workflow, keys.WAKE, t.limits],
+             older.record, older.events, t.retry, j.workflow, t.done, older.workflow, keys.WAKE, t.limits,
+             *keys.GLOBALS, keys.ADMISSION, keys.FLEET],
             [_at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
-             orjson.dumps(fields), status, supersedes, workflow],
+             orjson.dumps(fields), status, supersedes, workflow, limits.slots, limits.queue_cap_interactive,
+             limits.queue_cap_batch, limits.interactive_target_s],
         )
         code = Code(reply[0])
         if code is Code.UNKNOWN_TENANT:
@@ -132,8 +154,9 @@ class Store(Reads):
         if code is Code.REPLAYED:
             return Admission(code, reply[1], status=reply[2])
         if code is Code.LIMITED:
-            self.redis.hincrby(keys.STATS, f"admission_refused:{reply[1]}", 1)
             raise OverLimit(reply[1], int(reply[2]) / 1000)
+        if code is Code.INFEASIBLE:
+            raise DeadlineInfeasible(int(reply[1]) / 1000, int(reply[2]) / 1000)
         if code is Code.CREATED:
             return Admission(code, reply[1], created_ms=int(reply[2]))
         return Admission(code, reply[1])
@@ -155,7 +178,7 @@ class Store(Reads):
         reply = self.scripts(
             "claim",
             [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
-             j.workflow, keys.WAKE, keys.FLEET, keys.PARKED, keys.CALLED],
+             j.workflow, keys.WAKE, keys.FLEET, keys.PARKED, keys.CALLED, *keys.GLOBALS],
             [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms, job_id,
              *[item for pair in servers.items() for item in pair]],
         )
@@ -221,7 +244,7 @@ class Store(Reads):
         """Book what the provider charged for this attempt (once per attempt); whatever the
         attempt held as uncertain is resolved in the same step."""
         j = JobKeys(claim.job_id)
-        return int(self._fenced("charge", [j.record, j.tenant.ledger], [claim.generation, units])[1])
+        return int(self._fenced("charge", [j.record, j.tenant.ledger, *keys.GLOBALS], [claim.generation, units])[1])
 
     def finish(
         self, claim: Claim, outcome: str, *, error_class: str = "", reason: str = "",
@@ -234,7 +257,7 @@ class Store(Reads):
         self._fenced(
             "finish",
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
-             j.workflow, keys.WAKE, keys.FLEET],
+             j.workflow, keys.WAKE, keys.FLEET, *keys.GLOBALS],
             [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome,
              orjson.dumps(detail) if detail else ""],
         )
@@ -246,7 +269,8 @@ class Store(Reads):
         t = j.tenant
         reply = self._fenced(
             "retry",
-            [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, keys.WAKE, keys.FLEET],
+            [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, keys.WAKE, keys.FLEET,
+             *keys.GLOBALS],
             [claim.generation, _at(now_ms), delay_ms, error_class, int(free)],
         )
         return int(reply[1])
@@ -259,7 +283,7 @@ class Store(Reads):
         reply = self.scripts(
             "reconcile-begin",
             [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs, keys.WAKE,
-             keys.FLEET],
+             keys.FLEET, *keys.GLOBALS],
             [claim.generation if claim else "", _at(now_ms), delay_ms, reason],
         )
         if claim is not None:
@@ -279,7 +303,9 @@ class Store(Reads):
 
     def resolve_uncertain(self, claim: Claim, *, executed: bool) -> int:
         j = JobKeys(claim.job_id)
-        return int(self._fenced("resolve-uncertain", [j.record, j.tenant.ledger], [claim.generation, int(executed)])[1])
+        reply = self._fenced("resolve-uncertain", [j.record, j.tenant.ledger, *keys.GLOBALS],
+                             [claim.generation, int(executed)])
+        return int(reply[1])
 
     def reconcile_later(self, claim: Claim, *, delay_ms: int, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
@@ -289,7 +315,8 @@ class Store(Reads):
     def send_to_review(self, claim: Claim, *, expires_in_ms: int, reason: str, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
         t = j.tenant
-        self._fenced("review", [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, keys.WAKE, keys.FLEET],
+        self._fenced("review", [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, keys.WAKE, keys.FLEET,
+         *keys.GLOBALS],
                      [claim.generation, _at(now_ms), expires_in_ms, reason])
 
     def resolve_review(self, job_id: str, decision: str, *, reason: str, now_ms: int | None = None) -> str:
@@ -298,7 +325,7 @@ class Store(Reads):
         reply = self.scripts(
             "resolve-review",
             [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs, t.done,
-             j.workflow, keys.WAKE],
+             j.workflow, keys.WAKE, *keys.GLOBALS],
             [_at(now_ms), decision, reason],
         )
         return self._check(reply)[1]
@@ -309,7 +336,7 @@ class Store(Reads):
         t = j.tenant
         reply = self.scripts(
             "promote", [j.record, t.ledger, t.retry, t.queued, t.outbox, j.events, t.counts, t.dead, t.done,
-                        j.workflow, keys.WAKE],
+                        j.workflow, keys.WAKE, *keys.GLOBALS],
             [_at(now_ms), job_id],
         )
         return reply[1] if Code(reply[0]) is Code.OK else None
@@ -321,7 +348,7 @@ class Store(Reads):
         t = j.tenant
         index = t.queued if state == "queued" else t.reconcile
         reply = self.scripts("redeliver", [j.record, index, t.ledger, t.dead, j.events, t.counts, t.done,
-                                           j.workflow, keys.WAKE],
+                                           j.workflow, keys.WAKE, *keys.GLOBALS],
                              [_at(now_ms), job_id, state, window_ms])
         return reply[2] if Code(reply[0]) is Code.OK else None
 
@@ -330,7 +357,7 @@ class Store(Reads):
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts("purge", [j.record, j.attempts, j.events, j.outputs, j.workflow, t.jobs, t.dead, t.done,
-                                       j.progress, j.progress_seen],
+                                       j.progress, j.progress_seen, t.counts, *keys.GLOBALS],
                              [job_id, _at(now_ms), retention_ms])
         return Code(reply[0]) is Code.OK
 
@@ -351,7 +378,7 @@ class Store(Reads):
         t = j.tenant
         reply = self.scripts(
             "cancel", [j.record, t.ledger, t.queued, t.retry, j.events, t.counts, t.review, t.done,
-                       j.workflow, keys.WAKE, keys.PARKED],
+                       j.workflow, keys.WAKE, keys.PARKED, *keys.GLOBALS],
             [_at(now_ms)],
         )
         self._check(reply)
@@ -361,7 +388,8 @@ class Store(Reads):
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, t.done, keys.WAKE],
+            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, t.done, keys.WAKE,
+             *keys.GLOBALS],
             [_at(now_ms)]
         )
         if Code(reply[0]) is Code.INSUFFICIENT_ALLOWANCE:

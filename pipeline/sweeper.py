@@ -28,7 +28,7 @@ import threading
 from collections import Counter
 from typing import Callable
 
-from . import keys
+from . import history, keys, status
 from .keys import TenantKeys
 from .settings import Settings
 from .store import Store
@@ -124,6 +124,7 @@ class Sweeper:
         while not stop.is_set():
             try:
                 moved = self.sweep_once()
+                history.record(self.store.redis, self.now_ms(), lambda: status.snapshot(self.store, self.servers))
                 if moved:
                     log.info("sweep: %s", dict(moved))
             except Exception:  # keep sweeping: one bad pass must not stop recovery
@@ -133,9 +134,10 @@ class Sweeper:
 
 def main() -> None:
     from .broker import Publisher, build_broker
+    from .logs import configure
     from .store import connect
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s sweeper %(levelname)s %(message)s")
+    configure("sweeper")
     settings = Settings.from_env()
     sweeper = Sweeper(Store(connect(settings.redis_url)), Publisher(build_broker(settings)), settings)
     stop = threading.Event()

@@ -252,10 +252,11 @@ class Watcher:
 def main() -> None:
     from .actors import adapter
     from .broker import Publisher, build_broker
+    from .logs import configure
     from .progress import record
     from .store import connect
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s watcher %(levelname)s %(message)s")
+    configure("watcher")
     settings = Settings.from_env()
     store = Store(connect(settings.redis_url))
     fleet = Fleet(settings.servers(), adapter)

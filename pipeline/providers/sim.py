@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import logging
 import os
 import socket
 import struct
@@ -436,6 +437,9 @@ def start(host: str = "127.0.0.1", port: int = 0, **options: Any) -> SimServer:
 
 
 def main() -> None:
+    from ..logs import configure
+
+    configure("sim")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -444,7 +448,7 @@ def main() -> None:
     args = parser.parse_args()
     server = SimServer((args.host, args.port), SimComfy(delay=args.delay, price_per_output=args.price))
     server.sim.faults = orjson.loads(os.environ.get("SIM_FAULTS", "[]"))
-    print(f"simulated ComfyUI on {server.url}", flush=True)
+    logging.getLogger(__name__).info("simulated ComfyUI on %s", server.url)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

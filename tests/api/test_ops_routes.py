@@ -32,14 +32,18 @@ def test_metrics_sum_every_tenant_and_name_none(client, submit, tenant, store) -
     assert "tenant=" not in text and "acme" not in text and "globex" not in text
     samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                for line in text.splitlines() if line.startswith("reckon_")}
-    assert {k: v for k, v in samples.items() if k.startswith("reckon_jobs")} == {
-        'reckon_jobs{state="cancelled"}': 1.0, 'reckon_jobs{state="queued"}': 2.0}
-    assert {k: v for k, v in samples.items() if k.startswith("reckon_ledger_units")} == {  # 30 + 60 reserved
-        'reckon_ledger_units{kind="allowance"}': 10_500.0, 'reckon_ledger_units{kind="reserved"}': 90.0,
-        'reckon_ledger_units{kind="uncertain"}': 0.0, 'reckon_ledger_units{kind="settled"}': 0.0,
-        'reckon_ledger_units{kind="available"}': 10_410.0}
-    assert samples['reckon_index_jobs{index="queued"}'] == 2.0
-    assert samples['reckon_index_jobs{index="outbox"}'] == 0.0
+    assert {k: v for k, v in samples.items() if k.startswith("reckon_jobs{") and v} == {
+        'reckon_jobs{class="interactive",state="cancelled"}': 1.0,
+        'reckon_jobs{class="interactive",state="queued"}': 2.0}
+    assert samples['reckon_jobs_finished_total{class="interactive",error_class="none",state="cancelled"}'] == 1.0
+    assert samples['reckon_time_to_completion_seconds_count{class="interactive"}'] == 1.0
+    assert {k: v for k, v in samples.items() if k.startswith("reckon_exposure_units")} == {  # 30 + 60 reserved
+        'reckon_exposure_units{kind="reserved"}': 90.0, 'reckon_exposure_units{kind="uncertain"}': 0.0}
+    assert samples["reckon_settled_units_total"] == 0.0
+    assert samples['reckon_queue_depth{class="interactive"}'] == 2.0
+    assert samples['reckon_queue_depth{class="batch"}'] == 0.0
+    assert 0.0 <= samples['reckon_oldest_eligible_age_seconds{class="interactive"}'] < 5.0
+    assert samples['reckon_overdue_jobs{class="interactive"}'] == 0.0
     assert {k: v for k, v in samples.items() if k.startswith("reckon_provider_blocked")} == {
         'reckon_provider_blocked{provider="sim",reason="dispatch_paused"}': 0.0,
         'reckon_provider_blocked{provider="sim",reason="provider_credentials"}': 1.0,
@@ -54,6 +58,24 @@ def test_metrics_sum_every_tenant_and_name_none(client, submit, tenant, store) -
                      if line.startswith("reckon_sweeper_last_pass_age_seconds ")))
     assert 5.0 <= age < 8.0
     assert store.redis.zcard(TenantKeys("acme").queued) == store.redis.zcard(TenantKeys("globex").queued) == 1
+
+
+def _commands(store: Store) -> int:
+    return int(store.redis.info("stats")["total_commands_processed"])
+
+
+def test_a_scrape_costs_the_same_commands_with_one_tenant_or_three_hundred(client, submit, tenant, store) -> None:
+    submit(tenant("t0", 10_000))
+    before = _commands(store)
+    one = client.simulate_get("/metrics").text
+    cost_one = _commands(store) - before
+    for n in range(1, 300):
+        submit(tenant(f"t{n}", 10_000), key=f"k{n}")
+    before = _commands(store)
+    many = client.simulate_get("/metrics").text
+    assert _commands(store) - before == cost_one
+    assert 'reckon_queue_depth{class="interactive"} 1.0' in one
+    assert 'reckon_queue_depth{class="interactive"} 300.0' in many
 
 
 def test_unreachable_state_is_a_503_problem(settings) -> None:

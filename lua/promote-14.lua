@@ -11,11 +11,15 @@
 -- KEYS[5] tenant's outbox (zset)     KEYS[11] wake set (zset)
 -- KEYS[6] job's event list
 --
+-- KEYS[12] global stats (hash), KEYS[13] queue (zset), KEYS[14] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] job id
 --
 -- Returns {0 OK, new state} | {11 NOT_DUE} | {7 NOT_FOUND} (also cleans the index)
 
+use_globals(12)
 local job, now, job_id = KEYS[1], clock(ARGV[1]), ARGV[2]
 local f = redis.call('HMGET', job, 'state', 'retry_at', 'deadline')
 if f[1] ~= 'retry_wait' then

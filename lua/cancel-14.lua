@@ -17,10 +17,14 @@
 -- KEYS[5] job's event list           KEYS[10] wake set (zset)
 --                                    KEYS[11] fleet's parked jobs (zset)
 --
+-- KEYS[12] global stats (hash), KEYS[13] queue (zset), KEYS[14] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] now (ms; '' = Redis's clock)
 --
 -- Returns {0 OK, state, external_effect} | {7 NOT_FOUND}
 
+use_globals(12)
 local job, now = KEYS[1], clock(ARGV[1])
 local f = redis.call('HMGET', job, 'state', 'id')
 if not f[1] then return {7} end

@@ -12,12 +12,16 @@
 -- KEYS[5] tenant's outbox (zset)     KEYS[11] job's workflow (string)
 -- KEYS[6] tenant's dead letters      KEYS[12] wake set (zset)
 --
+-- KEYS[13] global stats (hash), KEYS[14] queue (zset), KEYS[15] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] decision: retry | failed | completed
 -- ARGV[3] reason
 --
 -- Returns {0 OK, new state} | {8 NOT_CLAIMABLE, state} | {10 OUTPUTS_MISSING, stored, requested}
 
+use_globals(13)
 local job, now, decision = KEYS[1], clock(ARGV[1]), ARGV[2]
 local f = redis.call('HMGET', job, 'state', 'id', 'outputs_requested')
 if f[1] ~= 'needs_review' then return {8, f[1] or ''} end

@@ -17,6 +17,9 @@
 --                                    KEYS[9] wake set (zset)
 --                                    KEYS[10] fleet (hash)
 --
+-- KEYS[11] global stats (hash), KEYS[12] queue (zset), KEYS[13] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] lease generation held by the caller, or '' for lease expiry
 -- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] delay before the first reconciliation (ms)
@@ -24,6 +27,7 @@
 --
 -- Returns {0 OK, uncertain units} | {9 STALE_LEASE} | {11 NOT_DUE} | {7 NOT_FOUND}
 
+use_globals(11)
 local job, now = KEYS[1], clock(ARGV[2])
 local f = redis.call('HMGET', job, 'state', 'lease_gen', 'lease_expires', 'id', 'submitted',
   'outputs_requested', 'price', 'attempt_charged')
@@ -48,5 +52,6 @@ redis.call('HDEL', KEYS[10], 'w:' .. f[4])
 redis.call('ZADD', KEYS[7], now + tonumber(ARGV[3]), f[4])
 wake(KEYS[9], job, now + tonumber(ARGV[3]))
 redis.call('HSET', job, 'reconcile_since', now, 'reconcile_claims', 0, 'sends', 0)
+if ARGV[4] == 'lease_expired' then redis.call('HINCRBY', G.stats, 'leases_expired_total', 1) end
 move(job, KEYS[6], KEYS[5], now, 'running', 'reconciling', ARGV[4])
 return {0, held}

@@ -16,6 +16,13 @@
 -- `max_inflight`, and a token from the submission bucket (`rate` per second up to
 -- `burst`, refilled on Redis's clock). A refused request writes nothing, the bucket
 -- included.
+-- Then the fleet-wide limits of the job's workload class (README "Admission"), read from
+-- the global figures in O(1): queued jobs of the class below its cap (else 503 queue_full);
+-- a batch job is shed (503 load_shed) while the oldest queued interactive job has waited
+-- longer than its target, unless interactive dispatch is paused; and with a service-time
+-- estimate for the class, a job whose estimated finish (its own service time plus the
+-- queued work ahead of it spread over the fleet's slots) falls after its deadline is
+-- refused (422). Each refusal counts `refused:<reason>` in the global stats: the only write.
 -- The idempotency record keeps no response body: the first response is rebuilt
 -- from the job's fields that never change (id, kind, priority, outputs, ceiling,
 -- deadline_s, created_at), so a replay is the same bytes.
@@ -30,20 +37,59 @@
 -- KEYS[8] tenant's per-state counts      KEYS[15] wake set (zset: tenant -> when work is due)
 --                                        KEYS[16] tenant's limits (hash: max_inflight, rate,
 --                                                 burst, tokens, at)
+-- KEYS[20] admission settings (hash: queue_cap:<class>, target_s:interactive)
+-- KEYS[21] fleet (hash: pause_class:<class>)
+--
+-- KEYS[17] global stats (hash), KEYS[18] queue (zset), KEYS[19] due (zset):
+--   see use_globals in _lib.lua
 --
 -- ARGV[1] now (ms; '' = Redis's clock)   ARGV[6] delay before the outbox republishes (ms)
 -- ARGV[2] new job id                     ARGV[7] job record (JSON object of strings)
 -- ARGV[3] request fingerprint (hex)      ARGV[8] first response status (HTTP code)
 -- ARGV[4] cost ceiling (cost units)      ARGV[9] id of the superseded job ('' for none)
 -- ARGV[5] idempotency retention (s)      ARGV[10] workflow (JSON text)
+-- ARGV[11] dispatch slots in the fleet (sum of the servers' caps)
+-- ARGV[12], ARGV[13] default queue cap of interactive, batch (jobs)
+-- ARGV[14] default target wait of interactive jobs (s)
 --
 -- Returns {1 CREATED, job_id, now (ms)} | {2 REPLAYED, job_id, status}
 --   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
 --   | {5 INSUFFICIENT_ALLOWANCE, available, ceiling} | {6 UNKNOWN_TENANT} | {7 NOT_FOUND}
---   | {17 LIMITED, reason (max_inflight | rate), retry after (ms)}
+--   | {17 LIMITED, reason (max_inflight | rate | queue_full | load_shed), retry after (ms)}
+--   | {18 INFEASIBLE, estimated finish (ms from now), deadline (ms from now)}
 
+use_globals(17)
 local now, job_id, fingerprint = clock(ARGV[1]), ARGV[2], ARGV[3]
-local ceiling = tonumber(ARGV[4])
+local ceiling, record = tonumber(ARGV[4]), cjson.decode(ARGV[7])
+
+local function refuse(reason, ...)
+  redis.call('HINCRBY', G.stats, 'refused:' .. reason, 1)
+  return {...}
+end
+
+-- The fleet-wide limits of `class` (see the header): nil when the job may be admitted,
+-- else the refusal reply.
+local function over_fleet_limits(class, deadline_ms)
+  local cfg = redis.call('HMGET', KEYS[20], 'queue_cap:' .. class, 'target_s:interactive')
+  local cap = tonumber(cfg[1] or (class == 'batch' and ARGV[13] or ARGV[12]))
+  local rank, slots = class_rank(class), tonumber(ARGV[11])
+  local depth = redis.call('ZCOUNT', G.queue, rank, '(' .. (rank + tonumber(BATCH_RANK)))
+  local estimate = tonumber(redis.call('HGET', G.stats, 'service_ms:' .. class) or '')
+  local turn = estimate and math.max(1000, math.ceil(estimate / slots)) or 5000  -- Retry-After: a slot's turn
+  if depth >= cap then return refuse('queue_full', 17, 'queue_full', turn) end
+  if class == 'batch' and not paused_for(KEYS[21], 'interactive') then
+    local oldest = redis.call('ZRANGE', G.queue, 0, 0, 'WITHSCORES')[2]
+    if oldest and tonumber(oldest) < tonumber(BATCH_RANK)
+        and now - tonumber(oldest) > 1000 * tonumber(cfg[2] or ARGV[14]) then
+      return refuse('load_shed', 17, 'load_shed', turn)
+    end
+  end
+  if not estimate then return nil end
+  local ahead = class == 'batch' and redis.call('ZCARD', G.queue) or depth
+  local finish = math.ceil(estimate * (1 + ahead / slots))
+  if finish > deadline_ms then return refuse('deadline_infeasible', 18, finish, deadline_ms) end
+  return nil
+end
 
 local seen = redis.call('HMGET', KEYS[1], 'fingerprint', 'job_id', 'state', 'status')
 if seen[1] then
@@ -59,17 +105,19 @@ if limit[1] then
   local c = redis.call('HMGET', KEYS[8], 'queued', 'running', 'retry_wait', 'reconciling')
   local inflight = 0
   for _, n in ipairs(c) do inflight = inflight + tonumber(n or '0') end
-  if inflight >= tonumber(limit[1]) then return {17, 'max_inflight', 1000} end
+  if inflight >= tonumber(limit[1]) then return refuse('max_inflight', 17, 'max_inflight', 1000) end
 end
 local tokens
 if limit[2] then
   local rate, burst = tonumber(limit[2]), tonumber(limit[3])
   tokens = math.min(burst, tonumber(limit[4] or burst) + (now - tonumber(limit[5] or now)) * rate / 1000)
-  if tokens < 1 then return {17, 'rate', math.ceil((1 - tokens) * 1000 / rate)} end
+  if tokens < 1 then return refuse('rate', 17, 'rate', math.ceil((1 - tokens) * 1000 / rate)) end
 end
+local refused = over_fleet_limits(record.priority, 1000 * tonumber(record.deadline_s))
+if refused then return refused end
 local available = tonumber(ledger[1]) - tonumber(ledger[2] or '0')
   - tonumber(ledger[3] or '0') - tonumber(ledger[4] or '0')
-if ceiling > available then return {5, available, ceiling} end
+if ceiling > available then return refuse('insufficient_allowance', 5, available, ceiling) end
 local older = ''
 if ARGV[9] ~= '' then
   older = redis.call('HGET', KEYS[9], 'state')
@@ -77,10 +125,10 @@ if ARGV[9] ~= '' then
 end
 
 if tokens then redis.call('HSET', KEYS[16], 'tokens', tostring(tokens - 1), 'at', now) end
-redis.call('HINCRBY', KEYS[2], 'reserved', ceiling)
+ledger_add(KEYS[2], 'reserved', ceiling)
 local seq = redis.call('HINCRBY', KEYS[2], 'job_seq', 1)
 local fields = {}
-for field, value in pairs(cjson.decode(ARGV[7])) do
+for field, value in pairs(record) do
   fields[#fields + 1] = field
   fields[#fields + 1] = value
 end

@@ -11,6 +11,9 @@
 --                                    KEYS[7] wake set (zset)
 --                                    KEYS[8] fleet (hash)
 --
+-- KEYS[9] global stats (hash), KEYS[10] queue (zset), KEYS[11] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] time until the review expires (ms)
@@ -18,6 +21,7 @@
 --
 -- Returns {0 OK} | {9 STALE_LEASE}
 
+use_globals(9)
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local now = clock(ARGV[2])
 local job_id = redis.call('HGET', KEYS[1], 'id')

@@ -6,11 +6,15 @@
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant ledger (hash)
 --
+-- KEYS[3] global stats (hash), KEYS[4] queue (zset), KEYS[5] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] 1 if the attempt executed, 0 if it never did
 --
 -- Returns {0 OK, units moved} | {9 STALE_LEASE}
 
+use_globals(3)
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local to = (ARGV[2] == '1') and 'charged' or 'reserved'
 return {0, shift(KEYS[1], KEYS[2], 'uncertain', to, redis.call('HGET', KEYS[1], 'uncertain') or '0')}

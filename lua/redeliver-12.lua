@@ -14,6 +14,9 @@
 -- KEYS[3] tenant ledger (hash)       KEYS[8] job's workflow (string)
 -- KEYS[4] tenant's dead letters      KEYS[9] wake set (zset)
 --
+-- KEYS[10] global stats (hash), KEYS[11] queue (zset), KEYS[12] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] job id
 -- ARGV[3] state the index holds: queued | reconciling
@@ -22,6 +25,7 @@
 -- Returns {0 OK, sends so far, priority} (publish now) | {14 EXPIRED} | {11 NOT_DUE}
 --   | {7 NOT_FOUND} (index cleaned)
 
+use_globals(10)
 local job, now, job_id, state = KEYS[1], clock(ARGV[1]), ARGV[2], ARGV[3]
 local f = redis.call('HMGET', job, 'state', 'deadline', 'priority')
 if f[1] ~= state then

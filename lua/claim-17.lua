@@ -27,6 +27,9 @@
 --                                           KEYS[13] fleet's parked jobs (zset)
 --                                           KEYS[14] fleet's called jobs (zset)
 --
+-- KEYS[15] global stats (hash), KEYS[16] queue (zset), KEYS[17] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] now (ms; '' = Redis's clock)   ARGV[4] provider operation id
 -- ARGV[2] worker id                      ARGV[5] provider kind (e.g. comfyui)
 -- ARGV[3] lease length (ms)              ARGV[6] least time an attempt needs (ms)
@@ -36,6 +39,7 @@
 -- Returns {0 OK, generation, attempt number, now (ms), server} | {7 NOT_FOUND}
 --   | {8 NOT_CLAIMABLE, state} | {14 EXPIRED} | {15 NO_CAPACITY} | {16 PAUSED} (parked too)
 
+use_globals(15)
 local job = KEYS[1]
 local now = clock(ARGV[1])
 local f = redis.call('HMGET', job, 'state', 'id', 'deadline')

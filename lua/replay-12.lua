@@ -10,10 +10,14 @@
 -- KEYS[4] tenant's queued (zset)     KEYS[8] tenant's done index (zset)
 --                                    KEYS[9] wake set (zset)
 --
+-- KEYS[10] global stats (hash), KEYS[11] queue (zset), KEYS[12] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] now (ms; '' = Redis's clock)
 --
 -- Returns {0 OK} | {8 NOT_CLAIMABLE, state} | {5 INSUFFICIENT_ALLOWANCE, available, ceiling}
 
+use_globals(10)
 local job, now = KEYS[1], clock(ARGV[1])
 local f = redis.call('HMGET', job, 'state', 'id', 'ceiling', 'per_attempt', 'attempt_count', 'deadline_s')
 if f[1] ~= 'failed' then return {8, f[1] or ''} end
@@ -22,7 +26,7 @@ local available = tonumber(ledger[1]) - tonumber(ledger[2] or '0') - tonumber(le
   - tonumber(ledger[4] or '0')
 local ceiling = tonumber(f[3])
 if ceiling > available then return {5, available, ceiling} end
-redis.call('HINCRBY', KEYS[2], 'reserved', ceiling)
+ledger_add(KEYS[2], 'reserved', ceiling)
 redis.call('HSET', job, 'reserved', ceiling, 'error_class', '', 'error_reason', '',
   'attempts_allowed', tonumber(f[5]) + math.floor(ceiling / tonumber(f[4])),
   'deadline', now + 1000 * tonumber(f[6]), 'cancel_requested', 0)

@@ -12,6 +12,9 @@
 -- KEYS[4] job's event list          KEYS[8] wake set (zset)
 --                                   KEYS[9] fleet (hash)
 --
+-- KEYS[10] global stats (hash), KEYS[11] queue (zset), KEYS[12] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] delay (ms)
@@ -20,6 +23,7 @@
 --
 -- Returns {0 OK, due (ms)} | {9 STALE_LEASE}
 
+use_globals(10)
 local job, now = KEYS[1], clock(ARGV[2])
 if not holds_lease(job, ARGV[1]) then return {9} end
 local job_id = redis.call('HGET', job, 'id')
@@ -33,5 +37,6 @@ redis.call('ZREM', KEYS[7], job_id)
 redis.call('ZADD', KEYS[6], due, job_id)
 wake(KEYS[8], job, due)
 redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[4], 'retry_at', due)
+redis.call('HINCRBY', G.stats, 'retries:' .. ARGV[4], 1)
 move(job, KEYS[5], KEYS[4], now, from, 'retry_wait', ARGV[4])
 return {0, due}

@@ -4,7 +4,7 @@
 -- Guarantees: only the current lease generation finishes the job, and its lease
 -- ends; a job completes only with every requested output recorded; in the same
 -- step the job is settled (what was charged) and the rest of its reservation
--- released. A failed job gets a dead-letter entry; a cancelled one records
+-- released. A completed run updates its class's service-time estimate. A failed job gets a dead-letter entry; a cancelled one records
 -- whether a provider execution happened (external_effect). The job's dispatch
 -- slot on its server is given back.
 --
@@ -16,6 +16,9 @@
 -- KEYS[6] job's outputs (hash)       KEYS[12] wake set (zset)
 --                                    KEYS[13] fleet (hash)
 --
+-- KEYS[14] global stats (hash), KEYS[15] queue (zset), KEYS[16] due (zset):
+--   see use_globals in _lib.lua
+--
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] outcome: completed | failed | cancelled
@@ -24,6 +27,19 @@
 -- ARGV[6] JSON safe summary of the failure (node id, class type, error type, message), or ''
 --
 -- Returns {0 OK, outcome} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
+
+use_globals(14)
+-- The class's service-time estimate (ms a job holds a dispatch slot, claim to completion)
+-- moves a fifth of the way towards this attempt's time: an exponentially weighted average,
+-- so old samples decay and a slower provider shows within a few jobs.
+local function update_estimate(job, attempts, now)
+  local raw = redis.call('HGET', attempts, redis.call('HGET', job, 'attempt_count'))
+  local started = raw and cjson.decode(raw).started_at
+  if not started then return end
+  local field = 'service_ms:' .. redis.call('HGET', job, 'priority')
+  local old, sample = tonumber(redis.call('HGET', G.stats, field) or ''), now - started
+  redis.call('HSET', G.stats, field, math.floor(old and (old + (sample - old) / 5) or sample))
+end
 
 local job, now, outcome = KEYS[1], clock(ARGV[2]), ARGV[3]
 if not holds_lease(job, ARGV[1]) then return {9} end
@@ -40,6 +56,7 @@ local from = redis.call('HGET', job, 'state')
 if outcome == 'cancelled' then
   redis.call('HSET', job, 'external_effect', external_effect(job))
 end
+if outcome == 'completed' and from == 'running' then update_estimate(job, KEYS[4], now) end
 finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12]}, now, outcome)
 end_attempt(job, KEYS[4], now, outcome, ARGV[4])
 release(job, KEYS[3], job_id)

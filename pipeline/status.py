@@ -1,0 +1,109 @@
+"""The fleet-wide figures operators read (``reckon status``, ``/ui``, ``/metrics``), from Redis in O(1).
+
+Every figure comes from the global keys the scripts keep in step (``keys.GLOBALS``) and the
+fleet hash, in a fixed number of commands whatever the number of tenants and jobs: one
+pipelined round trip plus one ``EXISTS`` per server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import keys
+from .keys import BATCH_RANK, ProviderKeys
+from .store import Store
+
+CLASSES = ("interactive", "batch")
+STATES = ("queued", "running", "retry_wait", "reconciling", "needs_review", "completed", "failed", "cancelled")
+#: The provider whose shared retry budget is reported (the budget is per provider kind, not per server).
+BUDGET_PROVIDER = "comfyui"
+
+
+def class_range(cls: str) -> tuple[int, str]:
+    """The score range of one class in ``keys.QUEUE`` and ``keys.DUE`` (ZRANGEBYSCORE bounds)."""
+    low = BATCH_RANK if cls == "batch" else 0
+    return low, f"({low + BATCH_RANK}"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One reading of the global state, on Redis's clock."""
+
+    at_ms: int
+    stats: dict[str, str]
+    depth: dict[str, int]
+    oldest_ms: dict[str, int | None]
+    overdue: dict[str, int]
+    sweeper_ms: int | None
+    budget: float | None
+    fleet: dict[str, dict[str, Any]]
+    pauses: dict[str, int]
+    parked: int
+    watchers: dict[str, bool]
+
+    def count(self, cls: str, state: str) -> int:
+        return int(self.stats.get(f"jobs:{cls}:{state}", 0))
+
+    def total(self, state: str) -> int:
+        return sum(self.count(cls, state) for cls in CLASSES)
+
+    def number(self, field: str) -> int:
+        return int(float(self.stats.get(field, 0)))
+
+    def estimate_s(self, cls: str) -> float | None:
+        raw = self.stats.get(f"service_ms:{cls}")
+        return float(raw) / 1000 if raw is not None else None
+
+
+def read(store: Store, caps: dict[str, int]) -> Figures:
+    client = store.redis
+    seconds, micros = client.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.STATS)
+    for cls in CLASSES:
+        low, high = class_range(cls)
+        pipe.zcount(keys.QUEUE, low, high)
+        pipe.zrangebyscore(keys.QUEUE, low, high, start=0, num=1, withscores=True)
+        pipe.zcount(keys.DUE, low, f"({low + now}")
+    pipe.hget(keys.SWEEPER, "at")
+    pipe.hget(ProviderKeys(BUDGET_PROVIDER).budget, "tokens")
+    pipe.zcard(keys.PARKED)
+    stats, *per_class, sweeper, budget, parked = pipe.execute()
+    depth, oldest, overdue = {}, {}, {}
+    for i, cls in enumerate(CLASSES):
+        count, first, late = per_class[3 * i:3 * i + 3]
+        depth[cls], overdue[cls] = int(count), int(late)
+        oldest[cls] = int(first[0][1]) - class_range(cls)[0] if first else None
+    return Figures(
+        at_ms=now, stats=stats, depth=depth, oldest_ms=oldest, overdue=overdue,
+        sweeper_ms=int(sweeper) if sweeper else None, budget=float(budget) if budget is not None else None,
+        fleet=store.fleet(caps), pauses=store.class_pauses(), parked=int(parked),
+        watchers={name: bool(client.exists(keys.watcher_lock(name))) for name in caps},
+    )
+
+
+def snapshot(store: Store, caps: dict[str, int]) -> dict[str, Any]:
+    """The figures of ``reckon status`` and ``/ui`` as one JSON-ready dict (ages in seconds)."""
+    f = read(store, caps)
+    classes = {}
+    for cls in CLASSES:
+        oldest = f.oldest_ms[cls]
+        classes[cls] = {
+            "depth": f.depth[cls], "oldest_age_s": max(0, f.at_ms - oldest) / 1000 if oldest is not None else 0.0,
+            **{state: f.count(cls, state) for state in ("running", "retry_wait", "reconciling", "needs_review")},
+            "dead": f.count(cls, "failed"), "overdue": f.overdue[cls], "paused": cls in f.pauses,
+            "service_estimate_s": f.estimate_s(cls),
+        }
+    return {
+        "at": f.at_ms,
+        "classes": classes,
+        "exposure": {kind: f.number(f"ledger:{kind}") for kind in ("reserved", "uncertain", "settled")},
+        "sweeper_age_s": (f.at_ms - f.sweeper_ms) / 1000 if f.sweeper_ms else None,
+        "providers": {name: {"busy": view["busy"], "cap": view["cap"], "stopped": sorted(view["stopped"]),
+                             "watched": view["watched"], "watcher_up": f.watchers[name]}
+                      for name, view in f.fleet.items()},
+        "parked": f.parked,
+        "retry_budget": f.budget,
+    }

@@ -1,0 +1,30 @@
+"""The worker process: Dramatiq's CLI with JSON logs from its main process as well as its workers.
+
+``python -m pipeline.worker pipeline.actors --processes 2 --threads 4`` takes the arguments of
+``dramatiq``. Under plain ``dramatiq`` the worker processes log JSON (importing ``pipeline.actors``
+replaces the CLI's format) but the main process, which never imports them, keeps the CLI's plain
+format ("Dramatiq '2.2.1' is booting up.", "Sending signal ..."); here the root logger is set before
+the CLI starts and the CLI is told to leave it alone (``--skip-logging``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from dramatiq import cli
+
+from .logs import configure
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    configure("worker")
+    args = cli.make_argument_parser().parse_args(argv)
+    args.skip_logging = True
+    # On SIGHUP Dramatiq stops its workers and re-executes sys.argv: make that this module again.
+    sys.argv = [sys.executable, "-m", "pipeline.worker", *argv]
+    return int(cli.main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
