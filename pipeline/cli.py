@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 import orjson
 
-from . import keys
+from . import admission, keys
 from .blobs import BlobStore
 from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed
 from .executor import BUDGET
@@ -17,7 +18,8 @@ from .jobs import State, iso
 from .keys import ProviderKeys, TenantKeys
 from .progress import events_after
 from .settings import Settings
-from .store import Store, connect
+from .status import render, snapshot
+from .store import FleetLimits, Store, connect
 from .tenants import (
     TenantError,
     create_key,
@@ -141,18 +143,37 @@ def _exists(store: Store, job_id: str) -> bool:
 
 
 def status(store: Store, args: argparse.Namespace) -> int:
-    totals: dict[str, int] = {}
-    tenants = {}
-    for tenant in store.tenants():
-        counts = store.state_counts(tenant)
-        tenants[tenant] = {"jobs": counts, "ledger": store.ledger(tenant), "disabled": is_disabled(store.redis, tenant)}
-        for state, n in counts.items():
-            totals[state] = totals.get(state, 0) + n
-    servers = store.fleet(_caps())
-    paused = {"classes": store.class_pauses(),
-              "servers": sorted(name for name, view in servers.items() if "dispatch_paused" in view["stopped"])}
-    _print({"jobs": totals, "paused": paused, "tenants": tenants})
+    """The fleet on one screen (O(1) reads, whatever the number of tenants); ``--watch S`` redraws it
+    every S seconds until interrupted; ``--json`` for scripts. Per tenant: ``reckon tenant show``."""
+    caps = _caps()
+    while True:
+        snap = snapshot(store, caps)
+        if args.json:
+            _print(snap)
+        else:
+            sys.stdout.write(("\x1b[H\x1b[2J" if args.watch else "") + render(snap) + "\n")
+        sys.stdout.flush()
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+
+
+def admission_show(store: Store, args: argparse.Namespace) -> int:
+    _print(admission.current(store.redis, _limits()))
     return 0
+
+
+def admission_set(store: Store, args: argparse.Namespace) -> int:
+    admission.change(store.redis, args.cls, queue_cap=args.queue_cap, target_s=args.target_wait, reset=args.reset)
+    _print(admission.current(store.redis, _limits()))
+    return 0
+
+
+def _limits() -> FleetLimits:
+    return FleetLimits.of(Settings.from_env())
 
 
 def pause(store: Store, args: argparse.Namespace) -> int:
@@ -245,7 +266,11 @@ def parser() -> argparse.ArgumentParser:
     jobs.add_argument("--tenant")
     jobs.add_argument("--limit", type=int, default=100, help="the newest N (default 100)")
     jobs.set_defaults(run=jobs_list)
-    verbs.add_parser("status", help="jobs per state, pauses, ledgers per tenant").set_defaults(run=status)
+    status_ = verbs.add_parser("status", help="per class: depth, oldest age, running, ...; money; sweeper; servers")
+    status_.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
+    status_.add_argument("--json", action="store_true", help="one JSON object (with --watch: one per redraw)")
+    status_.set_defaults(run=status)
+    _admission_commands(verbs.add_parser("admission").add_subparsers(dest="verb", required=True))
     for verb, run, text in (("pause", pause, "stop claims and submissions of a class or a server; admission goes on"),
                             ("resume", resume, "lift a pause: what waited is dispatched, best first")):
         sub = verbs.add_parser(verb, help=text)
@@ -308,6 +333,18 @@ def _tenant_commands(tenant: Any) -> None:
         sub = tenant.add_parser(verb, help=text)
         sub.add_argument("name")
         sub.set_defaults(run=tenant_disable)
+
+
+def _admission_commands(admission_: Any) -> None:
+    admission_.add_parser("show", help="queue cap per class and the interactive target wait, and who set them"
+                          ).set_defaults(run=admission_show)
+    change = admission_.add_parser("set", help="change a class's queue cap (503 above it) or the interactive "
+                                               "target wait (batch is shed past it)")
+    change.add_argument("--class", dest="cls", required=True, choices=("interactive", "batch"))
+    change.add_argument("--queue-cap", type=int, help="queued jobs of the class admitted at most")
+    change.add_argument("--target-wait", type=int, metavar="SECONDS", help="interactive only")
+    change.add_argument("--reset", action="store_true", help="back to the environment's defaults")
+    change.set_defaults(run=admission_set)
 
 
 def _key_commands(key: Any) -> None:

@@ -165,9 +165,7 @@ class Admitter:
         self.publish = publish
         self.settings = settings
         self.new_job_id = new_job_id
-        self.limits = FleetLimits(
-            sum(settings.caps().values()), settings.queue_cap_interactive, settings.queue_cap_batch,
-            settings.interactive_target_seconds)
+        self.limits = FleetLimits.of(settings)
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
         request = parse_request(body, self.settings)

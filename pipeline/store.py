@@ -27,6 +27,7 @@ from .settings import (
     DEFAULT_PROVIDER_CAP,
     DEFAULT_QUEUE_CAP_BATCH,
     DEFAULT_QUEUE_CAP_INTERACTIVE,
+    Settings,
 )
 
 #: How long an unparked job's slot waits for its claim (ms): its message crosses the broker in
@@ -64,6 +65,11 @@ class FleetLimits:
     queue_cap_interactive: int = DEFAULT_QUEUE_CAP_INTERACTIVE
     queue_cap_batch: int = DEFAULT_QUEUE_CAP_BATCH
     interactive_target_s: int = DEFAULT_INTERACTIVE_TARGET_SECONDS
+
+    @classmethod
+    def of(cls, settings: Settings) -> FleetLimits:
+        return cls(sum(settings.caps().values()), settings.queue_cap_interactive, settings.queue_cap_batch,
+                   settings.interactive_target_seconds)
 
 
 @dataclass(frozen=True)

@@ -393,8 +393,12 @@ def test_a_paused_class_waits_and_loses_duplicates_or_charges_nothing(store, set
                 ("queued", "0")] * 3
             assert len(server.sim.charges) == 3  # the one at the server was seen through; batch ran
             assert orjson.loads(capsys.readouterr().out)["paused"] == {"class": "interactive"}
+            assert cli.main(["status", "--json"], store=store) == 0
+            shown = orjson.loads(capsys.readouterr().out)["classes"]
+            assert [(cls, row["paused"], row["depth"]) for cls, row in shown.items()] == [
+                ("interactive", True, 3), ("batch", False, 0)]
             assert cli.main(["status"], store=store) == 0
-            assert list(orjson.loads(capsys.readouterr().out)["paused"]["classes"]) == ["interactive"]
+            assert "PAUSED" in capsys.readouterr().out.splitlines()[1]  # the interactive row
             assert cli.main(["resume", "--class", "interactive"], store=store) == 0
             wait_until(lambda: all(store.job(j)["state"] == "completed" for j in waiting), timeout=20)
     finally:

@@ -1,0 +1,44 @@
+"""Fleet-wide admission settings an operator changes at run time (``reckon admission set``).
+
+They live in the hash ``keys.ADMISSION`` and the admission script reads them on every request;
+a field not set there takes its default from the environment (``FleetLimits``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import keys
+from .errors import NotAllowed
+from .store import FleetLimits
+
+
+def current(client: Any, defaults: FleetLimits) -> dict[str, dict[str, Any]]:
+    """Each class's queue cap (and the interactive target wait, s), saying where each comes from."""
+    raw = client.hgetall(keys.ADMISSION)
+
+    def figure(field: str, default: int) -> dict[str, Any]:
+        return {"value": int(raw[field]), "set_by": "operator"} if field in raw else {"value": default,
+                                                                                       "set_by": "environment"}
+
+    return {
+        "interactive": {"queue_cap": figure("queue_cap:interactive", defaults.queue_cap_interactive),
+                        "target_s": figure("target_s:interactive", defaults.interactive_target_s)},
+        "batch": {"queue_cap": figure("queue_cap:batch", defaults.queue_cap_batch)},
+        "slots": {"value": defaults.slots, "set_by": "environment"},
+    }
+
+
+def change(client: Any, cls: str, *, queue_cap: int | None = None, target_s: int | None = None,
+           reset: bool = False) -> None:
+    """Set a class's queue cap or the interactive target wait; ``reset`` returns the class to its defaults."""
+    if (queue_cap is not None and queue_cap < 1) or (target_s is not None and target_s < 1):
+        raise NotAllowed("a queue cap and a target wait are at least 1")
+    if target_s is not None and cls != "interactive":
+        raise NotAllowed("the target wait belongs to the interactive class")
+    if reset:
+        client.hdel(keys.ADMISSION, f"queue_cap:{cls}", f"target_s:{cls}")
+    if queue_cap is not None:
+        client.hset(keys.ADMISSION, f"queue_cap:{cls}", queue_cap)
+    if target_s is not None:
+        client.hset(keys.ADMISSION, f"target_s:{cls}", target_s)

@@ -1,0 +1,110 @@
+"""Fleet-wide admission, decided in the admission script from the global figures: a queue cap per
+workload class (503), shedding batch work while interactive jobs wait past their target (503), and
+refusing a job that cannot finish before its deadline (422). A refusal writes nothing but its count."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import orjson
+import pytest
+from falcon import testing
+
+from api.app import create_app
+from pipeline import cli, keys
+from pipeline.keys import TenantKeys
+from pipeline.settings import Settings
+from pipeline.store import Store
+
+from .conftest import auth, job_body
+
+
+@pytest.fixture
+def admit(settings: Settings, store: Store):
+    """Factory: a client over the given settings changes, and a submit function for it."""
+
+    def make(**changes):
+        client = testing.TestClient(create_app(dataclasses.replace(settings, **changes), store=store,
+                                               publish=lambda job_id, priority: None))
+
+        def submit(api_key: str, key: str, **body):
+            return client.simulate_post("/v1/jobs", json=job_body(**body),
+                                        headers={**auth(api_key), "Idempotency-Key": key})
+
+        return submit
+
+    return make
+
+
+def _nothing_written(store: Store, tenant: str, key: str, jobs: int, reserved: int) -> None:
+    assert store.redis.zcard(TenantKeys(tenant).jobs) == jobs
+    assert store.ledger(tenant)["reserved"] == reserved
+    assert not store.redis.exists(TenantKeys(tenant).idempotency(key))
+
+
+def test_a_full_class_queue_answers_503_and_writes_nothing(admit, tenant, store, capsys) -> None:
+    submit = admit(queue_cap_interactive=2)
+    api_key = tenant("acme", 10_000)
+    assert [submit(api_key, f"k{n}").status_code for n in (1, 2)] == [202, 202]
+    refused = submit(api_key, "k3")
+    assert (refused.status_code, refused.headers["retry-after"], refused.json["type"], refused.json["limit"]) == (
+        503, "5", "urn:reckon:problem:queue-full", "queue_full")  # no service-time estimate yet: 5 s
+    _nothing_written(store, "acme", "k3", jobs=2, reserved=60)
+    assert store.redis.hget(keys.STATS, "refused:queue_full") == "1"
+    assert submit(api_key, "k1").headers["idempotent-replayed"] == "true"  # a retry is never refused
+    assert submit(api_key, "b1", priority="batch").status_code == 202  # the batch queue has room
+    assert cli.main(["admission", "set", "--class", "interactive", "--queue-cap", "3"], store=store) == 0
+    assert orjson.loads(capsys.readouterr().out)["interactive"]["queue_cap"] == {"value": 3, "set_by": "operator"}
+    assert submit(api_key, "k3").status_code == 202  # the operator's cap, read at the next admission
+    assert submit(api_key, "k4").status_code == 503
+
+
+def test_batch_is_shed_while_the_oldest_interactive_job_waits_past_its_target(admit, tenant, store) -> None:
+    submit = admit(interactive_target_seconds=60)
+    api_key = tenant("acme", 10_000)
+    assert submit(api_key, "i1").status_code == 202
+    assert submit(api_key, "b1", priority="batch").status_code == 202  # the interactive job is fresh
+    interactive = store.redis.zrange(keys.QUEUE, 0, 0)[0]
+    store.redis.zadd(keys.QUEUE, {interactive: store.server_ms() - 61_000})  # it has waited 61 s
+    shed = submit(api_key, "b2", priority="batch")
+    assert (shed.status_code, shed.json["type"], shed.headers["retry-after"]) == (
+        503, "urn:reckon:problem:load-shed", "5")
+    _nothing_written(store, "acme", "b2", jobs=2, reserved=60)
+    assert submit(api_key, "i2").status_code == 202  # interactive work is still admitted
+    store.pause_class("interactive")  # the wait is the operator's pause: nothing to shed for
+    assert submit(api_key, "b2", priority="batch").status_code == 202
+    assert store.redis.hget(keys.STATS, "refused:load_shed") == "1"
+
+
+def _complete_one(store: Store, tenant_key: str, submit, *, seconds: float, key: str, priority: str) -> None:
+    """Run one job through claim and finish on a clock that says it held its slot ``seconds``."""
+    job_id = submit(tenant_key, key, priority=priority).json["id"]
+    start = store.server_ms()
+    claim = store.claim(job_id, worker="w", lease_ms=3_600_000, operation_id=f"op-{key}",
+                        servers={"sim": 1000}, now_ms=start)
+    assert claim is not None
+    store.store_output(claim, 0, {"sha256": "a" * 64}, now_ms=start)
+    store.finish(claim, "completed", now_ms=start + int(seconds * 1000))
+
+
+def test_a_job_that_cannot_meet_its_deadline_is_refused_with_the_estimate(admit, tenant, store) -> None:
+    submit = admit(providers="sim=http://127.0.0.1:9;cap=2")
+    api_key = tenant("acme", 10_000)
+    assert submit(api_key, "early", deadline_s=1).status_code == 202  # no estimate yet: nothing to refuse on
+    store.cancel(store.redis.zrange(keys.QUEUE, 0, 0)[0])
+    _complete_one(store, api_key, submit, seconds=50, key="c1", priority="interactive")
+    _complete_one(store, api_key, submit, seconds=100, key="c2", priority="interactive")
+    assert store.redis.hget(keys.STATS, "service_ms:interactive") == "60000"  # 50 s, then a fifth towards 100 s
+    refused = submit(api_key, "late", deadline_s=59)
+    assert (refused.status_code, refused.json["type"], refused.json["estimate_seconds"],
+            refused.json["deadline_seconds"]) == (422, "urn:reckon:problem:deadline-infeasible", 60.0, 59.0)
+    _nothing_written(store, "acme", "late", jobs=3, reserved=0)
+    assert submit(api_key, "q1", deadline_s=60).status_code == 202  # 60 s: just in time
+    # one job queued ahead on 2 slots: 60 * (1 + 1/2) = 90 s
+    assert submit(api_key, "q2", deadline_s=89).json["estimate_seconds"] == 90.0
+    assert submit(api_key, "q2", deadline_s=90).status_code == 202
+    assert submit(api_key, "b1", priority="batch", deadline_s=1).status_code == 202  # batch: no estimate yet
+    assert store.redis.hget(keys.STATS, "refused:deadline_infeasible") == "2"
+    # Retry-After of a full queue is one slot's turn: 60 s over 2 slots
+    full = admit(providers="sim=http://127.0.0.1:9;cap=2", queue_cap_interactive=2)(api_key, "q3")
+    assert (full.status_code, full.headers["retry-after"]) == (503, "30")
