@@ -20,6 +20,7 @@ import redis
 
 from pipeline.blobs import BlobStore
 from pipeline.keys import JobKeys, TenantKeys
+from pipeline.status import audit
 
 TERMINAL = {"completed", "failed", "cancelled"}
 AT_REST = TERMINAL | {"needs_review"}
@@ -305,7 +306,8 @@ def report(client: Client, broker: Client, tenants: list[str], charges: list[dic
         "not_accepted": [key for _, key, _ in load.jobs if key not in load.accepted],
         "replay_mismatch": load.mismatched, "charge_mismatch": paid["mismatched"],
         "duplicated_execution": paid["duplicated"], "orphan_charges": paid["orphan_charges"],
-        "ledger_final": ledger_broken, "ledger_samples": sampler.violations}
+        "ledger_final": ledger_broken, "ledger_samples": sampler.violations,
+        "global_figures": audit(client, tenants)}
     where = whereabouts(broker, {item["job_id"] for item in found["stuck"] + found["stalled"]})
     for item in found["stuck"] + found["stalled"]:
         item["broker"] = where.get(item["job_id"], [])

@@ -7,11 +7,12 @@ pipelined round trip plus one ``EXISTS`` per server.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from . import keys
-from .keys import BATCH_RANK, ProviderKeys
+from .keys import BATCH_RANK, JobKeys, ProviderKeys, TenantKeys
 from .store import Store
 
 CLASSES = ("interactive", "batch")
@@ -107,6 +108,33 @@ def snapshot(store: Store, caps: dict[str, int]) -> dict[str, Any]:
         "parked": f.parked,
         "retry_budget": f.budget,
     }
+
+
+def audit(client: Any, tenants: list[str]) -> list[str]:
+    """What differs between the global figures and the per-tenant truth: jobs per class and state, ledger
+    totals, the queue and due indexes (empty: nothing). O(jobs): for tests and the soak, read at rest."""
+    counts: Counter[tuple[str, str]] = Counter()
+    money: Counter[str] = Counter()
+    queued, unfinished = set(), set()
+    for tenant in tenants:
+        money.update({k: int(v) for k, v in client.hgetall(TenantKeys(tenant).ledger).items()
+                      if k in ("reserved", "uncertain", "settled")})
+        for job_id in client.zrange(TenantKeys(tenant).jobs, 0, -1):
+            state, cls = client.hmget(JobKeys(job_id).record, "state", "priority")
+            counts[(cls, state)] += 1
+            queued |= {job_id} if state == "queued" else set()
+            unfinished |= {job_id} if state not in ("completed", "failed", "cancelled") else set()
+    stats = client.hgetall(keys.STATS)
+    figured = Counter({(f.split(":")[1], f.split(":")[2]): int(v) for f, v in stats.items()
+                       if f.startswith("jobs:") and int(v)})
+    problems = [f"jobs {cls} {state}: global {figured[(cls, state)]} != {counts[(cls, state)]}"
+                for cls, state in sorted(set(figured) | set(counts)) if figured[(cls, state)] != counts[(cls, state)]]
+    problems += [f"ledger {kind}: global {stats.get(f'ledger:{kind}', '0')} != {money[kind]}"
+                 for kind in ("reserved", "uncertain", "settled") if int(stats.get(f"ledger:{kind}", 0)) != money[kind]]
+    indexes = (("queue", set(client.zrange(keys.QUEUE, 0, -1)), queued),
+               ("due", set(client.zrange(keys.DUE, 0, -1)), unfinished))
+    problems += [f"{name} index: {len(found ^ truth)} jobs differ" for name, found, truth in indexes if found != truth]
+    return problems
 
 
 def _age(seconds: float | None) -> str:

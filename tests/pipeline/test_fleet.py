@@ -26,6 +26,7 @@ from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
 from pipeline.routing import Router
+from pipeline.status import audit
 from pipeline.store import CALL_MS
 from pipeline.watcher import Watcher
 from tests.conftest import wait_until
@@ -406,6 +407,7 @@ def test_a_paused_class_waits_and_loses_duplicates_or_charges_nothing(store, set
     assert sorted(Counter(c["prompt_id"] for c in server.sim.charges).values()) == [1] * 6
     assert store.ledger("acme")["settled"] == 60 and store.ledger("acme")["reserved"] == 0
     assert store.redis.zcard(keys.PARKED) == 0
+    assert audit(store.redis, ["acme"]) == []  # the global figures agree with the jobs
 
 
 class PausesBeforeSending(ComfyUI):

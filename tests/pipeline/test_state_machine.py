@@ -3,7 +3,8 @@
 After each step: the job is in the state the model predicts (so no illegal transition was
 accepted), every recorded transition is a legal one, the tenant ledger balances
 (allowance = available + reserved + uncertain + settled) and equals the sum of its jobs,
-and no job was settled more often than it was started (admitted or replayed).
+and no job was settled more often than it was started (admitted or replayed); the global
+figures (counts per class and state, ledger totals, queue and due indexes) equal the sum of the jobs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, 
 
 from pipeline.errors import CancelRequested, IncompleteOutputs, InsufficientAllowance, NotAllowed, StaleLease
 from pipeline.scripts import Code
+from pipeline.status import audit
 from pipeline.store import Claim, Store, connect
 from pipeline.tenants import create_tenant
 
@@ -275,6 +277,11 @@ class Jobs(RuleBasedStateMachine):
         for j in jobs:
             if j["state"] in TERMINAL:
                 assert (j["reserved"], j["charged"], j["uncertain"]) == ("0", "0", "0")
+
+    @invariant()
+    def global_figures_agree_with_the_jobs(self) -> None:
+        """What /metrics, `reckon status` and admission read in O(1) is exactly the sum over jobs."""
+        assert audit(self.store.redis, ["acme"]) == []
 
     def teardown(self) -> None:
         self.store.redis.close()
