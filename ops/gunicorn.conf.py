@@ -8,11 +8,36 @@ worker_class = "gthread"
 threads = int(os.environ.get("RECKON_WEB_THREADS", "4"))
 timeout = 30
 graceful_timeout = 20
-# No access log: request paths name jobs and output locations, which stay out of logs.
-accesslog = None
 errorlog = "-"
 # gunicorn >= 25.1 opens a control socket for gunicornc at one default path per user
 # ($XDG_RUNTIME_DIR/gunicorn.ctl or ~/.gunicorn/gunicorn.ctl), shared by every gunicorn on the
 # machine: a second stack would take over the first one's. reckon does not use it. (Older
 # versions ignore this setting.)
 control_socket_disable = True
+
+# Every line JSON (pipeline/logs.py), on stderr: gunicorn's own, the app's and the access log. An
+# access line holds method, path (no query string), status and duration, never a header.
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {"()": "pipeline.logs.JsonFormatter", "process": "web"},
+        "access": {"()": "pipeline.logs.AccessFormatter", "process": "web"},
+    },
+    "handlers": {
+        "json": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"},
+        "access": {"class": "logging.StreamHandler", "formatter": "access", "stream": "ext://sys.stderr"},
+    },
+    "root": {"level": "INFO", "handlers": ["json"]},
+    "loggers": {
+        "gunicorn.error": {"handlers": [], "propagate": True},  # level: gunicorn's --log-level
+        "gunicorn.access": {"handlers": ["access"], "propagate": False},
+    },
+}
+
+
+def on_starting(server: object) -> None:
+    """Warnings become log records (JSON lines) in the master and the workers it forks."""
+    import logging
+
+    logging.captureWarnings(True)

@@ -77,8 +77,8 @@ class Stack:
 
     def start_worker(self, pause_at: str | None = None, *, watcher: bool = True) -> None:
         """A Dramatiq worker, and (unless one runs already) the watcher that follows its prompts."""
-        self.start("worker", str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1", "--threads", "2",
-                   pause_at=pause_at)
+        self.start("worker", str(BIN / "python"), "-m", "pipeline.worker", "pipeline.actors", "--processes", "1",
+                   "--threads", "2", pause_at=pause_at)
         if watcher and "watcher" not in self.procs:
             self.start_watcher()
 
