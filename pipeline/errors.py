@@ -173,7 +173,7 @@ class OverLimit(ReckonError):
     TENANT_REASONS = ("max_inflight", "rate")
 
     def __init__(self, reason: str, retry_after: float) -> None:
-        super().__init__(f"over the tenant's {reason} limit")
+        super().__init__(f"over the {'tenant' if reason in self.TENANT_REASONS else 'fleet'}'s {reason} limit")
         self.reason = reason
         self.retry_after = retry_after
 
