@@ -167,6 +167,7 @@ def set_up_state(web, store: Store, api_key: str) -> dict[str, str]:
     for name in ("dead", "run", "review"):  # the server has two slots: the dead letter's is given back first
         claims[name] = store.claim(ids[name], worker="w", lease_ms=60_000, operation_id=f"op-{name}",
                                    servers=SERVERS)
+        assert claims[name] is not None, name
         if name == "dead":
             store.finish(claims["dead"], "failed", error_class="provider_rejected", reason="policy",
                          detail={"message": CANARY})
