@@ -36,7 +36,8 @@ PRIVATE_FIELDS = frozenset({"workflow"})
 
 
 def _print(value: Any) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+    """Indented JSON; integer keys (a job's outputs, by index) become strings."""
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
 
 
 def tenant_create(store: Store, args: argparse.Namespace) -> int:
