@@ -192,6 +192,13 @@ def test_every_line_of_every_process_is_a_json_object(stack, redis_client, store
     assert "Worker process is ready for action." in messages["worker"]  # and its worker process
     assert any(m.startswith("watching ") for m in messages["watcher"])
     assert any(m.startswith("sweeping every ") for m in messages["sweeper"])
+    changes = sorted((x["ts"], x["from"], x["to"], x["reason"], x["attempt"]) for lines in logs.values()
+                     for x in lines if x["logger"] == "reckon.state" and x["job"] == job_id)
+    assert [change[1:] for change in changes] == [  # every state change of the job, where it happened
+        ("", "queued", "admitted", "0"), ("queued", "running", "claimed", "1"),
+        ("running", "completed", "completed", "1")]
+    assert {x["process"] for lines in logs.values() for x in lines if x["logger"] == "reckon.state"} == {
+        "web", "worker"}
     access = [(x["method"], x["path"], x["status"]) for x in logs["web"] if x["logger"] == "gunicorn.access"]
     assert ("POST", "/v1/jobs", 202) in access and ("GET", f"/v1/jobs/{job_id}", 200) in access
     assert access.count(("GET", OUTPUT_ROUTE, 200)) == 2
