@@ -9,6 +9,7 @@ worker, the watcher and the simulated provider (zero delay), all on 127.0.0.1 fr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import os
 import signal
@@ -20,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import orjson
 import redis
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
+from pipeline.store import Store, connect  # noqa: E402
 from pipeline.tenants import create_key, create_tenant  # noqa: E402
 
 
@@ -47,6 +50,22 @@ def wait_for(check, timeout: float = 30.0) -> None:
             pass
         time.sleep(0.05)
     raise SystemExit("bench: a process did not come up")
+
+
+@contextlib.contextmanager
+def private_store() -> Iterator[Store]:
+    """A Store over a private redis-server (AOF off) on a free loopback port, stopped on exit."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as workdir:
+        server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
+                                   "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        try:
+            store = Store(connect(f"redis://127.0.0.1:{port}/0"))
+            wait_for(lambda: store.redis.ping())
+            yield store
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
 
 
 def post_jobs(port: int, api_key: str, keys: list[str], concurrency: int) -> list[float]:

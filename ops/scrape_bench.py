@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,11 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from api.metrics import Metrics  # noqa: E402
-from ops.bench import free_port, wait_for  # noqa: E402
+from ops.bench import private_store  # noqa: E402
 from pipeline.jobs import Admitter  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.status import snapshot  # noqa: E402
-from pipeline.store import Store, connect  # noqa: E402
+from pipeline.store import Store  # noqa: E402
 from pipeline.tenants import create_tenant  # noqa: E402
 
 BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 1}
@@ -79,18 +77,9 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=10_000)
     parser.add_argument("--jobs", type=int, default=100_000)
     args = parser.parse_args()
-    port = free_port()
-    with tempfile.TemporaryDirectory() as workdir:
-        server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
-                                   "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        try:
-            store = Store(connect(f"redis://127.0.0.1:{port}/0"))
-            wait_for(lambda: store.redis.ping())
-            for tenants, jobs in ((1, 1), (args.tenants, args.jobs)):
-                print(orjson.dumps(scenario(store, tenants, jobs)).decode(), flush=True)
-        finally:
-            server.terminate()
-            server.wait()
+    with private_store() as store:
+        for tenants, jobs in ((1, 1), (args.tenants, args.jobs)):
+            print(orjson.dumps(scenario(store, tenants, jobs)).decode(), flush=True)
 
 
 if __name__ == "__main__":

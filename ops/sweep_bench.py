@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,10 +21,10 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.bench import free_port, wait_for  # noqa: E402
+from ops.bench import private_store  # noqa: E402
 from pipeline.jobs import Admitter  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
-from pipeline.store import Store, connect  # noqa: E402
+from pipeline.store import Store  # noqa: E402
 from pipeline.sweeper import Sweeper  # noqa: E402
 from pipeline.tenants import create_tenant  # noqa: E402
 
@@ -69,18 +67,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--due", type=int, default=100, help="jobs due in the busy pass")
     args = parser.parse_args()
-    port = free_port()
-    with tempfile.TemporaryDirectory() as workdir:
-        server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
-                                   "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        try:
-            store = Store(connect(f"redis://127.0.0.1:{port}/0"))
-            wait_for(lambda: store.redis.ping())
-            for tenants in (10, 10_000):
-                print(orjson.dumps(scenario(store, tenants, args.due)).decode(), flush=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
+    with private_store() as store:
+        for tenants in (10, 10_000):
+            print(orjson.dumps(scenario(store, tenants, args.due)).decode(), flush=True)
 
 
 if __name__ == "__main__":
