@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench redis-server clean
+.PHONY: run test bench redis-server test-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,17 +13,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# Debian's redis-server (Redis 7) and faketime (a worker whose clock is off, in the tests)
-# when the machine has none.
+# Debian packages, when the machine lacks them (ops/system-deps.sh says which and why).
 redis-server:
-	@command -v redis-server >/dev/null && command -v faketime >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server faketime; }
+	@bash ops/system-deps.sh run
+
+test-deps:
+	@bash ops/system-deps.sh test
 
 run: $(STAMP) redis-server
 	@bash ops/run.sh
 
-test: $(STAMP) redis-server
+test: $(STAMP) test-deps
 	$(BIN)/pytest -q && bash ops/check_alerts.sh
 
 bench: $(STAMP) redis-server
