@@ -71,6 +71,8 @@ end
 -- The state changes of this call, returned beside its reply so the caller logs each one
 -- (pipeline/scripts.py): job, from, to, reason, attempt, generation, error class.
 local MOVES = {}
+-- Job record -> the lease generation this call ended (`release`), for MOVES.
+local HELD = {}
 
 -- Keeps the global figures in step with one state change of a job (`f`: the job's id,
 -- priority, deadline, created_at, attempt_count, error_class).
@@ -100,7 +102,7 @@ local function move(job, counts, events, now, from, to, reason)
   local f = redis.call('HMGET', job, 'id', 'priority', 'deadline', 'created_at', 'attempt_count', 'error_class',
     'lease_gen')
   count_move(f, now, from, to)
-  MOVES[#MOVES + 1] = {f[1], from, to, reason, f[5] or '0', f[7] or '0', f[6] or ''}
+  MOVES[#MOVES + 1] = {f[1], from, to, reason, f[5] or '0', HELD[job] or f[7] or '0', f[6] or ''}
 end
 
 -- True when the job is running or reconciling under lease generation `gen` (a string).
@@ -112,9 +114,10 @@ local function holds_lease(job, gen)
 end
 
 -- Ends the job's lease, whoever holds it: the generation goes up, so the last holder
--- (a worker, a reconciler, or a stalled one of either) can no longer write.
+-- (a worker, a reconciler, or a stalled one of either) can no longer write. The generation
+-- that was held is what the state-change log shows for the change the holder made.
 local function release(job, leases, job_id)
-  redis.call('HINCRBY', job, 'lease_gen', 1)
+  HELD[job] = redis.call('HINCRBY', job, 'lease_gen', 1) - 1
   redis.call('HSET', job, 'lease_owner', '', 'lease_expires', 0)
   redis.call('ZREM', leases, job_id)
 end
@@ -187,13 +190,15 @@ local function finalize(job, k, now, outcome)
 end
 
 -- Ends a job that is queued, waiting to retry or waiting for review: it leaves those
--- indexes and is finalized. `k` adds queued, retry, events, counts to finalize's keys.
+-- indexes and is finalized; the error of an earlier attempt is not its outcome, so a
+-- cancelled job carries none. `k` adds queued, retry, events, counts to finalize's keys.
 -- (An outbox entry stays until the sweeper confirms it: that marks the idempotency record done.)
 local function end_waiting(job, k, now, from, to, reason)
   local job_id = redis.call('HGET', job, 'id')
   redis.call('ZREM', k.queued, job_id)
   redis.call('ZREM', k.retry, job_id)
   finalize(job, k, now, to)
+  if to == 'cancelled' then redis.call('HSET', job, 'error_class', '', 'error_reason', '') end
   move(job, k.counts, k.events, now, from, to, reason)
 end
 

@@ -21,8 +21,10 @@
 -- a batch job is shed (503 load_shed) while the oldest queued interactive job has waited
 -- longer than its target, unless interactive dispatch is paused; and with a service-time
 -- estimate for the class, a job whose estimated finish (its own service time plus the
--- queued work ahead of it spread over the fleet's slots) falls after its deadline is
--- refused (422). Each refusal counts `refused:<reason>` in the global stats: the only write.
+-- queued work dispatched before it, each class at its own estimate, spread over the fleet's
+-- slots) falls after its deadline is refused (422). A queued job this admission supersedes
+-- leaves in the same step, so it counts in no limit. Operator settings that are not numbers
+-- are ignored (the defaults apply). Each refusal counts `refused:<reason>` in the global stats: the only write.
 -- The idempotency record keeps no response body: the first response is rebuilt
 -- from the job's fields that never change (id, kind, priority, outputs, ceiling,
 -- deadline_s, created_at), so a replay is the same bytes.
@@ -67,26 +69,46 @@ local function refuse(reason, ...)
   return {...}
 end
 
--- The fleet-wide limits of `class` (see the header): nil when the job may be admitted,
--- else the refusal reply.
-local function over_fleet_limits(class, deadline_ms)
+-- A number an operator set (redis-cli may have set anything), else the default.
+local function setting(value, default) return tonumber(value) or tonumber(default) end
+
+-- Queued jobs of `class`, less the one this admission supersedes (it leaves in the same step).
+local function queued(class, leaving)
+  local rank = class_rank(class)
+  local n = redis.call('ZCOUNT', G.queue, rank, '(' .. (rank + tonumber(BATCH_RANK)))
+  return leaving == class and n - 1 or n
+end
+
+-- The fleet-wide limits of `class` (see the header): nil when the job may be admitted, else
+-- the refusal reply. `leaving`: the class of a queued job this admission supersedes, or nil.
+local function over_fleet_limits(class, deadline_ms, leaving)
   local cfg = redis.call('HMGET', KEYS[20], 'queue_cap:' .. class, 'target_s:interactive')
-  local cap = tonumber(cfg[1] or (class == 'batch' and ARGV[13] or ARGV[12]))
-  local rank, slots = class_rank(class), tonumber(ARGV[11])
-  local depth = redis.call('ZCOUNT', G.queue, rank, '(' .. (rank + tonumber(BATCH_RANK)))
-  local estimate = tonumber(redis.call('HGET', G.stats, 'service_ms:' .. class) or '')
-  local turn = estimate and math.max(1000, math.ceil(estimate / slots)) or 5000  -- Retry-After: a slot's turn
-  if depth >= cap then return refuse('queue_full', 17, 'queue_full', turn) end
-  if class == 'batch' and not paused_for(KEYS[21], 'interactive') then
+  local slots = math.max(1, tonumber(ARGV[11]))
+  local depth = {interactive = queued('interactive', leaving), batch = queued('batch', leaving)}
+  local estimate = {}
+  for _, c in ipairs({'interactive', 'batch'}) do
+    estimate[c] = tonumber(redis.call('HGET', G.stats, 'service_ms:' .. c) or '')
+  end
+  local own = estimate[class]
+  local turn = own and math.max(1000, math.ceil(own / slots)) or 5000  -- Retry-After: a slot's turn
+  if depth[class] >= setting(cfg[1], class == 'batch' and ARGV[13] or ARGV[12]) then
+    return refuse('queue_full', 17, 'queue_full', turn)
+  end
+  local interactive_first = not paused_for(KEYS[21], 'interactive')
+  if class == 'batch' and interactive_first then
     local oldest = redis.call('ZRANGE', G.queue, 0, 0, 'WITHSCORES')[2]
     if oldest and tonumber(oldest) < tonumber(BATCH_RANK)
-        and now - tonumber(oldest) > 1000 * tonumber(cfg[2] or ARGV[14]) then
+        and now - tonumber(oldest) > 1000 * setting(cfg[2], ARGV[14]) then
       return refuse('load_shed', 17, 'load_shed', turn)
     end
   end
-  if not estimate then return nil end
-  local ahead = class == 'batch' and redis.call('ZCARD', G.queue) or depth
-  local finish = math.ceil(estimate * (1 + ahead / slots))
+  if not own then return nil end
+  -- The work dispatched before this job, spread over the slots: its own class's queue and, for
+  -- batch, the interactive queue unless interactive is paused (then batch goes first). Each
+  -- class at its own estimate; a class with none yet at this job's.
+  local ahead = depth[class] * own
+  if class == 'batch' and interactive_first then ahead = ahead + depth.interactive * (estimate.interactive or own) end
+  local finish = math.ceil(own + ahead / slots)
   if finish > deadline_ms then return refuse('deadline_infeasible', 18, finish, deadline_ms) end
   return nil
 end
@@ -100,11 +122,19 @@ end
 
 local ledger = redis.call('HMGET', KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
 if not ledger[1] then return {6} end
+local older, leaving = '', nil
+if ARGV[9] ~= '' then
+  local o = redis.call('HMGET', KEYS[9], 'state', 'priority')
+  older = o[1]
+  if not older then return {7} end
+  if older == 'queued' then leaving = o[2] end
+end
 local limit = redis.call('HMGET', KEYS[16], 'max_inflight', 'rate', 'burst', 'tokens', 'at')
 if limit[1] then
   local c = redis.call('HMGET', KEYS[8], 'queued', 'running', 'retry_wait', 'reconciling')
   local inflight = 0
   for _, n in ipairs(c) do inflight = inflight + tonumber(n or '0') end
+  if older == 'queued' or older == 'retry_wait' then inflight = inflight - 1 end  -- it ends here
   if inflight >= tonumber(limit[1]) then return refuse('max_inflight', 17, 'max_inflight', 1000) end
 end
 local tokens
@@ -113,16 +143,11 @@ if limit[2] then
   tokens = math.min(burst, tonumber(limit[4] or burst) + (now - tonumber(limit[5] or now)) * rate / 1000)
   if tokens < 1 then return refuse('rate', 17, 'rate', math.ceil((1 - tokens) * 1000 / rate)) end
 end
-local refused = over_fleet_limits(record.priority, 1000 * tonumber(record.deadline_s))
+local refused = over_fleet_limits(record.priority, 1000 * tonumber(record.deadline_s), leaving)
 if refused then return refused end
 local available = tonumber(ledger[1]) - tonumber(ledger[2] or '0')
   - tonumber(ledger[3] or '0') - tonumber(ledger[4] or '0')
 if ceiling > available then return refuse('insufficient_allowance', 5, available, ceiling) end
-local older = ''
-if ARGV[9] ~= '' then
-  older = redis.call('HGET', KEYS[9], 'state')
-  if not older then return {7} end
-end
 
 if tokens then redis.call('HSET', KEYS[16], 'tokens', tostring(tokens - 1), 'at', now) end
 ledger_add(KEYS[2], 'reserved', ceiling)

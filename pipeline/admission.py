@@ -18,8 +18,12 @@ def current(client: Any, defaults: FleetLimits) -> dict[str, dict[str, Any]]:
     raw = client.hgetall(keys.ADMISSION)
 
     def figure(field: str, default: int) -> dict[str, Any]:
-        return {"value": int(raw[field]), "set_by": "operator"} if field in raw else {"value": default,
-                                                                                       "set_by": "environment"}
+        if field not in raw:
+            return {"value": default, "set_by": "environment"}
+        try:
+            return {"value": int(raw[field]), "set_by": "operator"}
+        except ValueError:  # set by hand: the admission script ignores it and applies the default
+            return {"value": default, "set_by": "environment", "ignored": raw[field]}
 
     return {
         "interactive": {"queue_cap": figure("queue_cap:interactive", defaults.queue_cap_interactive),

@@ -18,7 +18,7 @@ from .jobs import State, iso
 from .keys import ProviderKeys, TenantKeys
 from .progress import events_after
 from .settings import Settings
-from .status import render, snapshot
+from .status import audit, rebuild, render, snapshot
 from .store import FleetLimits, Store, connect
 from .tenants import (
     TenantError,
@@ -173,6 +173,19 @@ def admission_set(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def stats_audit(store: Store, args: argparse.Namespace) -> int:
+    problems = audit(store.redis, store.tenants())
+    _print({"problems": problems})
+    return 1 if problems else 0
+
+
+def stats_rebuild(store: Store, args: argparse.Namespace) -> int:
+    truth = rebuild(store.redis, store.tenants())
+    _print({"jobs": sum(truth.counts.values()), "queued": len(truth.queue), "unfinished": len(truth.due),
+            "problems": audit(store.redis, store.tenants())})
+    return 0
+
+
 def _limits() -> FleetLimits:
     return FleetLimits.of(Settings.from_env())
 
@@ -272,6 +285,11 @@ def parser() -> argparse.ArgumentParser:
     status_.add_argument("--json", action="store_true", help="one JSON object (with --watch: one per redraw)")
     status_.set_defaults(run=status)
     _admission_commands(verbs.add_parser("admission").add_subparsers(dest="verb", required=True))
+    stats = verbs.add_parser("stats").add_subparsers(dest="verb", required=True)
+    stats.add_parser("audit", help="compare the global figures with every job (O(jobs); exit 1 on a difference)"
+                     ).set_defaults(run=stats_audit)
+    stats.add_parser("rebuild", help="rewrite the global gauges from every job (after an upgrade; pause "
+                                     "dispatch and stop admissions first)").set_defaults(run=stats_rebuild)
     for verb, run, text in (("pause", pause, "stop claims and submissions of a class or a server; admission goes on"),
                             ("resume", resume, "lift a pause: what waited is dispatched, best first")):
         sub = verbs.add_parser(verb, help=text)

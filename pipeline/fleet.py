@@ -32,6 +32,8 @@ class Server:
 
 def parse(spec: str, *, default_url: str, cap: int, price: int) -> list[Server]:
     """Servers from a ``RECKON_PROVIDERS`` value; ValueError names what is wrong."""
+    if cap < 1:
+        raise ValueError("RECKON_PROVIDER_CAP: a server takes at least one prompt")
     if not spec.strip():
         return [Server(DEFAULT_SERVER, default_url, cap, price)]
     servers: list[Server] = []

@@ -21,7 +21,9 @@ from .errors import IncompleteOutputs, NotAllowed, ScriptError, StaleLease
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 _NAME_RE = re.compile(r"([a-z-]+)-([0-9]+)\.lua")  # fullmatch; \d would take "١" too
 #: A script's body runs as a function; ``MOVES`` (lua/_lib.lua) holds the state changes it made.
-_BODY = "local function main()\n{body}\nend\nlocal reply = main()\nreturn {{MOVES, reply}}\n"
+#: An error reply (``redis.error_reply``) passes through as it is: redis-py raises it.
+_BODY = ("local function main()\n{body}\nend\nlocal reply = main()\n"
+         "if type(reply) == 'table' and reply.err then return reply end\nreturn {{MOVES, reply}}\n")
 #: One field of each state change in ``MOVES``, in order.
 _MOVE_FIELDS = ("job", "from", "to", "reason", "attempt", "generation", "error_class")
 
@@ -96,7 +98,9 @@ class Scripts:
             raise ScriptError(f"{verb} takes {nkeys} keys, got {len(keys)}")
         moves, *reply = script(keys=list(keys), args=list(args))
         for move in moves:
-            state_log.info("state change", extra=dict(zip(_MOVE_FIELDS, map(_text, move), strict=True)))
+            change = dict(zip(_MOVE_FIELDS, map(_text, move), strict=True))
+            change["attempt"], change["generation"] = int(change["attempt"]), int(change["generation"])
+            state_log.info("state change", extra=change)
         return [_text(item) for item in reply[0]] if reply else []
 
 

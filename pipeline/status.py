@@ -110,31 +110,75 @@ def snapshot(store: Store, caps: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def audit(client: Any, tenants: list[str]) -> list[str]:
-    """What differs between the global figures and the per-tenant truth: jobs per class and state, ledger
-    totals, the queue and due indexes (empty: nothing). O(jobs): for tests and the soak, read at rest."""
-    counts: Counter[tuple[str, str]] = Counter()
-    money: Counter[str] = Counter()
-    queued, unfinished = set(), set()
+TERMINAL = ("completed", "failed", "cancelled")
+LEDGER_KINDS = ("reserved", "uncertain", "settled")
+
+
+@dataclass
+class Truth:
+    """The global figures as the jobs and ledgers themselves give them (``walk``)."""
+
+    counts: Counter[tuple[str, str]]
+    money: Counter[str]
+    #: Queued job id -> its score in ``keys.QUEUE``; unfinished job id -> its score in ``keys.DUE``.
+    queue: dict[str, int]
+    due: dict[str, int]
+
+
+def walk(client: Any, tenants: list[str]) -> Truth:
+    """Read every job of every tenant (O(jobs), pipelined per tenant): for audits and rebuilds, not scrapes."""
+    truth = Truth(Counter(), Counter(), {}, {})
     for tenant in tenants:
-        money.update({k: int(v) for k, v in client.hgetall(TenantKeys(tenant).ledger).items()
-                      if k in ("reserved", "uncertain", "settled")})
-        for job_id in client.zrange(TenantKeys(tenant).jobs, 0, -1):
-            state, cls = client.hmget(JobKeys(job_id).record, "state", "priority")
-            counts[(cls, state)] += 1
-            queued |= {job_id} if state == "queued" else set()
-            unfinished |= {job_id} if state not in ("completed", "failed", "cancelled") else set()
+        ledger = client.hgetall(TenantKeys(tenant).ledger)
+        truth.money.update({kind: int(ledger.get(kind, 0)) for kind in LEDGER_KINDS})
+        ids = client.zrange(TenantKeys(tenant).jobs, 0, -1)
+        pipe = client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(JobKeys(job_id).record, "state", "priority", "updated_at", "deadline")
+        for job_id, (state, cls, updated, deadline) in zip(ids, pipe.execute(), strict=True):
+            truth.counts[(cls, state)] += 1
+            rank = class_range(cls)[0]
+            if state == "queued":
+                truth.queue[job_id] = rank + int(updated)
+            if state not in TERMINAL:
+                truth.due[job_id] = rank + int(deadline)
+    return truth
+
+
+def audit(client: Any, tenants: list[str]) -> list[str]:
+    """What differs between the global figures and the jobs (empty: nothing): jobs per class and state,
+    ledger totals, membership of the queue and due indexes. Read at rest (nothing moving)."""
+    truth = walk(client, tenants)
     stats = client.hgetall(keys.STATS)
     figured = Counter({(f.split(":")[1], f.split(":")[2]): int(v) for f, v in stats.items()
                        if f.startswith("jobs:") and int(v)})
-    problems = [f"jobs {cls} {state}: global {figured[(cls, state)]} != {counts[(cls, state)]}"
-                for cls, state in sorted(set(figured) | set(counts)) if figured[(cls, state)] != counts[(cls, state)]]
-    problems += [f"ledger {kind}: global {stats.get(f'ledger:{kind}', '0')} != {money[kind]}"
-                 for kind in ("reserved", "uncertain", "settled") if int(stats.get(f"ledger:{kind}", 0)) != money[kind]]
-    indexes = (("queue", set(client.zrange(keys.QUEUE, 0, -1)), queued),
-               ("due", set(client.zrange(keys.DUE, 0, -1)), unfinished))
-    problems += [f"{name} index: {len(found ^ truth)} jobs differ" for name, found, truth in indexes if found != truth]
+    problems = [f"jobs {' '.join(pair)}: global {figured[pair]} != {truth.counts[pair]}"
+                for pair in sorted(set(figured) | set(truth.counts)) if figured[pair] != truth.counts[pair]]
+    problems += [f"ledger {kind}: global {stats.get(f'ledger:{kind}', '0')} != {truth.money[kind]}"
+                 for kind in LEDGER_KINDS if int(stats.get(f"ledger:{kind}", 0)) != truth.money[kind]]
+    indexes = (("queue", set(client.zrange(keys.QUEUE, 0, -1)), set(truth.queue)),
+               ("due", set(client.zrange(keys.DUE, 0, -1)), set(truth.due)))
+    problems += [f"{name} index: {len(found ^ want)} jobs differ" for name, found, want in indexes if found != want]
     return problems
+
+
+def rebuild(client: Any, tenants: list[str]) -> Truth:
+    """Write the global gauges (jobs per class and state, ledger totals, the queue and due indexes) from
+    the jobs: after an upgrade from a version without them, with dispatch paused and no admissions (a
+    change between the walk and the write would be lost). Counters and histograms are left alone."""
+    truth = walk(client, tenants)
+    stale = [field for field in client.hkeys(keys.STATS) if field.startswith(("jobs:", "ledger:"))]
+    pipe = client.pipeline(transaction=True)
+    if stale:
+        pipe.hdel(keys.STATS, *stale)
+    fields = {f"jobs:{cls}:{state}": n for (cls, state), n in truth.counts.items()}
+    pipe.hset(keys.STATS, mapping=fields | {f"ledger:{kind}": truth.money[kind] for kind in LEDGER_KINDS})
+    pipe.delete(keys.QUEUE, keys.DUE)
+    for key, scores in ((keys.QUEUE, truth.queue), (keys.DUE, truth.due)):
+        if scores:
+            pipe.zadd(key, scores)
+    pipe.execute()
+    return truth
 
 
 def _age(seconds: float | None) -> str:

@@ -108,3 +108,38 @@ def test_a_job_that_cannot_meet_its_deadline_is_refused_with_the_estimate(admit,
     # Retry-After of a full queue is one slot's turn: 60 s over 2 slots
     full = admit(providers="sim=http://127.0.0.1:9;cap=2", queue_cap_interactive=2)(api_key, "q3")
     assert (full.status_code, full.headers["retry-after"]) == (503, "30")
+
+
+def test_batch_feasibility_prices_each_class_ahead_at_its_own_estimate(admit, tenant, store) -> None:
+    submit = admit(providers="sim=http://127.0.0.1:9;cap=2", interactive_target_seconds=10**6)
+    api_key = tenant("acme", 100_000)
+    _complete_one(store, api_key, submit, seconds=1, key="i", priority="interactive")
+    _complete_one(store, api_key, submit, seconds=100, key="b", priority="batch")
+    assert [submit(api_key, f"q{n}").status_code for n in range(40)] == [202] * 40
+    # 100 s of its own after 40 interactive jobs of 1 s each over 2 slots: 120 s
+    assert submit(api_key, "late", priority="batch", deadline_s=119).json["estimate_seconds"] == 120.0
+    assert submit(api_key, "b1", priority="batch", deadline_s=120).status_code == 202
+    store.pause_class("interactive")  # batch now goes first: only the batch job ahead counts
+    assert submit(api_key, "b2", priority="batch", deadline_s=149).json["estimate_seconds"] == 150.0
+    assert submit(api_key, "b2", priority="batch", deadline_s=150).status_code == 202
+
+
+def test_operator_settings_that_are_not_numbers_are_ignored(admit, tenant, store, capsys) -> None:
+    submit = admit(queue_cap_interactive=1)
+    api_key = tenant("acme", 10_000)
+    store.redis.hset(keys.ADMISSION, mapping={"queue_cap:interactive": "lots", "target_s:interactive": "30s"})
+    assert [submit(api_key, f"k{n}").status_code for n in (1, 2)] == [202, 503]  # the default cap, 1
+    assert submit(api_key, "b1", priority="batch").status_code == 202  # the default target, not a 500
+    assert cli.main(["admission", "show"], store=store) == 0
+    assert orjson.loads(capsys.readouterr().out)["interactive"]["queue_cap"] == {
+        "value": 1000, "set_by": "environment", "ignored": "lots"}  # the CLI's environment: the default
+
+
+def test_superseding_a_queued_job_at_the_cap_is_admitted(admit, tenant, store) -> None:
+    submit = admit(queue_cap_interactive=1)
+    api_key = tenant("acme", 10_000)
+    first = submit(api_key, "v1").json["id"]
+    replaced = submit(api_key, "v2", supersedes=first)
+    assert replaced.status_code == 202 and store.job(first)["state"] == "cancelled"
+    assert store.redis.zrange(keys.QUEUE, 0, -1) == [replaced.json["id"]]
+    assert submit(api_key, "v3").status_code == 503

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import redis
 
 from pipeline.errors import IncompleteOutputs, ScriptError, StaleLease
 from pipeline.keys import JobKeys, TenantKeys
@@ -51,6 +52,17 @@ def test_every_script_declares_its_key_count_and_has_a_header() -> None:
             used |= set(range(int(first), int(first) + 3))
         assert sorted(set(range(1, nkeys + 1)) - used) == [], path.name  # every key is used
         assert "redis.call('KEYS'" not in text and "SCAN" not in text, path.name
+
+
+def test_a_script_body_keeps_its_reply_shape_and_error_replies(store: Store, tmp_path: Path) -> None:
+    (tmp_path / "_lib.lua").write_text((Path(LUA_DIR) / "_lib.lua").read_text())
+    (tmp_path / "table-0.lua").write_text("-- a table with a nested one\nreturn {0, 'a', {1, 2}}")
+    (tmp_path / "nothing-0.lua").write_text("-- no reply\nlocal x = 1")
+    (tmp_path / "fail-0.lua").write_text("-- an error reply\nreturn redis.error_reply('boom')")
+    scripts = Scripts(store.redis, lua_dir=tmp_path)
+    assert scripts("table", [], []) == [0, "a", [1, 2]] and scripts("nothing", [], []) == []
+    with pytest.raises(redis.ResponseError, match="boom"):
+        scripts("fail", [], [])
 
 
 def test_wrong_key_count_is_refused_before_redis(store: Store) -> None:

@@ -192,11 +192,11 @@ def test_every_line_of_every_process_is_a_json_object(stack, redis_client, store
     assert "Worker process is ready for action." in messages["worker"]  # and its worker process
     assert any(m.startswith("watching ") for m in messages["watcher"])
     assert any(m.startswith("sweeping every ") for m in messages["sweeper"])
-    changes = sorted((x["ts"], x["from"], x["to"], x["reason"], x["attempt"]) for lines in logs.values()
-                     for x in lines if x["logger"] == "reckon.state" and x["job"] == job_id)
-    assert [change[1:] for change in changes] == [  # every state change of the job, where it happened
-        ("", "queued", "admitted", "0"), ("queued", "running", "claimed", "1"),
-        ("running", "completed", "completed", "1")]
+    changes = sorted((x["ts"], x["from"], x["to"], x["reason"], x["attempt"], x["generation"])
+                     for lines in logs.values() for x in lines if x["logger"] == "reckon.state" and x["job"] == job_id)
+    assert [change[1:5] for change in changes] == [  # every state change of the job, where it happened
+        ("", "queued", "admitted", 0), ("queued", "running", "claimed", 1), ("running", "completed", "completed", 1)]
+    assert changes[1][5] == 1 and changes[2][5] == int(store.job(job_id)["lease_gen"]) - 1  # the generation held
     assert {x["process"] for lines in logs.values() for x in lines if x["logger"] == "reckon.state"} == {
         "web", "worker"}
     access = [(x["method"], x["path"], x["status"]) for x in logs["web"] if x["logger"] == "gunicorn.access"]

@@ -34,6 +34,10 @@ def test_settings_read_the_environment_once_and_derive_the_broker_db() -> None:
     assert with_db("redis://:pw@h:1", 1) == "redis://:pw@h:1/1"
     with pytest.raises(ValueError):
         Settings.from_env({"RECKON_MAX_ATTEMPTS": "three"})
+    with pytest.raises(ValueError, match="at least one prompt"):  # admission divides by the slots
+        Settings.from_env({"RECKON_PROVIDER_CAP": "0"}).caps()
+    with pytest.raises(ValueError, match="bad option"):
+        Settings.from_env({"RECKON_PROVIDERS": "a=http://127.0.0.1:1;cap=0"}).caps()
 
 
 @pytest.mark.parametrize(
