@@ -225,26 +225,27 @@ def job_checks(jobs: dict[str, dict[str, Any]], accepted: dict[str, str], cancel
 
 def stalled(jobs: dict[str, dict[str, Any]], margin_s: float, limits: dict[str, float]) -> list[dict[str, Any]]:
     """Jobs that sat in a state without cause: ``queued`` while a job of the same priority admitted more
-    than ``margin_s`` later left the queue (was claimed) during that wait, more than ``margin_s`` before it
+    than ``margin_s`` later was claimed (not cancelled) during that wait, more than ``margin_s`` before it
     did (its message was stranded, or it was overtaken: dispatch ranks by priority, then admission time),
     or ``running``/``reconciling`` longer than ``limits`` (a livelock)."""
-    stints: dict[str, list[tuple[float, float, float, str]]] = defaultdict(list)
+    stints: dict[str, list[tuple[float, float, float, str, bool]]] = defaultdict(list)
     found: dict[str, dict[str, Any]] = {}
     for job_id, job in jobs.items():
         events = job["events"]
         for i, e in enumerate(events):
             left: float = events[i + 1]["at"] if i + 1 < len(events) else float("inf")
+            claimed = i + 1 < len(events) and events[i + 1]["to"] == "running"  # not a cancel or an expiry
             if e["to"] == "queued":
-                stints[job["record"].get("priority", "")].append((events[0]["at"], e["at"], left, job_id))
+                stints[job["record"].get("priority", "")].append((events[0]["at"], e["at"], left, job_id, claimed))
             elif e["to"] in limits and left - e["at"] > limits[e["to"]] * 1000:
                 found.setdefault(job_id, dict(dump(job_id, job), why=f"{e['to']} for {(left - e['at']) / 1000:.1f} s"))
     margin = margin_s * 1000
     for rows in stints.values():
         rows.sort()
         admitted_at = [row[0] for row in rows]
-        for admitted, entered, left, job_id in rows:
+        for admitted, entered, left, job_id, _ in rows:
             later = rows[bisect.bisect_right(admitted_at, admitted + margin):]
-            other = next((o for _, _, exit_, o in later if entered < exit_ < left - margin), None)
+            other = next((o for _, _, exit_, o, claimed in later if claimed and entered < exit_ < left - margin), None)
             if other is not None and job_id not in found:
                 t0, waited = jobs[job_id]["events"][0]["at"], (left - entered) / 1000
                 found[job_id] = dict(dump(job_id, jobs[job_id]), why=(
