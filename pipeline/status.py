@@ -196,8 +196,9 @@ def render(snap: dict[str, Any]) -> str:
                  row["needs_review"], row["dead"], row["overdue"], "PAUSED" if row["paused"] else "-"]
         lines.append(f"{cls:<12}" + "".join(f"{cell!s:>13}" for cell in cells))
     money = snap["exposure"]
+    budget = "full (unused)" if snap["retry_budget"] is None else f"{snap['retry_budget']:g} tokens"
     lines.append(f"exposure: reserved {money['reserved']}  uncertain {money['uncertain']}  "
-                 f"(settled {money['settled']})   parked {snap['parked']}   retry budget {snap['retry_budget']}")
+                 f"(settled {money['settled']})   parked {snap['parked']}   retry budget {budget}")
     lines.append(f"sweeper: last pass {_age(snap['sweeper_age_s'])} ago")
     for name, server in snap["providers"].items():
         stops = ",".join(server["stopped"]) or "-"
