@@ -321,6 +321,8 @@ def report(client: Client, broker: Client, tenants: list[str], charges: list[dic
                  "cancel_accepted": len(load.cancelled), "turnaround": turnaround(jobs)},
         "provider": {"executions": len(charges), "units": sum(c["units"] for c in charges)},
         "stale_writes_rejected": int(client.hget("reckon:stats", "stale_writes_rejected") or 0),
+        "admission_refused": {field.removeprefix("refused:"): int(n) for field, n in
+                              sorted(client.hgetall("reckon:stats").items()) if field.startswith("refused:")},
         "tenants": totals, "clients": dict(load.stats), "excused": paid["excused"],
         "ledger_samples": {"taken": sampler.samples, "skipped_during_outage": sampler.skipped},
         "checks": {name: {"ok": not items, "count": len(items), "items": items[:50]} for name, items in found.items()},
@@ -340,6 +342,7 @@ def summary(rep: dict[str, Any]) -> str:
              f"chaos: {dict(actions)}; exited on their own: {[e['process'] for e in rep['unexpected_exits']]}",
              (f"provider: {rep['provider']['executions']} executions, {rep['provider']['units']} units; stale "
               f"writes rejected: {rep['stale_writes_rejected']}; ledger samples: {rep['ledger_samples']}"),
+             f"admission refused (clients retried): {rep['admission_refused']}; client calls: {dict(rep['clients'])}",
              "tenant  provider   settled  uncertain  excused provider/booked"]
     lines += [f"{name:6} {f['provider_charged']:9} {f['settled']:9} {f['uncertain']:10}  "
               f"{f['excused_provider']}/{f['excused_booked']}" for name, f in rep["tenants"].items()]

@@ -209,19 +209,20 @@ def _caps() -> dict[str, int]:
     return Settings.from_env().caps()
 
 
-def _listing(store: Store, index: str) -> list[dict[str, Any]]:
+def _listing(store: Store, index: str, when: str) -> list[dict[str, Any]]:
+    """Every job in one of the tenants' indexes; ``when`` names what the index's score is."""
     rows = []
     for tenant in store.tenants():
         for job_id, score in store.redis.zrange(getattr(TenantKeys(tenant), index), 0, -1, withscores=True):
             record = store.job(job_id) or {}
-            rows.append({"id": job_id, "state": record.get("state"), "since": iso(int(score)),
+            rows.append({"id": job_id, "state": record.get("state"), when: iso(int(score)),
                          "error": {"class": record.get("error_class"), "reason": record.get("error_reason")},
                          "uncertain": int(record.get("uncertain", 0))})
     return rows
 
 
 def dlq_list(store: Store, args: argparse.Namespace) -> int:
-    _print(_listing(store, "dead"))
+    _print(_listing(store, "dead", "failed_at"))
     return 0
 
 
@@ -232,7 +233,7 @@ def dlq_replay(store: Store, args: argparse.Namespace) -> int:
 
 
 def review_list(store: Store, args: argparse.Namespace) -> int:
-    _print(_listing(store, "review"))
+    _print(_listing(store, "review", "review_expires_at"))
     return 0
 
 
