@@ -102,9 +102,7 @@ class Reads:
 
     def class_pauses(self) -> dict[str, int]:
         """Paused workload classes -> since when (ms)."""
-        raw = self.redis.hgetall(keys.FLEET)
-        return {field.removeprefix("pause_class:"): int(since) for field, since in raw.items()
-                if field.startswith("pause_class:")}
+        return class_pauses(self.redis.hgetall(keys.FLEET))
 
     def watched(self) -> dict[str, dict[str, Any]]:
         """Job id -> {server, gen, op, attempt} of every prompt waiting at a server (the watch list)."""
@@ -113,13 +111,23 @@ class Reads:
 
     def fleet(self, caps: dict[str, int]) -> dict[str, dict[str, Any]]:
         """Each server's slots in use, cap, stops (reason -> since, ms) and watched prompts."""
-        raw = self.redis.hgetall(keys.FLEET)
-        watched = [orjson.loads(value)["server"] for field, value in raw.items() if field.startswith("w:")]
-        view: dict[str, dict[str, Any]] = {}
-        for name, cap in caps.items():
-            stops = {reason: int(since) for reason, since in
-                     ((field.partition(":")[0], since) for field, since in raw.items()
-                      if field.partition(":")[2] == name) if reason in SERVER_BLOCKS}
-            view[name] = {"busy": int(raw.get(f"busy:{name}", 0)), "cap": cap, "stopped": stops,
-                          "watched": watched.count(name)}
-        return view
+        return fleet_view(self.redis.hgetall(keys.FLEET), caps)
+
+
+def class_pauses(raw: dict[str, str]) -> dict[str, int]:
+    """Paused workload classes -> since when (ms), from the fleet hash's fields."""
+    return {field.removeprefix("pause_class:"): int(since) for field, since in raw.items()
+            if field.startswith("pause_class:")}
+
+
+def fleet_view(raw: dict[str, str], caps: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Each server's slots in use, cap, stops and watched prompts, from the fleet hash's fields."""
+    watched = [orjson.loads(value)["server"] for field, value in raw.items() if field.startswith("w:")]
+    view: dict[str, dict[str, Any]] = {}
+    for name, cap in caps.items():
+        stops = {reason: int(since) for reason, since in
+                 ((field.partition(":")[0], since) for field, since in raw.items()
+                  if field.partition(":")[2] == name) if reason in SERVER_BLOCKS}
+        view[name] = {"busy": int(raw.get(f"busy:{name}", 0)), "cap": cap, "stopped": stops,
+                      "watched": watched.count(name)}
+    return view

@@ -1,8 +1,8 @@
 """The fleet-wide figures operators read (``reckon status``, ``/ui``, ``/metrics``), from Redis in O(1).
 
 Every figure comes from the global keys the scripts keep in step (``keys.GLOBALS``) and the
-fleet hash, in a fixed number of commands whatever the number of tenants and jobs: one
-pipelined round trip plus one ``EXISTS`` per server.
+fleet hash, in a fixed number of commands whatever the number of tenants and jobs: ``TIME``,
+then one pipelined round trip (an ``EXISTS`` per server among its commands).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from . import keys
 from .keys import BATCH_RANK, JobKeys, ProviderKeys, TenantKeys
+from .reads import class_pauses, fleet_view
 from .store import Store
 
 CLASSES = ("interactive", "batch")
@@ -71,7 +72,14 @@ def read(store: Store, caps: dict[str, int]) -> Figures:
     pipe.hget(keys.SWEEPER, "at")
     pipe.hget(ProviderKeys(BUDGET_PROVIDER).budget, "tokens")
     pipe.zcard(keys.PARKED)
-    stats, *per_class, sweeper, budget, parked = pipe.execute()
+    pipe.hgetall(keys.FLEET)
+    for name in caps:
+        pipe.exists(keys.watcher_lock(name))
+    replies = pipe.execute()
+    n = 1 + 3 * len(CLASSES)
+    stats, per_class = replies[0], replies[1:n]
+    sweeper, budget, parked, fleet = replies[n:n + 4]
+    locks = replies[n + 4:]
     depth, oldest, overdue = {}, {}, {}
     for i, cls in enumerate(CLASSES):
         count, first, late = per_class[3 * i:3 * i + 3]
@@ -80,8 +88,8 @@ def read(store: Store, caps: dict[str, int]) -> Figures:
     return Figures(
         at_ms=now, stats=stats, depth=depth, oldest_ms=oldest, overdue=overdue,
         sweeper_ms=int(sweeper) if sweeper else None, budget=float(budget) if budget is not None else None,
-        fleet=store.fleet(caps), pauses=store.class_pauses(), parked=int(parked),
-        watchers={name: bool(client.exists(keys.watcher_lock(name))) for name in caps},
+        fleet=fleet_view(fleet, caps), pauses=class_pauses(fleet), parked=int(parked),
+        watchers={name: bool(up) for name, up in zip(caps, locks, strict=True)},
     )
 
 
