@@ -21,6 +21,7 @@ import orjson
 
 from . import keys
 from .keys import JobKeys, TenantKeys
+from .status import CLASSES
 
 #: Seconds between two samples; the slot of a time is ``at // RESOLUTION_S``.
 RESOLUTION_S = 30
@@ -28,7 +29,6 @@ RESOLUTION_S = 30
 SLOTS = 120
 #: Samples older than this are not shown (a slot not overwritten for an hour holds one).
 WINDOW_S = RESOLUTION_S * SLOTS
-CLASSES = ("interactive", "batch")
 #: Rows of each recent-problems list.
 RECENT_LIMIT = 20
 #: Tenants read per pipelined round trip while looking for the newest problems.
