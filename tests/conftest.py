@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -42,6 +43,19 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(interval)
+
+
+def stop_group(proc: subprocess.Popen[bytes] | None) -> None:
+    """Stop the process group ``proc`` leads (started with ``start_new_session``): SIGTERM, then
+    SIGKILL after 10 s, so its children (gunicorn's workers, chromium's renderers) go with it."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -15,7 +14,7 @@ from falcon import testing
 from api.app import create_app
 from pipeline.settings import Settings
 from pipeline.store import Store
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, stop_group, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -76,14 +75,7 @@ class Web:
         wait_until(lambda: self._ready(), timeout=20)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)  # the group gunicorn's master (this PID) leads
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_group(self.proc)  # the group gunicorn's master (this PID) leads
 
     def _ready(self) -> bool:
         assert self.proc is not None and self.proc.poll() is None, self.log.read_text()

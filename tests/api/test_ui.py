@@ -8,9 +8,7 @@ stops it by its PID (process group), as it does gunicorn.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import signal
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -26,7 +24,7 @@ from pipeline import history, keys, status
 from pipeline.keys import ProviderKeys
 from pipeline.settings import Settings
 from pipeline.store import Store
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, stop_group, wait_until
 
 from .conftest import auth, job_body
 
@@ -128,14 +126,7 @@ class Chromium:
             return False
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)  # the group this PID leads: its zygote and renderers too
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_group(self.proc)  # the group this PID leads: its zygote and renderers too
 
 
 @pytest.fixture
