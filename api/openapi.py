@@ -123,13 +123,19 @@ SPEC: dict[str, Any] = {
                     "429": _problem("over the tenant's limit: jobs in flight (too-many-in-flight) or submission "
                                     "rate (rate-limited); Retry-After says when to try again; nothing was written"),
                     "409": _problem("the first request with this key is still being processed"),
+                    "503": _problem("the class's queue is at its cap (queue-full), batch work is shed while "
+                                    "interactive jobs wait past their target (load-shed), or job state cannot be "
+                                    "read or written now (state-unavailable); Retry-After says when to try "
+                                    "again; nothing was written"),
                     "413": _problem("request body larger than RECKON_MAX_BODY_BYTES (payload-too-large)"),
                     "415": _problem("the body is not application/json or application/*+json"),
                     "422": _problem(
                         f"invalid job (invalid-job; nested deeper than {MAX_DEPTH} levels, too large a workflow, "
                         "supersedes naming no job of the tenant), max_cost below one attempt (max-cost-too-low), "
-                        "a member name repeated in one object (duplicate-member), or the key used before with "
-                        "another request (idempotency-key-reused)"),
+                        "a member name repeated in one object (duplicate-member), the key used before with "
+                        "another request (idempotency-key-reused), or a deadline the backlog ahead of the job "
+                        "makes impossible to meet (deadline-infeasible, with estimate_seconds and "
+                        "deadline_seconds)"),
                 },
             },
             "get": {
