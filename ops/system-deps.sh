@@ -4,6 +4,9 @@
 #   faketime      a worker whose clock is off, in the fault tests
 #   chromium      the status page's browser test (tests/api/test_ui.py)
 #   promtool      from the prometheus package: ops/check_alerts.sh checks and unit-tests the alert rules
+#   rabbitmq-server  the broker seam's test runs reckon on Dramatiq's RabbitMQ broker (a private node on
+#                 loopback, ops/rabbitmq.py; it starts in about 6 s); its start script is not on a user's PATH,
+#                 and the policy-rc.d below also stops its postinst starting a node on 0.0.0.0:5672
 # The prometheus package's postinst would start a Prometheus on 0.0.0.0:9090: a policy-rc.d that exits
 # 101 forbids any service start during the install (ours is removed after; one already there stays).
 set -euo pipefail
@@ -15,6 +18,7 @@ commands=(redis-server)
 if [ "$want" = test ]; then commands+=(faketime chromium promtool); fi
 missing=()
 for cmd in "${commands[@]}"; do command -v "$cmd" >/dev/null || missing+=("${package[$cmd]}"); done
+if [ "$want" = test ] && [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then missing+=(rabbitmq-server); fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 policy=/usr/sbin/policy-rc.d
 ours=

@@ -1,7 +1,9 @@
 """Dramatiq's Redis broker, kept in its own logical database, and how jobs are published.
 
 Dramatiq's maintenance runs ``KEYS`` over its database, so it never shares one
-with reckon's state (``RECKON_BROKER_URL``, by default database 1).
+with reckon's state (``RECKON_BROKER_URL``, by default database 1). An ``amqp://`` (or
+``amqps://``) ``RECKON_BROKER_URL`` chooses Dramatiq's RabbitMQ broker instead: a message
+carries only a job id and reckon's state never lives in the broker, so nothing else changes.
 """
 
 from __future__ import annotations
@@ -22,13 +24,26 @@ ROUTES = {
 }
 
 
-def build_broker(settings: Settings) -> RedisBroker:
+def build_broker(settings: Settings) -> dramatiq.Broker:
     """A Redis broker without Dramatiq's Retries: reckon's own state decides every retry."""
-    broker = RedisBroker(url=settings.broker_url, namespace="dramatiq")
+    broker: dramatiq.Broker
+    if settings.broker_url.startswith(("amqp://", "amqps://")):
+        broker = rabbitmq_broker(settings.broker_url)
+    else:
+        broker = RedisBroker(url=settings.broker_url, namespace="dramatiq")
     for middleware in list(broker.middleware):
         if isinstance(middleware, Retries):
             broker.middleware.remove(middleware)
     return broker
+
+
+def rabbitmq_broker(url: str) -> dramatiq.Broker:
+    """Dramatiq's RabbitMQ broker with publisher confirms: ``enqueue`` returns only once RabbitMQ
+    holds the message (persistent), as a Redis broker's reply does, so the outbox entry that the
+    publisher then clears never hides a message the broker lost."""
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker  # pika: only for this broker
+
+    return RabbitmqBroker(url=url, confirm_delivery=True)
 
 
 class Publisher:
