@@ -36,6 +36,9 @@ DEFAULT_DEADLINE_SECONDS = 3600
 #: any queued (or reconciling) job not claimed within it, the window doubling per redelivery.
 DEFAULT_OUTBOX_GRACE_SECONDS = 10.0
 DEFAULT_SWEEP_INTERVAL_SECONDS = 1.0
+#: A sweeper holds the tenants it takes for this long (one pass): a second sweeper takes others, and
+#: the tenants of a sweeper that died mid-pass come due again, for any sweeper, when the hold ends.
+DEFAULT_SWEEP_HOLD_SECONDS = 30.0
 DEFAULT_POLL_INTERVAL_SECONDS = 0.05
 #: After submission the worker's thread is freed and the server's watcher follows the prompt
 #: (websocket, with /history as the fallback); off: the worker polls until the prompt ends.
@@ -105,6 +108,7 @@ class Settings:
     default_deadline_seconds: int = DEFAULT_DEADLINE_SECONDS
     outbox_grace_seconds: float = DEFAULT_OUTBOX_GRACE_SECONDS
     sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
+    sweep_hold_seconds: float = DEFAULT_SWEEP_HOLD_SECONDS
     poll_interval_seconds: float = DEFAULT_POLL_INTERVAL_SECONDS
     watch: bool = DEFAULT_WATCH
     watch_poll_seconds: float = DEFAULT_WATCH_POLL_SECONDS
@@ -133,6 +137,8 @@ class Settings:
         if self.retention_seconds < self.idempotency_ttl_seconds:
             # a replay rebuilds the first response from the job: the job must outlive its key
             raise ValueError("RECKON_RETENTION_SECONDS must be at least RECKON_IDEMPOTENCY_TTL_SECONDS")
+        if self.sweep_hold_seconds <= 0:  # a hold of 0 would hand every due tenant to every sweeper
+            raise ValueError("RECKON_SWEEP_HOLD_SECONDS must be more than 0")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -154,6 +160,7 @@ class Settings:
             "default_deadline_seconds": ("RECKON_DEFAULT_DEADLINE_SECONDS", int),
             "outbox_grace_seconds": ("RECKON_OUTBOX_GRACE_SECONDS", float),
             "sweep_interval_seconds": ("RECKON_SWEEP_INTERVAL_SECONDS", float),
+            "sweep_hold_seconds": ("RECKON_SWEEP_HOLD_SECONDS", float),
             "poll_interval_seconds": ("RECKON_POLL_INTERVAL_SECONDS", float),
             "watch": ("RECKON_WATCH", flag),
             "watch_poll_seconds": ("RECKON_WATCH_POLL_SECONDS", float),

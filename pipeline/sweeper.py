@@ -13,7 +13,10 @@ A pass visits only tenants whose work is due: every script that schedules work a
 moves the tenant's entry in the wake set (``reckon:wake``) earlier, and after a visit
 ``rearm`` sets it to the tenant's true next due time. An idle pass is three commands (its
 heartbeat, unpark, take-due).
-Two sweepers at once take different tenants (``take-due`` holds a tenant for one pass).
+Many sweepers at once take different tenants: ``take-due`` holds each tenant it hands out
+for ``RECKON_SWEEP_HOLD_SECONDS`` (30 s), so a tenant of a sweeper that died mid-pass comes due
+again, for any sweeper, when its hold ends (README "Many sweepers"). Each sweeper's pass is in
+the heartbeat hash (``at``/``by``: the latest pass of any; ``at:<host>/<pid>``: each one's).
 
 Run it: ``python -m pipeline.sweeper`` (the ``sweeper`` process in the Procfile).
 """
@@ -28,7 +31,7 @@ import threading
 from collections import Counter
 from typing import Callable
 
-from . import history, keys, status
+from . import faultpoints, history, keys, status
 from .keys import TenantKeys
 from .settings import Settings
 from .store import Store
@@ -38,8 +41,6 @@ log = logging.getLogger(__name__)
 BATCH = 500
 #: Tenants taken per pass; more wait for the next pass.
 TENANTS_PER_PASS = 1000
-#: A tenant taken by a sweeper is not taken again for this long (a sweeper that died mid-pass).
-HOLD_MS = 30_000
 
 
 class Sweeper:
@@ -55,6 +56,9 @@ class Sweeper:
         self.servers = settings.caps()
         self.window_ms = int(settings.outbox_grace_seconds * 1000)
         self.retention_ms = int(settings.retention_seconds * 1000)
+        #: A tenant taken by this sweeper is not taken again for this long (a sweeper that died mid-pass).
+        self.hold_ms = int(settings.sweep_hold_seconds * 1000)
+        self.name = f"{socket.gethostname()}/{os.getpid()}"
 
     def now_ms(self) -> int:
         return self.store.server_ms() if self.clock is None else int(self.clock() * 1000)
@@ -63,11 +67,11 @@ class Sweeper:
         """One pass over the tenants with due work; returns how many jobs each step moved."""
         done: Counter[str] = Counter()
         now = self.now_ms()
-        self.store.redis.hset(keys.SWEEPER, mapping={"at": now, "by": f"{socket.gethostname()}/{os.getpid()}"})
+        self.store.redis.hset(keys.SWEEPER, mapping={"at": now, "by": self.name, f"at:{self.name}": now})
         for job_id in self.store.unpark(self.servers):
             self.publish(job_id, "unparked")
             done["unparked"] += 1
-        tenants = self.store.take_due(limit=TENANTS_PER_PASS, hold_ms=HOLD_MS, now_ms=now)
+        tenants = self.store.take_due(limit=TENANTS_PER_PASS, hold_ms=self.hold_ms, now_ms=now)
         for tenant in tenants:
             try:
                 self._visit(TenantKeys(tenant), now, done)
@@ -75,6 +79,7 @@ class Sweeper:
                 log.exception("sweep of tenant %s failed; it is visited again next pass", tenant)
             finally:
                 self.store.rearm(tenant, window_ms=self.window_ms, retention_ms=self.retention_ms)
+            faultpoints.reached("sweep_visited")  # crash tests: die holding the pass's other tenants
         return +done  # only the steps that moved something
 
     def _visit(self, t: TenantKeys, now: int, done: Counter[str]) -> None:

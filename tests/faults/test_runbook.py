@@ -386,8 +386,9 @@ def processes_and_tenant(live: Live) -> None:
     the tenant's ledger balances, its limits change, and disabled, its key is refused."""
     stack, rb, store = live.stack, live.rb, live.store
     beat = rb.lines("redis-cli -p 6390 HGETALL reckon:sweeper")
-    assert dict(zip(beat[0::2], beat[1::2], strict=True)).keys() == {"at", "by"}
-    assert beat[beat.index("by") + 1] == f"{socket.gethostname()}/{stack.procs['sweeper'].pid}"
+    sweeper = f"{socket.gethostname()}/{stack.procs['sweeper'].pid}"
+    assert dict(zip(beat[0::2], beat[1::2], strict=True)).keys() == {"at", "by", f"at:{sweeper}"}
+    assert beat[beat.index("by") + 1] == sweeper
     assert store.server_ms() - 5_000 < int(beat[beat.index("at") + 1]) <= store.server_ms()
     for name in ("watcher", "sweeper"):
         rb.started(f"python -m pipeline.{name}", stack.procs[name])
