@@ -13,7 +13,7 @@ import falcon.media
 import orjson
 import redis
 
-from pipeline.blobs import BlobStore
+from pipeline.blobs import open_blobs
 from pipeline.errors import (
     DeadlineInfeasible,
     IdempotencyConflict,
@@ -61,7 +61,7 @@ def create_app(
     app.add_route("/v1/jobs/{job_id}/events", resources.Events(store))
     app.add_route("/v1/jobs/{job_id}/events/stream", resources.EventStream(
         store, max_seconds=settings.sse_max_seconds, slots=sse.StreamSlots(settings.sse_max_streams)))
-    app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, BlobStore(settings.blob_dir)))
+    app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, open_blobs(settings)))
     app.add_route("/v1/usage", resources.Usage(store))
     app.add_route("/healthz", resources.Health())
     app.add_route("/readyz", resources.Ready(store))

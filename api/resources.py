@@ -12,7 +12,7 @@ import orjson
 import redis
 
 from pipeline import progress, views
-from pipeline.blobs import BlobStore
+from pipeline.blobs import Blobs
 from pipeline.errors import BlobMissing, BlobUnreadable
 from pipeline.jobs import Admitter, State, iso, job_view
 from pipeline.keys import tenant_of
@@ -183,7 +183,7 @@ class EventStream:
 
 
 class Output:
-    def __init__(self, store: Store, blobs: BlobStore) -> None:
+    def __init__(self, store: Store, blobs: Blobs) -> None:
         self.store, self.blobs = store, blobs
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str, index: int) -> None:

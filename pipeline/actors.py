@@ -6,7 +6,7 @@ from typing import Callable
 
 import dramatiq
 
-from .blobs import BlobStore
+from .blobs import open_blobs
 from .broker import ROUTES, Publisher, build_broker
 from .errors import AttemptFailed, StaleLease
 from .executor import Executor
@@ -43,7 +43,7 @@ def executor() -> Executor:
     global _executor
     if _executor is None:
         store = Store(connect(settings.redis_url))
-        _executor = Executor(store, Fleet(settings.servers(), adapter), BlobStore(settings.blob_dir), settings)
+        _executor = Executor(store, Fleet(settings.servers(), adapter), open_blobs(settings), settings)
     return _executor
 
 

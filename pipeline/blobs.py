@@ -1,4 +1,10 @@
-"""Durable, content-addressed output storage: ``<root>/<aa>/<bb>/<sha256>``."""
+"""Durable, content-addressed output storage behind one small interface (:class:`Blobs`).
+
+The default is a local directory (``<root>/<aa>/<bb>/<sha256>``); hosts that share no disk use an
+S3-compatible bucket instead (pipeline/s3blobs.py), chosen by ``RECKON_BLOB_URL=s3://bucket/prefix``.
+Either way a put is durable before it returns, a read checks the bytes against their sha256, and
+no error names a location (an output's location stays out of logs and responses).
+"""
 
 from __future__ import annotations
 
@@ -8,25 +14,97 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlsplit
 
-from .errors import BlobMissing, BlobUnreadable
+from .errors import BlobMissing, BlobUnreadable, ReckonError
+
+if TYPE_CHECKING:
+    from .settings import Settings
+
+HEX = frozenset("0123456789abcdef")
+
+
+class BlobUnwritable(ReckonError):
+    """Output bytes could not be stored durably (an I/O or storage-service error); the message
+    names the error's kind, never a location."""
+
+
+class Blobs(Protocol):
+    """What the worker (put), the API (read) and ``reckon blobs gc`` (collect) need of a blob store."""
+
+    def put(self, data: bytes) -> str:
+        """Store ``data`` durably; return its sha256 (hex). Raises BlobUnwritable."""
+        ...
+
+    def read(self, digest: str) -> bytes:
+        """The bytes stored under ``digest``, checked against it. Raises BlobMissing or BlobUnreadable."""
+        ...
+
+    def collect(self, keep: Iterable[str], *, min_age_s: float, now: float | None = None) -> tuple[int, int]:
+        """Delete every stored blob not in ``keep`` and older than ``min_age_s``; (removed, kept)."""
+        ...
+
+
+def layout(digest: str) -> str:
+    """``aa/bb/<sha256>``: a blob's place under the store's root (directory or key prefix)."""
+    if len(digest) != 64 or not HEX.issuperset(digest):
+        raise ValueError("not a sha256 digest")
+    return f"{digest[:2]}/{digest[2:4]}/{digest}"
+
+
+def is_blob_name(name: str) -> bool:
+    """Whether ``name`` (relative to the store's root) is where :func:`layout` puts some digest."""
+    digest = name.rsplit("/", 1)[-1]
+    return len(digest) == 64 and HEX.issuperset(digest) and name == f"{digest[:2]}/{digest[2:4]}/{digest}"
+
+
+def verified(data: bytes, digest: str) -> bytes:
+    """``data`` if it hashes to ``digest``; BlobUnreadable if the store handed back other bytes."""
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise BlobUnreadable("stored output bytes do not match their sha256")
+    return data
+
+
+def open_blobs(settings: Settings) -> Blobs:
+    """The blob store the settings name: ``blob_url`` ``s3://bucket/prefix`` (an S3-compatible
+    service at ``s3_endpoint``, AWS's when empty), else the local directory ``blob_dir``."""
+    if not settings.blob_url:
+        return BlobStore(settings.blob_dir)
+    url = urlsplit(settings.blob_url)
+    if "@" in url.netloc:  # never echoed: it may hold a secret
+        raise ValueError("RECKON_BLOB_URL holds credentials; boto3 reads them from AWS_* variables")
+    if url.scheme != "s3" or not url.hostname or url.query or url.fragment:
+        raise ValueError("RECKON_BLOB_URL must be s3://BUCKET or s3://BUCKET/PREFIX (empty: RECKON_BLOB_DIR)")
+    from .s3blobs import S3BlobStore, s3_client  # boto3 loads only where S3 is used
+
+    return S3BlobStore(s3_client(settings.s3_endpoint), url.netloc, url.path)
 
 
 class BlobStore:
+    """Blobs in a local directory: fsync'd files, one per sha256."""
+
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
     def path(self, digest: str) -> Path:
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise ValueError("not a sha256 digest")
-        return self.root / digest[:2] / digest[2:4] / digest
+        return self.root / layout(digest)
 
     def put(self, data: bytes) -> str:
         """Store ``data`` durably (temp file, fsync, rename, fsync dir); return its sha256."""
         digest = hashlib.sha256(data).hexdigest()
         target = self.path(digest)
-        if target.exists():
-            return digest
+        try:
+            if target.exists():
+                os.utime(target)  # written again now: ``collect`` must not take it before it is recorded
+                return digest
+            self._write(target, data)
+        except OSError as exc:
+            raise BlobUnwritable(f"output bytes cannot be stored ({type(exc).__name__})") from None
+        return digest
+
+    @staticmethod
+    def _write(target: Path, data: bytes) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
         try:
@@ -43,16 +121,18 @@ class BlobStore:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-        return digest
 
     def collect(self, keep: Iterable[str], *, min_age_s: float, now: float | None = None) -> tuple[int, int]:
         """Delete every stored blob not in ``keep`` and older than ``min_age_s`` (a blob just
-        written may not be recorded on its job yet); returns (removed, kept)."""
+        written may not be recorded on its job yet); returns (removed, kept). Other files (a put's
+        temporary file, anything else) are neither counted nor touched."""
         keep = set(keep)
         cutoff = (time.time() if now is None else now) - min_age_s
         removed = kept = 0
         for path in self.root.glob("[0-9a-f][0-9a-f]/[0-9a-f][0-9a-f]/*"):
-            if path.name in keep or path.name.startswith(".tmp-") or path.stat().st_mtime > cutoff:
+            if not is_blob_name(str(path.relative_to(self.root))):
+                continue
+            if path.name in keep or path.stat().st_mtime > cutoff:
                 kept += 1
                 continue
             path.unlink(missing_ok=True)
@@ -60,11 +140,12 @@ class BlobStore:
         return removed, kept
 
     def read(self, digest: str) -> bytes:
-        """The stored bytes; BlobMissing or BlobUnreadable, never an error that names the path
-        (an output's location stays out of logs and responses)."""
+        """The stored bytes, checked against ``digest``; BlobMissing or BlobUnreadable, never an
+        error that names the path."""
         try:
-            return self.path(digest).read_bytes()
+            data = self.path(digest).read_bytes()
         except FileNotFoundError:
             raise BlobMissing("stored output bytes are missing") from None
         except OSError as exc:
             raise BlobUnreadable(f"stored output bytes cannot be read ({type(exc).__name__})") from None
+        return verified(data, digest)

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from . import admission, keys
-from .blobs import BlobStore
+from .blobs import open_blobs
 from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed
 from .executor import BUDGET
 from .fleet import DEFAULT_SERVER
@@ -328,7 +328,7 @@ def parser() -> argparse.ArgumentParser:
 
 def blobs_gc(store: Store, args: argparse.Namespace) -> int:
     keep = store.referenced_blobs()
-    removed, kept = BlobStore(Settings.from_env().blob_dir).collect(keep, min_age_s=args.min_age)
+    removed, kept = open_blobs(Settings.from_env()).collect(keep, min_age_s=args.min_age)
     _print({"removed": removed, "kept": kept, "referenced": len(keep)})
     return 0
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, TypeVar
 import redis
 
 from . import faultpoints
-from .blobs import BlobStore
+from .blobs import Blobs
 from .errors import (
     AttemptFailed,
     CancelRequested,
@@ -96,7 +96,7 @@ class Heartbeat:
 
 class Executor:
     def __init__(
-        self, store: Store, fleet: Fleet, blobs: BlobStore, settings: Settings, *,
+        self, store: Store, fleet: Fleet, blobs: Blobs, settings: Settings, *,
         new_operation_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:

@@ -20,6 +20,11 @@ DEFAULT_PROVIDERS = ""
 #: Prompts in flight per server unless its entry says ``cap=N``.
 DEFAULT_PROVIDER_CAP = 2
 DEFAULT_BLOB_DIR = "var/blobs"
+#: Where outputs are stored (README "Blob store"): empty for the local directory above, or
+#: ``s3://BUCKET[/PREFIX]`` for an S3-compatible bucket that every host reaches...
+DEFAULT_BLOB_URL = ""
+#: ...at this endpoint (``http://host:port`` of MinIO, Ceph RGW...); empty: AWS S3 itself.
+DEFAULT_S3_ENDPOINT = ""
 #: Cost units charged per output image; must match the provider's real price.
 DEFAULT_PRICE_PER_OUTPUT = 10
 #: Attempts a job may make; the reservation covers all of them unless max_cost lowers it.
@@ -87,6 +92,17 @@ DEFAULT_QUEUE_CAP_INTERACTIVE = 1000
 DEFAULT_QUEUE_CAP_BATCH = 10000
 #: ...and how long the oldest eligible interactive job may wait before batch work is shed (503).
 DEFAULT_INTERACTIVE_TARGET_SECONDS = 60
+#: Redis Sentinel (README "Failover (Sentinel)"): ``host:port,...`` and the master's name. When set,
+#: state and broker default to ``redis+sentinel://<sentinels>/<master>/0`` and ``.../1``.
+DEFAULT_SENTINELS = ""
+DEFAULT_SENTINEL_MASTER = "mymaster"
+#: Redis Cluster for the state store (``host:port,...`` of startup nodes); empty: RECKON_REDIS_URL.
+DEFAULT_REDIS_CLUSTER = ""
+#: A write that must not be lost (admission, settlement, output records) is acknowledged only
+#: once this many replicas have it (``WAIT``); 0: no WAIT (a single server).
+DEFAULT_REPLICAS_TO_ACK = 0
+#: How long such a write waits for its replicas (ms) before it is answered as not durable.
+DEFAULT_ACK_TIMEOUT_MS = 1000
 #: Bearer token for the operator pages (``GET /ui``); empty: those pages answer 401 to everyone.
 DEFAULT_OPERATOR_TOKEN = ""
 
@@ -99,6 +115,8 @@ class Settings:
     providers: str = DEFAULT_PROVIDERS
     provider_cap: int = DEFAULT_PROVIDER_CAP
     blob_dir: str = DEFAULT_BLOB_DIR
+    blob_url: str = DEFAULT_BLOB_URL
+    s3_endpoint: str = DEFAULT_S3_ENDPOINT
     price_per_output: int = DEFAULT_PRICE_PER_OUTPUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     lease_seconds: float = DEFAULT_LEASE_SECONDS
@@ -132,6 +150,11 @@ class Settings:
     queue_cap_batch: int = DEFAULT_QUEUE_CAP_BATCH
     interactive_target_seconds: int = DEFAULT_INTERACTIVE_TARGET_SECONDS
     operator_token: str = field(default=DEFAULT_OPERATOR_TOKEN, repr=False)
+    sentinels: str = DEFAULT_SENTINELS
+    sentinel_master: str = DEFAULT_SENTINEL_MASTER
+    redis_cluster: str = DEFAULT_REDIS_CLUSTER
+    replicas_to_ack: int = DEFAULT_REPLICAS_TO_ACK
+    ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS
 
     def __post_init__(self) -> None:
         if self.retention_seconds < self.idempotency_ttl_seconds:
@@ -151,6 +174,8 @@ class Settings:
             "providers": ("RECKON_PROVIDERS", str),
             "provider_cap": ("RECKON_PROVIDER_CAP", int),
             "blob_dir": ("RECKON_BLOB_DIR", str),
+            "blob_url": ("RECKON_BLOB_URL", str),
+            "s3_endpoint": ("RECKON_S3_ENDPOINT", str),
             "price_per_output": ("RECKON_PRICE_PER_OUTPUT", int),
             "max_attempts": ("RECKON_MAX_ATTEMPTS", int),
             "lease_seconds": ("RECKON_LEASE_SECONDS", float),
@@ -184,10 +209,18 @@ class Settings:
             "queue_cap_batch": ("RECKON_QUEUE_CAP_BATCH", int),
             "interactive_target_seconds": ("RECKON_INTERACTIVE_TARGET_SECONDS", int),
             "operator_token": ("RECKON_OPERATOR_TOKEN", str),
+            "sentinels": ("RECKON_SENTINELS", str),
+            "sentinel_master": ("RECKON_SENTINEL_MASTER", str),
+            "redis_cluster": ("RECKON_REDIS_CLUSTER", str),
+            "replicas_to_ack": ("RECKON_REPLICAS_TO_ACK", int),
+            "ack_timeout_ms": ("RECKON_ACK_TIMEOUT_MS", int),
         }
         values = {name: parse(env[var]) for name, (var, parse) in fields.items() if var in env}
-        if "RECKON_REDIS_URL" in env and "RECKON_BROKER_URL" not in env:
-            values["broker_url"] = with_db(env["RECKON_REDIS_URL"], 1)
+        if env.get("RECKON_SENTINELS") and "RECKON_REDIS_URL" not in env:
+            master = values.get("sentinel_master", DEFAULT_SENTINEL_MASTER)
+            values["redis_url"] = f"redis+sentinel://{values['sentinels']}/{master}/0"
+        if "redis_url" in values and "RECKON_BROKER_URL" not in env:
+            values["broker_url"] = with_db(values["redis_url"], 1)
         return cls(**values)
 
     def servers(self) -> list[Server]:
@@ -208,5 +241,9 @@ def flag(value: str) -> bool:
 
 
 def with_db(url: str, db: int) -> str:
-    """The same server URL pointing at logical database ``db``."""
-    return urlsplit(url)._replace(path=f"/{db}").geturl()
+    """The same server URL pointing at logical database ``db`` (a Sentinel URL keeps its master name)."""
+    parts = urlsplit(url)
+    if parts.scheme == "redis+sentinel":
+        master = parts.path.strip("/").split("/")[0]
+        return parts._replace(path=f"/{master}/{db}").geturl()
+    return parts._replace(path=f"/{db}").geturl()

@@ -1,0 +1,185 @@
+"""The blob store's contract, run against both backends: the local directory and an S3-compatible
+server (moto's, a real process speaking HTTP on loopback)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipeline import cli
+from pipeline.blobs import Blobs, BlobStore, BlobUnwritable, open_blobs
+from pipeline.errors import BlobMissing, BlobUnreadable
+from pipeline.s3blobs import S3BlobStore
+from tests.conftest import free_port
+from tests.s3server import CREDENTIALS, S3Server, client, running
+
+IMAGE = b"\x89PNG\r\n\x1a\n an output"
+DIGEST = hashlib.sha256(IMAGE).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with running(tmp_path_factory.mktemp("moto")) as server:
+        yield server
+
+
+@dataclasses.dataclass
+class Backend:
+    """A store, and what a test does to it behind the store's back."""
+
+    blobs: Blobs
+    prefix: str  # where the store's names start: "" in its directory, "out/" in its bucket
+    stored: Callable[[], list[str]]  # the names of everything stored, blobs or not
+    place: Callable[[str, bytes], None]  # write bytes under a name, as a fault or another writer would
+    broken: Blobs  # the same kind of store, failing every operation (a lost disk, an unreachable service)
+    secrets: tuple[str, ...]  # what no error may show: the directory, the bucket
+
+    def name(self, digest: str) -> str:
+        return f"{self.prefix}{digest[:2]}/{digest[2:4]}/{digest}"
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "local":
+        root = tmp_path / "blobs"
+        (tmp_path / "a-file").write_text("")
+
+        def place_file(name: str, data: bytes) -> None:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_bytes(data)
+
+        def files() -> list[str]:
+            return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
+
+        return Backend(BlobStore(root), "", files, place_file, BlobStore(tmp_path / "a-file" / "blobs"),
+                       (str(tmp_path),))
+    server: S3Server = request.getfixturevalue("s3")
+    bucket, s3 = server.bucket(), server.client()
+
+    def place_object(name: str, data: bytes) -> None:
+        s3.put_object(Bucket=bucket, Key=name, Body=data)
+
+    nobody = client(f"http://127.0.0.1:{free_port()}", connect_timeout=1, retries={"max_attempts": 1})
+    return Backend(S3BlobStore(s3, bucket, "out/"), "out/", lambda: server.keys(bucket), place_object,
+                   S3BlobStore(nobody, bucket, "out"), (bucket, "out/"))
+
+
+def test_put_returns_the_sha256_and_read_gives_the_bytes_back(backend: Backend) -> None:
+    assert backend.blobs.put(IMAGE) == DIGEST
+    assert backend.blobs.put(IMAGE) == DIGEST  # the same bytes again: one blob
+    assert backend.blobs.put(b"") == hashlib.sha256(b"").hexdigest()
+    assert backend.blobs.read(DIGEST) == IMAGE
+    assert backend.blobs.read(hashlib.sha256(b"").hexdigest()) == b""
+    assert backend.stored() == sorted([backend.name(DIGEST), backend.name(hashlib.sha256(b"").hexdigest())])
+
+
+def test_a_blob_never_stored_is_missing_and_a_name_that_is_no_digest_is_refused(backend: Backend) -> None:
+    with pytest.raises(BlobMissing, match="^stored output bytes are missing$"):
+        backend.blobs.read(DIGEST)
+    for name in ("../../etc/passwd", DIGEST.upper(), DIGEST[:-1]):
+        with pytest.raises(ValueError, match="not a sha256 digest"):
+            backend.blobs.read(name)
+
+
+def test_other_bytes_under_a_digest_are_unreadable_not_served(backend: Backend) -> None:
+    backend.blobs.put(IMAGE)
+    backend.place(backend.name(DIGEST), IMAGE + b"x")  # bit rot, a torn copy, another writer
+    with pytest.raises(BlobUnreadable, match="^stored output bytes do not match their sha256$"):
+        backend.blobs.read(DIGEST)
+
+
+def test_collect_deletes_only_old_blobs_nobody_keeps(backend: Backend) -> None:
+    held, orphan, other = (backend.blobs.put(data) for data in (IMAGE, b"orphan", b"other orphan"))
+    backend.place(f"{backend.prefix}aa/bb/notes.txt", b"not a blob, never collected")
+    assert backend.blobs.collect({held}, min_age_s=3600) == (0, 3)  # all just written
+    assert backend.blobs.collect({held}, min_age_s=3600, now=time.time() + 3601) == (2, 1)
+    assert backend.blobs.read(held) == IMAGE
+    for gone in (orphan, other):
+        with pytest.raises(BlobMissing):
+            backend.blobs.read(gone)
+    assert backend.stored() == sorted([backend.name(held), f"{backend.prefix}aa/bb/notes.txt"])
+    assert backend.blobs.collect(set(), min_age_s=0, now=time.time() + 1) == (1, 0)
+
+
+def test_a_failing_store_raises_errors_that_name_no_location(backend: Backend) -> None:
+    with pytest.raises(BlobUnwritable) as unwritable:
+        backend.broken.put(IMAGE)
+    with pytest.raises(BlobUnreadable) as unreadable:
+        backend.broken.read(DIGEST)
+    for error in (unwritable.value, unreadable.value):
+        assert error.__cause__ is None and error.__suppress_context__
+        for secret in (*backend.secrets, DIGEST[:12]):
+            assert secret not in str(error)
+    kind = "NotADirectoryError" if isinstance(backend.broken, BlobStore) else "EndpointConnectionError"
+    assert str(unwritable.value) == f"output bytes cannot be stored ({kind})"
+    assert str(unreadable.value) == f"stored output bytes cannot be read ({kind})"
+
+
+def test_s3_put_stores_the_sha256_checksum_with_the_object(s3: S3Server) -> None:
+    bucket = s3.bucket()
+    S3BlobStore(s3.client(), bucket, "/deep/prefix/").put(IMAGE)
+    key = f"deep/prefix/{DIGEST[:2]}/{DIGEST[2:4]}/{DIGEST}"
+    head = s3.client().head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    checksum = base64.b64encode(bytes.fromhex(DIGEST)).decode()
+    assert (head["ContentLength"], head["ChecksumSHA256"]) == (len(IMAGE), checksum)
+
+
+def test_s3_without_its_bucket_is_unavailable_not_missing(s3: S3Server) -> None:
+    blobs = S3BlobStore(s3.client(), "reckon-no-such-bucket")
+    with pytest.raises(BlobUnreadable, match=r"^stored output bytes cannot be read \(NoSuchBucket\)$"):
+        blobs.read(DIGEST)  # an API answer of 503 (try again), not 410 (gone for good)
+    with pytest.raises(BlobUnwritable, match=r"^output bytes cannot be stored \(NoSuchBucket\)$"):
+        blobs.put(IMAGE)
+
+
+def test_settings_choose_the_store(settings, s3: S3Server, monkeypatch) -> None:
+    local = open_blobs(settings)
+    assert isinstance(local, BlobStore) and local.root == Path(settings.blob_dir)
+    chosen = open_blobs(dataclasses.replace(settings, blob_url="s3://reckon-out/tenant-outputs",
+                                            s3_endpoint=s3.endpoint))
+    assert isinstance(chosen, S3BlobStore)
+    assert (chosen.bucket, chosen.prefix, chosen.client.meta.endpoint_url) == (
+        "reckon-out", "tenant-outputs/", s3.endpoint)
+    assert isinstance(open_blobs(dataclasses.replace(settings, blob_url="s3://reckon-out")), S3BlobStore)
+    for url in ("s3://", "gs://reckon-out/x", "s3://reckon-out/x?region=eu", "/var/blobs"):
+        with pytest.raises(ValueError, match="^RECKON_BLOB_URL must be s3://BUCKET"):
+            open_blobs(dataclasses.replace(settings, blob_url=url))
+    with pytest.raises(ValueError, match="holds credentials") as refused:
+        open_blobs(dataclasses.replace(settings, blob_url="s3://AKID:hunter2@reckon-out"))
+    assert "hunter2" not in str(refused.value)
+
+
+def test_no_credential_or_location_reaches_a_log_even_at_debug(settings, s3: S3Server, monkeypatch,
+                                                                caplog) -> None:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    bucket = s3.bucket()
+    with caplog.at_level(logging.DEBUG):
+        blobs = open_blobs(dataclasses.replace(settings, blob_url=f"s3://{bucket}/p", s3_endpoint=s3.endpoint))
+        assert blobs.read(blobs.put(IMAGE)) == IMAGE
+        with pytest.raises(BlobMissing):
+            blobs.read(hashlib.sha256(b"never").hexdigest())
+        assert blobs.collect(set(), min_age_s=3600) == (0, 1)
+    for secret in (CREDENTIALS["AWS_SECRET_ACCESS_KEY"], CREDENTIALS["AWS_ACCESS_KEY_ID"], bucket, DIGEST[:12]):
+        assert secret not in caplog.text
+    assert s3.keys(bucket) == [f"p/{DIGEST[:2]}/{DIGEST[2:4]}/{DIGEST}"]
+
+
+def test_reckon_blobs_gc_collects_from_the_bucket_the_settings_name(store, s3: S3Server, monkeypatch,
+                                                                    capsys, tmp_path) -> None:
+    bucket = s3.bucket()
+    for name, value in {**CREDENTIALS, "RECKON_BLOB_URL": f"s3://{bucket}", "RECKON_S3_ENDPOINT": s3.endpoint,
+                        "RECKON_BLOB_DIR": str(tmp_path / "unused")}.items():
+        monkeypatch.setenv(name, value)
+    S3BlobStore(s3.client(), bucket).put(b"orphan, just written")
+    assert cli.main(["blobs", "gc"], store=store) == 0
+    assert orjson.loads(capsys.readouterr().out) == {"removed": 0, "kept": 1, "referenced": 0}
+    assert not (tmp_path / "unused").exists()
