@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 BATCH = 500
 #: Tenants taken per pass; more wait for the next pass.
 TENANTS_PER_PASS = 1000
+#: A sweeper that starts drops the heartbeat fields of sweepers silent this long (ms), so the hash
+#: names the sweepers of the last hour, not every pid since install.
+FORGET_MS = 3_600_000
 
 
 class Sweeper:
@@ -125,7 +128,18 @@ class Sweeper:
         self.store.confirm_published(job_id, record.get("idem_key", ""), now_ms=now)
         return int(sent)
 
+    def forget_stopped(self) -> list[str]:
+        """Drop the heartbeat fields of sweepers silent for ``FORGET_MS``; their names."""
+        now = self.now_ms()
+        beat = self.store.redis.hgetall(keys.SWEEPER)
+        stale = [name for name, at in beat.items() if name.startswith("at:") and now - int(at) > FORGET_MS]
+        if stale:
+            self.store.redis.hdel(keys.SWEEPER, *stale)
+        return [name.removeprefix("at:") for name in stale]
+
     def run(self, stop: threading.Event) -> None:
+        for name in self.forget_stopped():
+            log.info("sweeper %s has not passed for an hour: dropped from the heartbeat", name)
         while not stop.is_set():
             try:
                 moved = self.sweep_once()

@@ -141,3 +141,15 @@ def test_a_sweeper_killed_mid_pass_leaves_its_tenants_to_the_other_when_the_hold
     with capsys.disabled():
         print(f"\ntakeover: the held tenants moved {(max(moved_at) - pass_ms) / 1000:.2f} s after the dead "
               f"sweeper took them (hold {hold_ms / 1000:.0f} s); all due work done {after_kill:.2f} s after SIGKILL")
+
+
+def test_a_sweeper_that_starts_drops_the_heartbeat_of_sweepers_silent_for_an_hour(stack, redis_client, store) -> None:
+    now = store.server_ms()
+    store.redis.hset(keys.SWEEPER, mapping={"at": now - 10_000, "by": "old/1", "at:old/1": now - 3_600_001,
+                                            "at:recent/2": now - 3_599_000})
+    me = start_sweeper(stack, store, "sweeper")
+    beat = store.redis.hgetall(keys.SWEEPER)
+    assert set(beat) == {"at", "by", f"at:{me}", "at:recent/2"} and beat["by"] == me
+    stack.stop()
+    assert [line["msg"] for line in parsed(stack.logs / "sweeper.log") if "heartbeat" in line["msg"]] == [
+        "sweeper old/1 has not passed for an hour: dropped from the heartbeat"]
