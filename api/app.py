@@ -24,8 +24,10 @@ from pipeline.errors import (
     UnknownTenant,
 )
 from pipeline.jobs import Admitter
+from pipeline.redisconn import connect
+from pipeline.scripts import ReplicationTimeout, Scripts
 from pipeline.settings import Settings
-from pipeline.store import Store, connect
+from pipeline.store import Store
 
 from . import resources, sse, ui
 from .auth import Authenticate
@@ -39,7 +41,9 @@ def create_app(
     publish: Callable[[str, str], None] | None = None,
 ) -> falcon.App:
     settings = settings or Settings.from_env()
-    store = store or Store(connect(settings.redis_url))
+    if store is None:
+        client = connect(settings)
+        store = Store(client, Scripts.of(client, settings))
     if publish is None:
         from pipeline.broker import Publisher, build_broker
 
@@ -107,6 +111,11 @@ _ERROR_HANDLERS = {
         402, "insufficient-allowance", "Insufficient allowance", str(e),
         available=e.available, required=e.required)),
     UnknownTenant: _problem(lambda e: Problem(401, "unauthorized", "Authentication required")),
+    ReplicationTimeout: _problem(lambda e: Problem(
+        503, "replication-timeout", "Write not yet replicated",
+        "the write reached the primary but no replica confirmed it in time; retry the same request (a "
+        "submission with the same Idempotency-Key replays its job once the write is replicated)",
+        headers={"Retry-After": "1"})),
     redis.RedisError: _problem(lambda e: Problem(
         503, "state-unavailable", "Service unavailable", "job state cannot be read or written now; nothing was changed",
         headers={"Retry-After": "1"})),

@@ -1,7 +1,8 @@
 """Dramatiq's Redis broker, kept in its own logical database, and how jobs are published.
 
 Dramatiq's maintenance runs ``KEYS`` over its database, so it never shares one
-with reckon's state (``RECKON_BROKER_URL``, by default database 1). An ``amqp://`` (or
+with reckon's state (``RECKON_BROKER_URL``, by default database 1; a ``redis+sentinel://`` URL
+follows the master through failovers). An ``amqp://`` (or
 ``amqps://``) ``RECKON_BROKER_URL`` chooses Dramatiq's RabbitMQ broker instead: a message
 carries only a job id and reckon's state never lives in the broker, so nothing else changes.
 """
@@ -12,6 +13,7 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Retries
 
+from .redisconn import broker_client
 from .settings import Settings
 
 #: priority (or "reconcile") -> (queue, actor name). Workers take interactive work first.
@@ -30,7 +32,8 @@ def build_broker(settings: Settings) -> dramatiq.Broker:
     if settings.broker_url.startswith(("amqp://", "amqps://")):
         broker = rabbitmq_broker(settings.broker_url)
     else:
-        broker = RedisBroker(url=settings.broker_url, namespace="dramatiq")
+        # one server or, for a redis+sentinel:// URL, the master Sentinel names now (pipeline/redisconn.py)
+        broker = RedisBroker(client=broker_client(settings), namespace="dramatiq")
     for middleware in list(broker.middleware):
         if isinstance(middleware, Retries):
             broker.middleware.remove(middleware)

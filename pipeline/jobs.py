@@ -13,7 +13,7 @@ import orjson
 
 from . import faultpoints, keys
 from .errors import IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest
-from .scripts import Code
+from .scripts import Code, ReplicationTimeout
 from .settings import Settings
 from .store import Admission, FleetLimits, Store
 
@@ -181,12 +181,17 @@ class Admitter:
             "attempts_allowed": attempts, "attempt_count": 0, "lease_gen": 0, "deadline_s": request.deadline_s,
             "idem_key": idem_key, "supersedes": request.supersedes or "",
         }  # created_at, updated_at and deadline: the admission script stamps them on Redis's clock
-        admission = self.store.admit(
-            tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,
-            fields={k: str(v) for k, v in record.items()}, workflow=request.workflow_json, status=202,
-            idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
-            outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000), limits=self.limits,
-        )
+        try:
+            admission = self.store.admit(
+                tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,
+                fields={k: str(v) for k, v in record.items()}, workflow=request.workflow_json, status=202,
+                idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
+                outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000), limits=self.limits,
+            )
+        except ReplicationTimeout as lagging:  # written on the primary, not known to survive it: 503
+            if lagging.reply and Code(lagging.reply[0]) is Code.CREATED:
+                self._publish(job_id, request.priority, idem_key)  # so a retry replays it at once
+            raise
         if admission.code is Code.REPLAYED:
             return self._replay(admission)
         if admission.code is Code.IN_PROGRESS:
@@ -197,12 +202,15 @@ class Admitter:
             raise InsufficientAllowance(admission.available, admission.ceiling)
         first = first_response(record | {"created_at": admission.created_ms})
         faultpoints.reached("after_admit")
+        self._publish(job_id, request.priority, idem_key)
+        return Submitted(job_id, 202, first, False)
+
+    def _publish(self, job_id: str, priority: str, idem_key: str) -> None:
         try:
-            self.publish(job_id, request.priority)
+            self.publish(job_id, priority)
             self.store.confirm_published(job_id, idem_key)
         except Exception:  # the job is admitted and in the outbox: the sweeper publishes it
             log.warning("job %s admitted; publishing left to the sweeper", job_id, exc_info=True)
-        return Submitted(job_id, 202, first, False)
 
     def _replay(self, admission: Admission) -> Submitted:
         """The first response again, rebuilt from the job's admission fields (never changed since)."""

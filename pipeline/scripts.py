@@ -4,6 +4,10 @@ A script is ``lua/<verb>-<nkeys>.lua``; ``lua/_lib.lua`` is prepended to each an
 runs as a function whose reply travels beside the state changes it made, which the caller
 logs (logger ``reckon.state``, one line per change). redis-py's ``Script`` runs them with
 EVALSHA and reloads on NOSCRIPT.
+
+A durable call (``durable=True``, for the writes that must survive a failover: README "Failover
+(Sentinel)") sends ``WAIT <replicas> <timeout>`` right after its EVALSHA, in one pipeline on one
+connection to the server that holds the keys: WAIT covers only the writes of its own connection.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import Any, Sequence
 
 import redis
 
-from .errors import IncompleteOutputs, NotAllowed, ScriptError, StaleLease
+from .errors import IncompleteOutputs, NotAllowed, ReckonError, ScriptError, StaleLease
+from .redisconn import connection_for
+from .settings import DEFAULT_ACK_TIMEOUT_MS, Settings
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 _NAME_RE = re.compile(r"([a-z-]+)-([0-9]+)\.lua")  # fullmatch; \d would take "١" too
@@ -26,6 +32,9 @@ _BODY = ("local function main()\n{body}\nend\nlocal reply = main()\n"
          "if type(reply) == 'table' and reply.err then return reply end\nreturn {{MOVES, reply}}\n")
 #: One field of each state change in ``MOVES``, in order.
 _MOVE_FIELDS = ("job", "from", "to", "reason", "attempt", "generation", "error_class")
+
+#: The channel of the PUBLISH that moves a durable call's replication offset to "now" (nobody listens).
+WAIT_CHANNEL = "reckon:durable"
 
 state_log = logging.getLogger("reckon.state")
 
@@ -54,6 +63,16 @@ class Code(IntEnum):
     INFEASIBLE = 18
 
 
+class ReplicationTimeout(ReckonError):
+    """A durable write happened on the primary, but fewer replicas than required confirmed it
+    within the timeout: it is not known to survive a failover. The write stands (the caller logs
+    nothing as undone); the reply it gave is ``reply``."""
+
+    def __init__(self, verb: str, acked: int, required: int, reply: list[Any]) -> None:
+        super().__init__(f"{verb}: {acked} of {required} replicas confirmed the write in time")
+        self.verb, self.acked, self.required, self.reply = verb, acked, required, reply
+
+
 def raise_for(code: Code, reply: Sequence[Any]) -> None:
     """Raise the typed exception for a code that means the write did not happen."""
     if code is Code.STALE_LEASE:
@@ -70,7 +89,11 @@ def raise_for(code: Code, reply: Sequence[Any]) -> None:
 class Scripts:
     """The loaded scripts of one Redis client, called by verb with checked key counts."""
 
-    def __init__(self, client: redis.Redis, lua_dir: Path = LUA_DIR) -> None:
+    def __init__(self, client: redis.Redis, lua_dir: Path = LUA_DIR, *, replicas: int = 0,
+                 ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS) -> None:
+        #: A durable call waits until this many replicas have its write (0: no WAIT), at most
+        #: ``ack_timeout_ms``.
+        self.replicas, self.ack_timeout_ms = replicas, ack_timeout_ms
         prelude = (lua_dir / "_lib.lua").read_text()
         self._scripts: dict[str, tuple[int, Any]] = {}
         for path in sorted(lua_dir.glob("*.lua")):
@@ -92,16 +115,53 @@ class Scripts:
         for _, script in self._scripts.values():
             script.registered_client.script_load(script.script)
 
-    def __call__(self, verb: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+    @classmethod
+    def of(cls, client: redis.Redis, settings: Settings) -> Scripts:
+        """The scripts with the settings' durability (RECKON_REPLICAS_TO_ACK, RECKON_ACK_TIMEOUT_MS)."""
+        return cls(client, replicas=settings.replicas_to_ack, ack_timeout_ms=settings.ack_timeout_ms)
+
+    def __call__(self, verb: str, keys: Sequence[str], args: Sequence[Any], *, durable: bool = False) -> list[Any]:
+        """Run the script; ``durable``: its write must reach ``replicas`` replicas, else
+        ReplicationTimeout (after the state changes are logged: they happened)."""
         nkeys, script = self._scripts[verb]
         if len(keys) != nkeys:
             raise ScriptError(f"{verb} takes {nkeys} keys, got {len(keys)}")
-        moves, *reply = script(keys=list(keys), args=list(args))
+        acked = self.replicas
+        if durable and self.replicas > 0:
+            (moves, *reply), acked = self._run_and_wait(script, list(keys), list(args))
+        else:
+            moves, *reply = script(keys=list(keys), args=list(args))
         for move in moves:
             change = dict(zip(_MOVE_FIELDS, map(_text, move), strict=True))
             change["attempt"], change["generation"] = int(change["attempt"]), int(change["generation"])
             state_log.info("state change", extra=change)
-        return [_text(item) for item in reply[0]] if reply else []
+        result = [_text(item) for item in reply[0]] if reply else []
+        if acked < self.replicas:
+            raise ReplicationTimeout(verb, acked, self.replicas, result)
+        return result
+
+    def _run_and_wait(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, int]:
+        """EVALSHA then WAIT in one pipeline (not a transaction: WAIT cannot run inside MULTI) on one
+        connection of the server holding ``keys[0]``; (the script's reply, replicas that confirmed).
+
+        WAIT waits for the connection's last write. A script that wrote nothing (a replay of an
+        admission another connection wrote) would leave an older offset, so a PUBLISH, which
+        enters the replication stream on a server outside Cluster, carries the offset up to now."""
+        client = connection_for(script.registered_client, keys[0])
+        for _ in range(2):
+            with client.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                if client is script.registered_client:
+                    pipe.publish(WAIT_CHANNEL, "")
+                pipe.execute_command("WAIT", self.replicas, self.ack_timeout_ms)
+                reply, *_, acked = pipe.execute(raise_on_error=False)
+            if not isinstance(reply, redis.exceptions.NoScriptError):
+                break
+            client.script_load(script.script)  # a promoted replica or a new node: load, then run once more
+        for item in (reply, acked):
+            if isinstance(item, Exception):
+                raise item
+        return reply, int(acked)
 
 
 def _text(item: Any) -> Any:

@@ -1,0 +1,112 @@
+"""The Redis clients of reckon's state and broker: one server, Sentinel, or Cluster (state only).
+
+- ``redis://host:port/db``: one server (development, tests).
+- ``redis+sentinel://host:port,host:port/<master>/<db>`` (or ``RECKON_SENTINELS`` with
+  ``RECKON_SENTINEL_MASTER``, which settings turn into that URL): redis-py's ``Sentinel``. Every new
+  connection asks the Sentinels where the master is, and a connection that finds its server gone or
+  demoted (``READONLY``) is dropped, so a failover needs no process restart.
+- ``RECKON_REDIS_CLUSTER=host:port,...``: redis-py's ``RedisCluster`` for the state store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
+
+from .settings import Settings
+
+#: No Redis call waits longer than this (s): a worker cut off from Redis must not resume a step
+#: minutes later on a decision it made before (every script runs in milliseconds).
+SOCKET_TIMEOUT_S = 10.0
+#: How long a question to one Sentinel may take (s) before the next Sentinel is asked.
+SENTINEL_TIMEOUT_S = 1.0
+SENTINEL_SCHEME = "redis+sentinel"
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """Where a ``redis+sentinel://`` URL points: the Sentinels, the master's name, the database."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    password: str | None = None
+
+
+def parse_addresses(text: str) -> list[tuple[str, int]]:
+    """``host:port,host:port`` -> [(host, port), ...]; ValueError on an entry without a port."""
+    found = []
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        host, sep, port = entry.rpartition(":")
+        if not sep or not host or not port.isascii() or not port.isdigit():
+            raise ValueError(f"not host:port: {entry!r}")
+        found.append((host, int(port)))
+    if not found:
+        raise ValueError("no host:port given")
+    return found
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """``redis+sentinel://[:password@]host:port,host:port/<master>[/<db>]``."""
+    parts = urlsplit(url)
+    if parts.scheme != SENTINEL_SCHEME:
+        raise ValueError(f"not a {SENTINEL_SCHEME}:// URL")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    password = unquote(userinfo.partition(":")[2]) if userinfo else ""
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not path or len(path) > 2:
+        raise ValueError("a Sentinel URL names the master: redis+sentinel://host:port,.../<master>/<db>")
+    db = int(path[1]) if len(path) == 2 else 0
+    return SentinelTarget(tuple(parse_addresses(hosts)), path[0], db, password or None)
+
+
+def is_sentinel(url: str) -> bool:
+    return urlsplit(url).scheme == SENTINEL_SCHEME
+
+
+def client_for(url: str, *, decode: bool = True, **options: Any) -> Any:
+    """A client for one logical database at ``url`` (one server or a Sentinel-managed master);
+    ``decode``: text replies (reckon's state) or bytes (Dramatiq's broker)."""
+    options = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S, **options}
+    if not is_sentinel(url):
+        return redis.Redis.from_url(url, decode_responses=decode, **options)
+    target = parse_sentinel_url(url)
+    sentinel = Sentinel(list(target.sentinels), socket_timeout=SENTINEL_TIMEOUT_S,
+                        socket_connect_timeout=SENTINEL_TIMEOUT_S)
+    return sentinel.master_for(target.master, db=target.db, password=target.password, decode_responses=decode,
+                               **options)
+
+
+def connect(settings: Settings) -> Any:
+    """The state-store client: text replies, at most ``SOCKET_TIMEOUT_S`` per call.
+
+    Typed Any: redis.Redis and RedisCluster share no base class that names the commands."""
+    if settings.redis_cluster:
+        nodes = [ClusterNode(host, port) for host, port in parse_addresses(settings.redis_cluster)]
+        return RedisCluster(startup_nodes=nodes, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S,
+                            socket_connect_timeout=SOCKET_TIMEOUT_S)
+    return client_for(settings.redis_url, health_check_interval=30)
+
+
+def connect_url(url: str) -> Any:
+    """The state-store client for a URL alone (tools and tests that have no settings)."""
+    return client_for(url, health_check_interval=30)
+
+
+def broker_client(settings: Settings) -> redis.Redis:
+    """The broker's client: bytes replies, as Dramatiq expects; one server or Sentinel."""
+    return client_for(settings.broker_url, decode=False)
+
+
+def connection_for(client: Any, key: str) -> Any:
+    """A client of the one server that holds ``key``: the node's own client in a Cluster, the client
+    itself otherwise. ``WAIT`` covers the writes of its own connection only, so a durable write and
+    its ``WAIT`` go to this client, in one pipeline."""
+    if isinstance(client, RedisCluster):
+        return client.get_node_from_key(key).redis_connection
+    return client
