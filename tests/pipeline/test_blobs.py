@@ -7,6 +7,7 @@ import base64
 import dataclasses
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -183,3 +184,23 @@ def test_reckon_blobs_gc_collects_from_the_bucket_the_settings_name(store, s3: S
     assert cli.main(["blobs", "gc"], store=store) == 0
     assert orjson.loads(capsys.readouterr().out) == {"removed": 0, "kept": 1, "referenced": 0}
     assert not (tmp_path / "unused").exists()
+
+
+def test_s3_put_fails_when_the_service_does_not_hold_what_was_sent(s3: S3Server) -> None:
+    bucket, s3_client = s3.bucket(), s3.client()
+
+    def other_bytes(parsed: dict, **_: object) -> None:  # what a service that stored other bytes answers
+        parsed["ChecksumSHA256"] = base64.b64encode(hashlib.sha256(b"other bytes").digest()).decode()
+
+    s3_client.meta.events.register("after-call.s3.HeadObject", other_bytes)
+    with pytest.raises(BlobUnwritable, match=r"^output bytes cannot be stored \(the service holds other bytes\)$"):
+        S3BlobStore(s3_client, bucket).put(IMAGE)
+
+
+def test_a_local_blob_written_again_is_young_again(tmp_path: Path) -> None:
+    blobs = BlobStore(tmp_path)
+    digest = blobs.put(IMAGE)
+    hour_ago = time.time() - 3601
+    os.utime(blobs.path(digest), (hour_ago, hour_ago))
+    assert blobs.put(IMAGE) == digest  # a new job made the same bytes and will record them
+    assert blobs.collect(set(), min_age_s=3600) == (0, 1)
