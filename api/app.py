@@ -43,7 +43,7 @@ def create_app(
     settings = settings or Settings.from_env()
     if store is None:
         client = connect(settings)
-        store = Store(client, Scripts.of(client, settings))
+        store = Store(client, Scripts.of(client, settings), shards=settings.shards)
     if publish is None:
         from pipeline.broker import Publisher, build_broker
 

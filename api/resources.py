@@ -235,8 +235,11 @@ class Ready:
         try:
             self.store.redis.ping()
             self.store.scripts.load()
+            self.store.check_shards()
         except redis.RedisError:
             raise Problem(503, "not-ready", "Not ready", "Redis is not reachable") from None
+        except ValueError as exc:  # this process was given another shard count than the deployment's
+            raise Problem(503, "not-ready", "Not ready", str(exc)) from None
         resp.media = {"status": "ready", "scripts": self.store.scripts.verbs,
                       "paused_classes": sorted(self.store.class_pauses())}
 

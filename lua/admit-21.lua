@@ -53,6 +53,7 @@
 -- ARGV[11] dispatch slots in the fleet (sum of the servers' caps)
 -- ARGV[12], ARGV[13] default queue cap of interactive, batch (jobs)
 -- ARGV[14] default target wait of interactive jobs (s)
+-- ARGV[15] shards the state is split into: a queue cap is fleet-wide, each shard keeps its share
 --
 -- Returns {1 CREATED, job_id, now (ms)} | {2 REPLAYED, job_id, status}
 --   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
@@ -91,7 +92,8 @@ local function over_fleet_limits(class, deadline_ms, leaving)
   end
   local own = estimate[class]
   local turn = own and math.max(1000, math.ceil(own / slots)) or 5000  -- Retry-After: a slot's turn
-  if depth[class] >= setting(cfg[1], class == 'batch' and ARGV[13] or ARGV[12]) then
+  local cap = setting(cfg[1], class == 'batch' and ARGV[13] or ARGV[12])
+  if depth[class] >= math.ceil(cap / tonumber(ARGV[15])) then
     return refuse('queue_full', 17, 'queue_full', turn)
   end
   local interactive_first = not paused_for(KEYS[21], 'interactive')

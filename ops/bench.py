@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
+from pipeline.keys import TenantKeys  # noqa: E402
 from pipeline.store import Store, connect  # noqa: E402
 from pipeline.tenants import create_key, create_tenant  # noqa: E402
 
@@ -151,8 +152,8 @@ def main() -> None:
         top = sorted(stats.items(), key=lambda kv: -kv[1]["calls"])[:6]
         print(f"redis commands per job (worker + broker, admission excluded): {calls / args.jobs:.1f} (top: "
               + ", ".join(f"{name.removeprefix('cmdstat_')} {v['calls'] / args.jobs:.1f}" for name, v in top) + ")")
-        ledger = client.hgetall("reckon:{t:bench}:ledger")
-        counts = client.hgetall("reckon:{t:bench}:counts")
+        ledger = client.hgetall(TenantKeys("bench").ledger)
+        counts = client.hgetall(TenantKeys("bench").counts)
         print(f"jobs: {counts.get('completed', 0)} completed, {counts.get('failed', 0)} failed; "
               f"ledger: settled {ledger['settled']}, reserved {ledger['reserved']}")
     finally:
@@ -167,7 +168,7 @@ def main() -> None:
 
 
 def finished(client: redis.Redis) -> int:
-    counts = client.hgetall("reckon:{t:bench}:counts")
+    counts = client.hgetall(TenantKeys("bench").counts)
     return int(counts.get("completed", 0)) + int(counts.get("failed", 0))
 
 

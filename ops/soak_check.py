@@ -19,8 +19,8 @@ import orjson
 import redis
 
 from pipeline.blobs import BlobStore
-from pipeline.keys import JobKeys, TenantKeys
-from pipeline.status import audit
+from pipeline.keys import JobKeys, TenantKeys, shards
+from pipeline.status import audit, merge_stats
 
 TERMINAL = {"completed", "failed", "cancelled"}
 AT_REST = TERMINAL | {"needs_review"}
@@ -313,6 +313,7 @@ def report(client: Client, broker: Client, tenants: list[str], charges: list[dic
     for item in found["stuck"] + found["stalled"]:
         item["broker"] = where.get(item["job_id"], [])
     records = [j["record"] for j in jobs.values()]
+    stats = merge_stats([client.hgetall(shard.stats) for shard in shards()])
     return {
         "ok": not any(found.values()),
         "jobs": {"submitted": len(load.jobs), "accepted": len(load.accepted), "in_redis": len(jobs),
@@ -320,9 +321,9 @@ def report(client: Client, broker: Client, tenants: list[str], charges: list[dic
                  "error_classes": Counter(r.get("error_class") for r in records if r.get("error_class")),
                  "cancel_accepted": len(load.cancelled), "turnaround": turnaround(jobs)},
         "provider": {"executions": len(charges), "units": sum(c["units"] for c in charges)},
-        "stale_writes_rejected": int(client.hget("reckon:stats", "stale_writes_rejected") or 0),
+        "stale_writes_rejected": int(stats.get("stale_writes_rejected", 0)),
         "admission_refused": {field.removeprefix("refused:"): int(n) for field, n in
-                              sorted(client.hgetall("reckon:stats").items()) if field.startswith("refused:")},
+                              sorted(stats.items()) if field.startswith("refused:")},
         "tenants": totals, "clients": dict(load.stats), "excused": paid["excused"],
         "ledger_samples": {"taken": sampler.samples, "skipped_during_outage": sampler.skipped},
         "checks": {name: {"ok": not items, "count": len(items), "items": items[:50]} for name, items in found.items()},

@@ -1,6 +1,7 @@
 """Fleet-wide admission settings an operator changes at run time (``reckon admission set``).
 
-They live in the hash ``keys.ADMISSION`` and the admission script reads them on every request;
+They live in each shard's admission hash (``ShardKeys.admission``: the same values in every shard,
+shard 0 written last and read by operators) and the admission script reads them on every request;
 a field not set there takes its default from the environment (``FleetLimits``).
 """
 
@@ -15,7 +16,7 @@ from .store import FleetLimits
 
 def current(client: Any, defaults: FleetLimits) -> dict[str, dict[str, Any]]:
     """Each class's queue cap (and the interactive target wait, s), saying where each comes from."""
-    raw = client.hgetall(keys.ADMISSION)
+    raw = client.hgetall(keys.ShardKeys(0).admission)
 
     def figure(field: str, default: int) -> dict[str, Any]:
         if field not in raw:
@@ -40,9 +41,10 @@ def change(client: Any, cls: str, *, queue_cap: int | None = None, target_s: int
         raise NotAllowed("a queue cap and a target wait are at least 1")
     if target_s is not None and cls != "interactive":
         raise NotAllowed("the target wait belongs to the interactive class")
-    if reset:
-        client.hdel(keys.ADMISSION, f"queue_cap:{cls}", f"target_s:{cls}")
-    if queue_cap is not None:
-        client.hset(keys.ADMISSION, f"queue_cap:{cls}", queue_cap)
-    if target_s is not None:
-        client.hset(keys.ADMISSION, f"target_s:{cls}", target_s)
+    for shard in keys.shards()[::-1]:  # shard 0 last
+        if reset:
+            client.hdel(shard.admission, f"queue_cap:{cls}", f"target_s:{cls}")
+        if queue_cap is not None:
+            client.hset(shard.admission, f"queue_cap:{cls}", queue_cap)
+        if target_s is not None:
+            client.hset(shard.admission, f"target_s:{cls}", target_s)

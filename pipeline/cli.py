@@ -17,9 +17,11 @@ from .fleet import DEFAULT_SERVER
 from .jobs import State, iso
 from .keys import ProviderKeys, TenantKeys
 from .progress import events_after
+from .redisconn import connect
+from .scripts import Scripts
 from .settings import Settings
 from .status import audit, rebuild, render, snapshot
-from .store import FleetLimits, Store, connect
+from .store import FleetLimits, Store
 from .tenants import (
     TenantError,
     create_key,
@@ -258,7 +260,7 @@ def provider_pause(store: Store, args: argparse.Namespace) -> int:
 def provider_status(store: Store, args: argparse.Namespace) -> int:
     """Every configured server: slots in use of its cap, why dispatch to it is stopped, prompts
     watched there; the jobs parked for a free slot; the fleet's retry budget."""
-    _print({"servers": store.fleet(_caps()), "parked": store.redis.zcard(keys.PARKED),
+    _print({"servers": store.fleet(_caps()), "parked": sum(store.redis.zcard(shard.parked) for shard in keys.shards()),
             "retry_budget": store.redis.hgetall(ProviderKeys(BUDGET).budget)})
     return 0
 
@@ -381,7 +383,10 @@ def _key_commands(key: Any) -> None:
 
 def main(argv: list[str] | None = None, store: Store | None = None) -> int:
     args = parser().parse_args(argv)
-    store = store or Store(connect(Settings.from_env().redis_url))
+    settings = Settings.from_env()
+    if store is None:
+        client = connect(settings)
+        store = Store(client, Scripts.of(client, settings), shards=settings.shards)
     try:
         return args.run(store, args)
     except (TenantError, NotAllowed, InsufficientAllowance, IncompleteOutputs) as exc:

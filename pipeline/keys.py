@@ -1,48 +1,125 @@
 """Every Redis key reckon uses is built here.
 
-Everything that belongs to one tenant carries the hash tag ``{t:<tenant>}``, so
-each Lua script touches keys of a single cluster slot. Job ids embed the tenant
-(``<tenant>.<hex>``), so a worker that only has a job id finds every key.
+The state is split into shards (``RECKON_SHARDS``, 1 by default). A tenant lives in shard
+``crc32(tenant) % shards``, and every key of a shard (its figures, queues, fleet slots, and all
+its tenants' and jobs' keys) carries the shard's hash tag ``{s<n>}``: one Redis Cluster slot,
+so each Lua script is atomic on one primary. Job ids embed the tenant (``<tenant>.<hex>``), so
+a worker that only has a job id finds every key.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+import zlib
 from dataclasses import dataclass
 
 PREFIX = "reckon"
-#: Set of every tenant name (the sweeper walks it).
-TENANTS = f"{PREFIX}:tenants"
-#: Hash: figures over all tenants, kept in step by the scripts (job counts per class and state,
-#: ledger totals, counters, histograms, service-time estimates; README "Metrics" lists the fields).
-STATS = f"{PREFIX}:stats"
-#: Sorted set: every queued job id -> class rank (0 interactive, 1e13 batch) + when it was queued (ms).
-QUEUE = f"{PREFIX}:queue"
-#: Sorted set: every unfinished job id -> class rank + its deadline (ms); overdue jobs score below now.
-DUE = f"{PREFIX}:due"
-#: The three keys every script that moves a job or money keeps in step (``use_globals`` in lua/_lib.lua).
-GLOBALS = (STATS, QUEUE, DUE)
-#: Hash: admission settings an operator changes at run time (``reckon admission set``): ``queue_cap:<class>``,
-#: ``target_s:interactive``; a field not set takes its default from the environment (pipeline/settings.py).
-ADMISSION = f"{PREFIX}:admission"
-#: Rank of a batch job in QUEUE, DUE and PARKED (interactive ranks are plain times in ms).
-BATCH_RANK = 10**13
 #: Hash: the sweeper's heartbeat: ``at`` (ms, Redis's clock, written every pass) and ``by`` (host/pid).
 SWEEPER = f"{PREFIX}:sweeper"
 #: Hash: status page samples (pipeline/history.py): slot % 120 -> JSON {at, depth and oldest age per class}.
 HISTORY = f"{PREFIX}:history"
-#: Sorted set: tenant -> when its next work is due (ms). The sweeper visits only due tenants.
-WAKE = f"{PREFIX}:wake"
-#: Hash: the provider fleet. ``busy:<server>`` prompts in flight (slots taken by claims);
-#: ``<reason>:<server>`` (dispatch_paused, provider_credentials, provider_unreachable) -> since
-#: when (ms) while dispatch to the server is stopped; ``pause_class:<class>`` -> since when (ms) while
-#: a workload class is paused; ``w:<job id>`` -> JSON {server, gen, op,
-#: attempt} for each prompt waiting at a server, watched by the server's watcher; ``rr``.
-FLEET = f"{PREFIX}:fleet"
-#: Why dispatch to a server may be stopped (fields ``<reason>:<server>`` of ``FLEET``): an operator's
+#: Rank of a batch job in a shard's queue, due and parked sets (interactive ranks are plain times in ms).
+BATCH_RANK = 10**13
+#: Why dispatch to a server may be stopped (fields ``<reason>:<server>`` of a shard's ``fleet``): an operator's
 #: pause, credentials refused, or no answer (connection refused, 5xx) while the watcher probes it.
 SERVER_BLOCKS = ("dispatch_paused", "provider_credentials", "provider_unreachable")
+
+_shards = 1
+
+
+def use_shards(count: int) -> None:
+    """Set how many shards the state is split into (``RECKON_SHARDS``; every process of a deployment
+    must say the same: ``Store`` checks it against the count recorded in Redis)."""
+    global _shards
+    if count < 1:
+        raise ValueError("RECKON_SHARDS: at least one shard")
+    _shards = count
+
+
+def shard_of(tenant: str) -> int:
+    return zlib.crc32(tenant.encode()) % _shards
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The keys one shard's scripts keep in step with its tenants' keys. Every key of a shard,
+    its tenants' and jobs' included, carries the hash tag ``{s<n>}``: one cluster slot, so each
+    script is atomic on one primary (README "Redis Cluster")."""
+
+    n: int
+
+    def _k(self, suffix: str) -> str:
+        return f"{PREFIX}:{{s{self.n}}}:{suffix}"
+
+    @property
+    def stats(self) -> str:
+        """Hash: the shard's figures, kept in step by the scripts (job counts per class and state, ledger
+        totals, counters, histograms, service-time estimates; README "Metrics" lists the fields)."""
+        return self._k("stats")
+
+    @property
+    def queue(self) -> str:
+        """Sorted set: every queued job id -> class rank (0 interactive, BATCH_RANK batch) + when queued (ms)."""
+        return self._k("queue")
+
+    @property
+    def due(self) -> str:
+        """Sorted set: every unfinished job id -> class rank + its deadline (ms); overdue jobs score below now."""
+        return self._k("due")
+
+    @property
+    def globals(self) -> tuple[str, str, str]:
+        """The three keys every script that moves a job or money keeps in step (``use_globals`` in lua/_lib.lua)."""
+        return self.stats, self.queue, self.due
+
+    @property
+    def admission(self) -> str:
+        """Hash: admission settings an operator changes at run time (``reckon admission set`` writes every
+        shard): ``queue_cap:<class>``, ``target_s:interactive``; a field not set takes its default."""
+        return self._k("admission")
+
+    @property
+    def tenants(self) -> str:
+        """Set: the names of the shard's tenants."""
+        return self._k("tenants")
+
+    @property
+    def wake(self) -> str:
+        """Sorted set: tenant -> when its next work is due (ms). The sweeper visits only due tenants."""
+        return self._k("wake")
+
+    @property
+    def fleet(self) -> str:
+        """Hash: the provider fleet as this shard uses it. ``busy:<server>`` prompts in flight (slots taken
+        by claims; a server's cap holds per shard); ``<reason>:<server>`` (``SERVER_BLOCKS``) -> since when
+        (ms) while dispatch to the server is stopped, and ``pause_class:<class>`` while a workload class is
+        paused (both written to every shard); ``w:<job id>`` -> JSON {server, gen, op, attempt} for each
+        prompt waiting at a server, followed by the server's watcher; ``rr``."""
+        return self._k("fleet")
+
+    @property
+    def parked(self) -> str:
+        """Sorted set: queued job id waiting for a free server slot, scored BATCH_RANK for batch + admission ms."""
+        return self._k("fleet:parked")
+
+    @property
+    def called(self) -> str:
+        """Sorted set: parked job id called to a free slot (published, not yet claimed) -> when the promise lapses."""
+        return self._k("fleet:called")
+
+    @property
+    def meta(self) -> str:
+        """Hash (shard 0 only): ``shards`` -> the shard count this deployment was created with."""
+        return self._k("meta")
+
+
+def shard_count() -> int:
+    return _shards
+
+
+def shards() -> list[ShardKeys]:
+    return [ShardKeys(n) for n in range(_shards)]
 
 
 def watcher_lock(server: str) -> str:
@@ -82,7 +159,11 @@ class TenantKeys:
     name: str
 
     def _k(self, suffix: str) -> str:
-        return f"{PREFIX}:{{t:{self.name}}}:{suffix}"
+        return f"{PREFIX}:{{s{shard_of(self.name)}}}:t:{self.name}:{suffix}"
+
+    @property
+    def shard(self) -> ShardKeys:
+        return ShardKeys(shard_of(self.name))
 
     @property
     def ledger(self) -> str:
@@ -157,8 +238,12 @@ class JobKeys:
     def tenant(self) -> TenantKeys:
         return TenantKeys(tenant_of(self.job_id))
 
+    @property
+    def shard(self) -> ShardKeys:
+        return ShardKeys(shard_of(tenant_of(self.job_id)))
+
     def _k(self, suffix: str) -> str:
-        return f"{PREFIX}:{{t:{tenant_of(self.job_id)}}}:job:{self.job_id}{suffix}"
+        return f"{PREFIX}:{{s{shard_of(tenant_of(self.job_id))}}}:job:{self.job_id}{suffix}"
 
     @property
     def record(self) -> str:
@@ -208,9 +293,9 @@ class ProviderKeys:
 
 def tenant_disabled(tenant: str) -> str:
     """String: exists while the tenant is disabled (value: since when, ms); its keys are refused."""
-    return f"{PREFIX}:{{t:{tenant}}}:disabled"
+    return TenantKeys(tenant)._k("disabled")
 
 
 def tenant_api_keys(tenant: str) -> str:
     """Set: the sha256 of each API key created for the tenant (``reckon key list``)."""
-    return f"{PREFIX}:{{t:{tenant}}}:apikeys"
+    return TenantKeys(tenant)._k("apikeys")

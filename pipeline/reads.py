@@ -90,7 +90,7 @@ class Reads:
         return [(job_id, int(score)) for job_id, score in rows]
 
     def tenants(self) -> list[str]:
-        return sorted(self.redis.smembers(keys.TENANTS))
+        return sorted(set().union(*self._each_shard(lambda pipe, shard: pipe.smembers(shard.tenants))))
 
     def state_counts(self, tenant: str) -> dict[str, int]:
         return {state: int(n) for state, n in self.redis.hgetall(TenantKeys(tenant).counts).items()}
@@ -102,16 +102,40 @@ class Reads:
 
     def class_pauses(self) -> dict[str, int]:
         """Paused workload classes -> since when (ms)."""
-        return class_pauses(self.redis.hgetall(keys.FLEET))
+        return class_pauses(self.redis.hgetall(keys.ShardKeys(0).fleet))
 
     def watched(self) -> dict[str, dict[str, Any]]:
         """Job id -> {server, gen, op, attempt} of every prompt waiting at a server (the watch list)."""
-        raw = self.redis.hgetall(keys.FLEET)
+        raw = self.fleet_hash()
         return {field[2:]: orjson.loads(value) for field, value in raw.items() if field.startswith("w:")}
 
     def fleet(self, caps: dict[str, int]) -> dict[str, dict[str, Any]]:
         """Each server's slots in use, cap, stops (reason -> since, ms) and watched prompts."""
-        return fleet_view(self.redis.hgetall(keys.FLEET), caps)
+        return fleet_view(self.fleet_hash(), caps)
+
+    def fleet_hash(self) -> dict[str, str]:
+        """The fleet hashes of all shards as one (``merge_fleet``)."""
+        return merge_fleet(self._each_shard(lambda pipe, shard: pipe.hgetall(shard.fleet)))
+
+    def _each_shard(self, read: Any) -> list[Any]:
+        """``read(pipe, shard)`` for every shard, in one pipelined round trip; the replies in shard order."""
+        pipe = self.redis.pipeline(transaction=False)
+        for shard in keys.shards():
+            read(pipe, shard)
+        return pipe.execute()
+
+
+def merge_fleet(hashes: list[dict[str, str]]) -> dict[str, str]:
+    """Shards' fleet hashes as one: slots in use (``busy:``) summed, watched prompts (``w:``) of all,
+    stops and pauses as shard 0 has them (written to every shard, shard 0 last)."""
+    merged = dict(hashes[0])
+    for raw in hashes[1:]:
+        for field, value in raw.items():
+            if field.startswith("busy:"):
+                merged[field] = str(int(merged.get(field, 0)) + int(value))
+            elif field.startswith("w:"):
+                merged[field] = value
+    return merged
 
 
 def class_pauses(raw: dict[str, str]) -> dict[str, int]:
@@ -128,6 +152,6 @@ def fleet_view(raw: dict[str, str], caps: dict[str, int]) -> dict[str, dict[str,
         stops = {reason: int(since) for reason, since in
                  ((field.partition(":")[0], since) for field, since in raw.items()
                   if field.partition(":")[2] == name) if reason in SERVER_BLOCKS}
-        view[name] = {"busy": int(raw.get(f"busy:{name}", 0)), "cap": cap, "stopped": stops,
+        view[name] = {"busy": int(raw.get(f"busy:{name}", 0)), "cap": cap * keys.shard_count(), "stopped": stops,
                       "watched": watched.count(name)}
     return view

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import dramatiq
 from dramatiq.middleware import Middleware
 
+from . import keys
 from .errors import (
     AttemptFailed,
     ExecutionFailed,
@@ -148,7 +149,8 @@ class Unpark(Middleware):
                               exception: BaseException | None = None) -> None:
         try:
             current = self.executor()  # its fleet: the servers its claims take slots on
-            for job_id in current.store.unpark(current.fleet.caps()):
+            shard = keys.JobKeys(message.args[0]).shard  # the shard whose slot the message may have freed
+            for job_id in current.store.unpark(shard, current.fleet.caps()):
                 self.publish(job_id, "unparked")
         except Exception:  # the sweeper unparks on its next pass
             log.warning("unpark after message %s failed", message.message_id, exc_info=True)

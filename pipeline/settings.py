@@ -105,6 +105,8 @@ DEFAULT_REPLICAS_TO_ACK = 0
 DEFAULT_ACK_TIMEOUT_MS = 1000
 #: Bearer token for the operator pages (``GET /ui``); empty: those pages answer 401 to everyone.
 DEFAULT_OPERATOR_TOKEN = ""
+#: Shards the state is split into (README "Redis Cluster"): fixed for a deployment's lifetime.
+DEFAULT_SHARDS = 1
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ class Settings:
     queue_cap_batch: int = DEFAULT_QUEUE_CAP_BATCH
     interactive_target_seconds: int = DEFAULT_INTERACTIVE_TARGET_SECONDS
     operator_token: str = field(default=DEFAULT_OPERATOR_TOKEN, repr=False)
+    shards: int = DEFAULT_SHARDS
     sentinels: str = DEFAULT_SENTINELS
     sentinel_master: str = DEFAULT_SENTINEL_MASTER
     redis_cluster: str = DEFAULT_REDIS_CLUSTER
@@ -160,6 +163,8 @@ class Settings:
         if self.retention_seconds < self.idempotency_ttl_seconds:
             # a replay rebuilds the first response from the job: the job must outlive its key
             raise ValueError("RECKON_RETENTION_SECONDS must be at least RECKON_IDEMPOTENCY_TTL_SECONDS")
+        if self.shards < 1:
+            raise ValueError("RECKON_SHARDS must be at least 1")
         if self.sweep_hold_seconds <= 0:  # a hold of 0 would hand every due tenant to every sweeper
             raise ValueError("RECKON_SWEEP_HOLD_SECONDS must be more than 0")
 
@@ -209,6 +214,7 @@ class Settings:
             "queue_cap_batch": ("RECKON_QUEUE_CAP_BATCH", int),
             "interactive_target_seconds": ("RECKON_INTERACTIVE_TARGET_SECONDS", int),
             "operator_token": ("RECKON_OPERATOR_TOKEN", str),
+            "shards": ("RECKON_SHARDS", int),
             "sentinels": ("RECKON_SENTINELS", str),
             "sentinel_master": ("RECKON_SENTINEL_MASTER", str),
             "redis_cluster": ("RECKON_REDIS_CLUSTER", str),

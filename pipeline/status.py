@@ -1,8 +1,8 @@
 """The fleet-wide figures operators read (``reckon status``, ``/ui``, ``/metrics``), from Redis in O(1).
 
-Every figure comes from the global keys the scripts keep in step (``keys.GLOBALS``) and the
-fleet hash, in a fixed number of commands whatever the number of tenants and jobs: ``TIME``,
-then one pipelined round trip (an ``EXISTS`` per server among its commands).
+Every figure comes from the keys each shard's scripts keep in step (``ShardKeys.globals``) and
+the shards' fleet hashes, in a fixed number of commands whatever the number of tenants and jobs:
+``TIME``, then one pipelined round trip of nine commands per shard and one per server.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from . import keys
 from .keys import BATCH_RANK, JobKeys, ProviderKeys, TenantKeys
-from .reads import class_pauses, fleet_view
+from .reads import class_pauses, fleet_view, merge_fleet
 from .store import Store
 
 CLASSES = ("interactive", "batch")
@@ -23,7 +23,7 @@ BUDGET_PROVIDER = "comfyui"
 
 
 def class_range(cls: str) -> tuple[int, str]:
-    """The score range of one class in ``keys.QUEUE`` and ``keys.DUE`` (ZRANGEBYSCORE bounds)."""
+    """The score range of one class in a shard's queue and due sets (ZRANGEBYSCORE bounds)."""
     low = BATCH_RANK if cls == "batch" else 0
     return low, f"({low + BATCH_RANK}"
 
@@ -63,34 +63,57 @@ def read(store: Store, caps: dict[str, int]) -> Figures:
     seconds, micros = client.time()
     now = int(seconds) * 1000 + int(micros) // 1000
     pipe = client.pipeline(transaction=False)
-    pipe.hgetall(keys.STATS)
-    for cls in CLASSES:
-        low, high = class_range(cls)
-        pipe.zcount(keys.QUEUE, low, high)
-        pipe.zrangebyscore(keys.QUEUE, low, high, start=0, num=1, withscores=True)
-        pipe.zcount(keys.DUE, low, f"({low + now}")
+    for shard in keys.shards():
+        pipe.hgetall(shard.stats)
+        for cls in CLASSES:
+            low, high = class_range(cls)
+            pipe.zcount(shard.queue, low, high)
+            pipe.zrangebyscore(shard.queue, low, high, start=0, num=1, withscores=True)
+            pipe.zcount(shard.due, low, f"({low + now}")
+        pipe.zcard(shard.parked)
+        pipe.hgetall(shard.fleet)
     pipe.hget(keys.SWEEPER, "at")
     pipe.hget(ProviderKeys(BUDGET_PROVIDER).budget, "tokens")
-    pipe.zcard(keys.PARKED)
-    pipe.hgetall(keys.FLEET)
     for name in caps:
         pipe.exists(keys.watcher_lock(name))
     replies = pipe.execute()
-    n = 1 + 3 * len(CLASSES)
-    stats, per_class = replies[0], replies[1:n]
-    sweeper, budget, parked, fleet = replies[n:n + 4]
-    locks = replies[n + 4:]
-    depth, oldest, overdue = {}, {}, {}
-    for i, cls in enumerate(CLASSES):
-        count, first, late = per_class[3 * i:3 * i + 3]
-        depth[cls], overdue[cls] = int(count), int(late)
-        oldest[cls] = int(first[0][1]) - class_range(cls)[0] if first else None
+    width = 3 + 3 * len(CLASSES)
+    per_shard = [replies[i:i + width] for i in range(0, width * keys.shard_count(), width)]
+    sweeper, budget, *locks = replies[width * keys.shard_count():]
+    depth, oldest, overdue = dict.fromkeys(CLASSES, 0), dict.fromkeys(CLASSES, None), dict.fromkeys(CLASSES, 0)
+    for shard_replies in per_shard:
+        for i, cls in enumerate(CLASSES):
+            count, first, late = shard_replies[1 + 3 * i:4 + 3 * i]
+            depth[cls] += int(count)
+            overdue[cls] += int(late)
+            if first:
+                queued = int(first[0][1]) - class_range(cls)[0]
+                oldest[cls] = min(queued, oldest[cls] or queued)
+    fleet = merge_fleet([shard_replies[-1] for shard_replies in per_shard])
     return Figures(
-        at_ms=now, stats=stats, depth=depth, oldest_ms=oldest, overdue=overdue,
-        sweeper_ms=int(sweeper) if sweeper else None, budget=float(budget) if budget is not None else None,
-        fleet=fleet_view(fleet, caps), pauses=class_pauses(fleet), parked=int(parked),
+        at_ms=now, stats=merge_stats([shard_replies[0] for shard_replies in per_shard]), depth=depth,
+        oldest_ms=oldest, overdue=overdue, sweeper_ms=int(sweeper) if sweeper else None,
+        budget=float(budget) if budget is not None else None, fleet=fleet_view(fleet, caps),
+        pauses=class_pauses(fleet), parked=sum(int(shard_replies[-2]) for shard_replies in per_shard),
         watchers={name: bool(up) for name, up in zip(caps, locks, strict=True)},
     )
+
+
+def merge_stats(hashes: list[dict[str, str]]) -> dict[str, str]:
+    """Shards' figures as one: counts and sums added; a service-time estimate (``service_ms:``) is
+    the mean of the shards that have one."""
+    if len(hashes) == 1:
+        return hashes[0]
+    totals: dict[str, int | float] = {}
+    estimates: dict[str, list[float]] = {}
+    for raw in hashes:
+        for field, value in raw.items():
+            if field.startswith("service_ms:"):
+                estimates.setdefault(field, []).append(float(value))
+            else:  # ledger totals stay exact integers
+                totals[field] = totals.get(field, 0) + (int(value) if value.lstrip("-").isdigit() else float(value))
+    return ({field: str(total) for field, total in totals.items()}
+            | {field: str(sum(values) / len(values)) for field, values in estimates.items()})
 
 
 def snapshot(store: Store, caps: dict[str, int]) -> dict[str, Any]:
@@ -128,7 +151,7 @@ class Truth:
 
     counts: Counter[tuple[str, str]]
     money: Counter[str]
-    #: Queued job id -> its score in ``keys.QUEUE``; unfinished job id -> its score in ``keys.DUE``.
+    #: Queued job id -> its score in its shard's queue; unfinished job id -> its score in its shard's due set.
     queue: dict[str, int]
     due: dict[str, int]
 
@@ -153,40 +176,59 @@ def walk(client: Any, tenants: list[str]) -> Truth:
     return truth
 
 
+def by_shard(tenants: list[str]) -> dict[keys.ShardKeys, list[str]]:
+    """Every shard -> the given tenants that live in it."""
+    grouped: dict[keys.ShardKeys, list[str]] = {shard: [] for shard in keys.shards()}
+    for tenant in tenants:
+        grouped[TenantKeys(tenant).shard].append(tenant)
+    return grouped
+
+
 def audit(client: Any, tenants: list[str]) -> list[str]:
-    """What differs between the global figures and the jobs (empty: nothing): jobs per class and state,
+    """What differs between each shard's figures and its jobs (empty: nothing): jobs per class and state,
     ledger totals, membership of the queue and due indexes. Read at rest (nothing moving)."""
-    truth = walk(client, tenants)
-    stats = client.hgetall(keys.STATS)
-    figured = Counter({(f.split(":")[1], f.split(":")[2]): int(v) for f, v in stats.items()
-                       if f.startswith("jobs:") and int(v)})
-    problems = [f"jobs {' '.join(pair)}: global {figured[pair]} != {truth.counts[pair]}"
-                for pair in sorted(set(figured) | set(truth.counts)) if figured[pair] != truth.counts[pair]]
-    problems += [f"ledger {kind}: global {stats.get(f'ledger:{kind}', '0')} != {truth.money[kind]}"
-                 for kind in LEDGER_KINDS if int(stats.get(f"ledger:{kind}", 0)) != truth.money[kind]]
-    indexes = (("queue", set(client.zrange(keys.QUEUE, 0, -1)), set(truth.queue)),
-               ("due", set(client.zrange(keys.DUE, 0, -1)), set(truth.due)))
-    problems += [f"{name} index: {len(found ^ want)} jobs differ" for name, found, want in indexes if found != want]
+    problems = []
+    for shard, members in by_shard(tenants).items():
+        truth = walk(client, members)
+        stats = client.hgetall(shard.stats)
+        figured = Counter({(f.split(":")[1], f.split(":")[2]): int(v) for f, v in stats.items()
+                           if f.startswith("jobs:") and int(v)})
+        found = [f"jobs {' '.join(pair)}: global {figured[pair]} != {truth.counts[pair]}"
+                 for pair in sorted(set(figured) | set(truth.counts)) if figured[pair] != truth.counts[pair]]
+        found += [f"ledger {kind}: global {stats.get(f'ledger:{kind}', '0')} != {truth.money[kind]}"
+                  for kind in LEDGER_KINDS if int(stats.get(f"ledger:{kind}", 0)) != truth.money[kind]]
+        indexes = (("queue", set(client.zrange(shard.queue, 0, -1)), set(truth.queue)),
+                   ("due", set(client.zrange(shard.due, 0, -1)), set(truth.due)))
+        found += [f"{name} index: {len(have ^ want)} jobs differ" for name, have, want in indexes if have != want]
+        prefix = f"shard {shard.n}: " if keys.shard_count() > 1 else ""
+        problems += [prefix + problem for problem in found]
     return problems
 
 
 def rebuild(client: Any, tenants: list[str]) -> Truth:
-    """Write the global gauges (jobs per class and state, ledger totals, the queue and due indexes) from
+    """Write each shard's gauges (jobs per class and state, ledger totals, the queue and due indexes) from
     the jobs: after an upgrade from a version without them, with dispatch paused and no admissions (a
-    change between the walk and the write would be lost). Counters and histograms are left alone."""
-    truth = walk(client, tenants)
-    stale = [field for field in client.hkeys(keys.STATS) if field.startswith(("jobs:", "ledger:"))]
-    pipe = client.pipeline(transaction=True)
-    if stale:
-        pipe.hdel(keys.STATS, *stale)
-    fields = {f"jobs:{cls}:{state}": n for (cls, state), n in truth.counts.items()}
-    pipe.hset(keys.STATS, mapping=fields | {f"ledger:{kind}": truth.money[kind] for kind in LEDGER_KINDS})
-    pipe.delete(keys.QUEUE, keys.DUE)
-    for key, scores in ((keys.QUEUE, truth.queue), (keys.DUE, truth.due)):
-        if scores:
-            pipe.zadd(key, scores)
-    pipe.execute()
-    return truth
+    change between the walk and the write would be lost). Counters and histograms are left alone.
+    Returns the figures over all shards."""
+    total = Truth(Counter(), Counter(), {}, {})
+    for shard, members in by_shard(tenants).items():
+        truth = walk(client, members)
+        stale = [field for field in client.hkeys(shard.stats) if field.startswith(("jobs:", "ledger:"))]
+        pipe = client.pipeline(transaction=True)
+        if stale:
+            pipe.hdel(shard.stats, *stale)
+        fields = {f"jobs:{cls}:{state}": n for (cls, state), n in truth.counts.items()}
+        pipe.hset(shard.stats, mapping=fields | {f"ledger:{kind}": truth.money[kind] for kind in LEDGER_KINDS})
+        pipe.delete(shard.queue, shard.due)
+        for key, scores in ((shard.queue, truth.queue), (shard.due, truth.due)):
+            if scores:
+                pipe.zadd(key, scores)
+        pipe.execute()
+        total.counts.update(truth.counts)
+        total.money.update(truth.money)
+        total.queue |= truth.queue
+        total.due |= truth.due
+    return total
 
 
 def _age(seconds: float | None) -> str:

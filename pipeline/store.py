@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import orjson
 import redis
 
-from . import keys
+from . import keys, redisconn
 from .errors import (
     CancelRequested,
     DeadlineExceeded,
@@ -33,15 +33,12 @@ from .settings import (
 #: How long an unparked job's slot waits for its claim (ms): its message crosses the broker in
 #: milliseconds; past this it is taken for lost (the sweeper's redelivery sends the job again).
 CALL_MS = 10_000
-#: No Redis call waits longer than this (s): a worker cut off from Redis must not resume a step
-#: minutes later on a decision it made before (every script runs in milliseconds).
-SOCKET_TIMEOUT_S = 10.0
 
 
 def connect(url: str) -> redis.Redis:
-    """A client for reckon's state database (text replies, hiredis parser when installed)."""
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
-                                socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S)
+    """A client for the state database at ``url`` (``redis://`` or ``redis+sentinel://``), for tools
+    and tests; the processes use ``redisconn.connect(settings)``, which also knows Cluster."""
+    return redisconn.connect_url(url)
 
 
 @dataclass(frozen=True)
@@ -121,10 +118,23 @@ def _at(now_ms: int | None) -> int | str:
 class Store(Reads):
     """Every write is one Lua script; ``now_ms`` arguments default to Redis's own clock."""
 
-    def __init__(self, client: redis.Redis, scripts: Scripts | None = None) -> None:
+    def __init__(self, client: redis.Redis, scripts: Scripts | None = None, *, shards: int | None = None) -> None:
+        """``shards``: the deployment's shard count (``RECKON_SHARDS``), set for the whole process;
+        None leaves the count as it is (1 unless set)."""
         #: Typed Any: the client decodes replies to str, which redis-py's stubs cannot express.
         self.redis: Any = client
         self.scripts = scripts or Scripts(client)
+        if shards is not None:
+            keys.use_shards(shards)
+
+    def check_shards(self) -> None:
+        """Record the shard count on first use; refuse (ValueError) a count other than the recorded
+        one: tenants would be looked for in the wrong shards."""
+        meta = keys.ShardKeys(0).meta
+        self.redis.hsetnx(meta, "shards", keys.shard_count())
+        recorded = int(self.redis.hget(meta, "shards"))
+        if recorded != keys.shard_count():
+            raise ValueError(f"RECKON_SHARDS is {keys.shard_count()} but this Redis holds {recorded} shards")
 
     def server_ms(self) -> int:
         """Redis's clock (ms): the one clock that decides leases and due times."""
@@ -144,11 +154,12 @@ class Store(Reads):
         reply = self.scripts(
             "admit",
             [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
-             older.record, older.events, t.retry, j.workflow, t.done, older.workflow, keys.WAKE, t.limits,
-             *keys.GLOBALS, keys.ADMISSION, keys.FLEET],
+             older.record, older.events, t.retry, j.workflow, t.done, older.workflow, t.shard.wake, t.limits,
+             *t.shard.globals, t.shard.admission, t.shard.fleet],
             [_at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
              orjson.dumps(fields), status, supersedes, workflow, limits.slots, limits.queue_cap_interactive,
-             limits.queue_cap_batch, limits.interactive_target_s],
+             limits.queue_cap_batch, limits.interactive_target_s, keys.shard_count()],
+            durable=True,
         )
         code = Code(reply[0])
         if code is Code.UNKNOWN_TENANT:
@@ -184,7 +195,7 @@ class Store(Reads):
         reply = self.scripts(
             "claim",
             [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
-             j.workflow, keys.WAKE, keys.FLEET, keys.PARKED, keys.CALLED, *keys.GLOBALS],
+             j.workflow, t.shard.wake, t.shard.fleet, t.shard.parked, t.shard.called, *t.shard.globals],
             [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms, job_id,
              *[item for pair in servers.items() for item in pair]],
         )
@@ -197,7 +208,7 @@ class Store(Reads):
         """Hand a submitted attempt to its server's watcher; the watcher's claim (new generation).
         ``refused``: the server's summary of output nodes it refused while taking the prompt."""
         j = JobKeys(claim.job_id)
-        reply = self._fenced("await", [j.record, j.tenant.leases, keys.FLEET, keys.WAKE],
+        reply = self._fenced("await", j, [j.record, j.tenant.leases, j.shard.fleet, j.shard.wake],
                              [claim.generation, _at(now_ms), lease_ms, orjson.dumps(refused) if refused else ""])
         return replace(claim, generation=int(reply[1]))
 
@@ -205,23 +216,24 @@ class Store(Reads):
                       now_ms: int | None = None) -> Collect | None:
         """Take a job the watcher holds, to collect its outputs; None if it is not watched (any more)."""
         j = JobKeys(job_id)
-        reply = self.scripts("collect-claim", [j.record, j.tenant.leases, keys.FLEET, keys.WAKE],
+        reply = self.scripts("collect-claim", [j.record, j.tenant.leases, j.shard.fleet, j.shard.wake],
                              [_at(now_ms), worker, lease_ms])
         if Code(reply[0]) is not Code.OK:
             return None
         claim = Claim(job_id, int(reply[1]), int(reply[2]), reply[3], int(reply[5]), reply[4])
         return Collect(claim, bool(reply[6]), int(reply[7]), reply[8])
 
-    def unpark(self, servers: Mapping[str, int], *, call_ms: int = CALL_MS, now_ms: int | None = None) -> list[str]:
-        """The best parked jobs, as many as the fleet has free slots not promised yet, each promised
-        a slot for ``call_ms``: to publish (route ``unparked``)."""
-        reply = self.scripts("unpark", [keys.FLEET, keys.PARKED, keys.CALLED],
+    def unpark(self, shard: keys.ShardKeys, servers: Mapping[str, int], *, call_ms: int = CALL_MS,
+               now_ms: int | None = None) -> list[str]:
+        """The shard's best parked jobs, as many as its fleet has free slots not promised yet, each
+        promised a slot for ``call_ms``: to publish (route ``unparked``)."""
+        reply = self.scripts("unpark", [shard.fleet, shard.parked, shard.called],
                              [_at(now_ms), call_ms, *[item for pair in servers.items() for item in pair]])
         return list(reply[1::2])
 
     def heartbeat(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> int:
         j = JobKeys(claim.job_id)
-        reply = self._fenced("heartbeat", [j.record, j.tenant.leases], [claim.generation, _at(now_ms), lease_ms])
+        reply = self._fenced("heartbeat", j, [j.record, j.tenant.leases], [claim.generation, _at(now_ms), lease_ms])
         return int(reply[1])
 
     def mark_submit(self, claim: Claim, *, epoch: str, lease_ms: int, min_attempt_ms: int = 0,
@@ -229,20 +241,21 @@ class Store(Reads):
         """Record that the provider request is about to go out, renewing the lease for ``lease_ms``;
         CancelRequested if cancelled, DeadlineExceeded if too little time is left to run it."""
         j = JobKeys(claim.job_id)
-        reply = self.scripts("mark-submit", [j.record, j.attempts, j.tenant.leases, keys.FLEET],
-                             [claim.generation, _at(now_ms), epoch, lease_ms, min_attempt_ms])
+        reply = self.scripts("mark-submit", [j.record, j.attempts, j.tenant.leases, j.shard.fleet],
+                             [claim.generation, _at(now_ms), epoch, lease_ms, min_attempt_ms], durable=True)
         if Code(reply[0]) is Code.CANCELLED:
             raise CancelRequested(claim.job_id)
         if Code(reply[0]) is Code.PAUSED:
             raise DispatchPaused(claim.job_id)
         if Code(reply[0]) is Code.EXPIRED:
             raise DeadlineExceeded(claim.job_id)
-        self._check(reply)
+        self._check(reply, j)
 
     def store_output(self, claim: Claim, index: int, record: dict[str, Any], *, now_ms: int | None = None) -> bool:
         j = JobKeys(claim.job_id)
         reply = self._fenced(
-            "store-output", [j.record, j.outputs], [claim.generation, _at(now_ms), index, orjson.dumps(record)]
+            "store-output", j, [j.record, j.outputs], [claim.generation, _at(now_ms), index, orjson.dumps(record)],
+            durable=True,
         )
         return bool(reply[1])
 
@@ -250,7 +263,9 @@ class Store(Reads):
         """Book what the provider charged for this attempt (once per attempt); whatever the
         attempt held as uncertain is resolved in the same step."""
         j = JobKeys(claim.job_id)
-        return int(self._fenced("charge", [j.record, j.tenant.ledger, *keys.GLOBALS], [claim.generation, units])[1])
+        reply = self._fenced("charge", j, [j.record, j.tenant.ledger, *j.shard.globals], [claim.generation, units],
+                             durable=True)
+        return int(reply[1])
 
     def finish(
         self, claim: Claim, outcome: str, *, error_class: str = "", reason: str = "",
@@ -261,11 +276,12 @@ class Store(Reads):
         j = JobKeys(claim.job_id)
         t = j.tenant
         self._fenced(
-            "finish",
+            "finish", j,
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
-             j.workflow, keys.WAKE, keys.FLEET, *keys.GLOBALS],
+             j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals],
             [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome,
              orjson.dumps(detail) if detail else ""],
+            durable=True,
         )
 
     def retry(self, claim: Claim, *, delay_ms: int, error_class: str, free: bool = False,
@@ -274,9 +290,9 @@ class Store(Reads):
         j = JobKeys(claim.job_id)
         t = j.tenant
         reply = self._fenced(
-            "retry",
-            [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, keys.WAKE, keys.FLEET,
-             *keys.GLOBALS],
+            "retry", j,
+            [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, t.shard.wake, t.shard.fleet,
+             *t.shard.globals],
             [claim.generation, _at(now_ms), delay_ms, error_class, int(free)],
         )
         return int(reply[1])
@@ -288,19 +304,19 @@ class Store(Reads):
         t = j.tenant
         reply = self.scripts(
             "reconcile-begin",
-            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs, keys.WAKE,
-             keys.FLEET, *keys.GLOBALS],
+            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs, t.shard.wake,
+             t.shard.fleet, *t.shard.globals],
             [claim.generation if claim else "", _at(now_ms), delay_ms, reason],
         )
         if claim is not None:
-            self._check(reply)
+            self._check(reply, j)
         return Code(reply[0]) is Code.OK
 
     def claim_reconcile(self, job_id: str, *, worker: str, lease_ms: int,
                         now_ms: int | None = None) -> Reconcile | None:
         j = JobKeys(job_id)
         t = j.tenant
-        reply = self.scripts("reconcile-claim", [j.record, t.leases, t.reconcile, keys.WAKE],
+        reply = self.scripts("reconcile-claim", [j.record, t.leases, t.reconcile, t.shard.wake],
                              [_at(now_ms), worker, lease_ms])
         if Code(reply[0]) is not Code.OK:
             return None
@@ -309,20 +325,20 @@ class Store(Reads):
 
     def resolve_uncertain(self, claim: Claim, *, executed: bool) -> int:
         j = JobKeys(claim.job_id)
-        reply = self._fenced("resolve-uncertain", [j.record, j.tenant.ledger, *keys.GLOBALS],
-                             [claim.generation, int(executed)])
+        reply = self._fenced("resolve-uncertain", j, [j.record, j.tenant.ledger, *j.shard.globals],
+                             [claim.generation, int(executed)], durable=True)
         return int(reply[1])
 
     def reconcile_later(self, claim: Claim, *, delay_ms: int, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
-        self._fenced("reconcile-later", [j.record, j.tenant.leases, j.tenant.reconcile, keys.WAKE],
+        self._fenced("reconcile-later", j, [j.record, j.tenant.leases, j.tenant.reconcile, j.shard.wake],
                      [claim.generation, delay_ms, _at(now_ms)])
 
     def send_to_review(self, claim: Claim, *, expires_in_ms: int, reason: str, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
         t = j.tenant
-        self._fenced("review", [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, keys.WAKE, keys.FLEET,
-         *keys.GLOBALS],
+        self._fenced("review", j, [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, t.shard.wake,
+                                   t.shard.fleet, *t.shard.globals],
                      [claim.generation, _at(now_ms), expires_in_ms, reason])
 
     def resolve_review(self, job_id: str, decision: str, *, reason: str, now_ms: int | None = None) -> str:
@@ -331,10 +347,11 @@ class Store(Reads):
         reply = self.scripts(
             "resolve-review",
             [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs, t.done,
-             j.workflow, keys.WAKE, *keys.GLOBALS],
+             j.workflow, t.shard.wake, *t.shard.globals],
             [_at(now_ms), decision, reason],
+            durable=True,
         )
-        return self._check(reply)[1]
+        return self._check(reply, j)[1]
 
     def promote(self, job_id: str, *, now_ms: int | None = None) -> str | None:
         """retry_wait -> queued (or failed past the deadline) when due; the new state or None."""
@@ -342,7 +359,7 @@ class Store(Reads):
         t = j.tenant
         reply = self.scripts(
             "promote", [j.record, t.ledger, t.retry, t.queued, t.outbox, j.events, t.counts, t.dead, t.done,
-                        j.workflow, keys.WAKE, *keys.GLOBALS],
+                        j.workflow, t.shard.wake, *t.shard.globals],
             [_at(now_ms), job_id],
         )
         return reply[1] if Code(reply[0]) is Code.OK else None
@@ -354,7 +371,7 @@ class Store(Reads):
         t = j.tenant
         index = t.queued if state == "queued" else t.reconcile
         reply = self.scripts("redeliver", [j.record, index, t.ledger, t.dead, j.events, t.counts, t.done,
-                                           j.workflow, keys.WAKE, *keys.GLOBALS],
+                                           j.workflow, t.shard.wake, *t.shard.globals],
                              [_at(now_ms), job_id, state, window_ms])
         return reply[2] if Code(reply[0]) is Code.OK else None
 
@@ -363,18 +380,18 @@ class Store(Reads):
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts("purge", [j.record, j.attempts, j.events, j.outputs, j.workflow, t.jobs, t.dead, t.done,
-                                       j.progress, j.progress_seen, t.counts, *keys.GLOBALS],
+                                       j.progress, j.progress_seen, t.counts, *t.shard.globals],
                              [job_id, _at(now_ms), retention_ms])
         return Code(reply[0]) is Code.OK
 
-    def take_due(self, *, limit: int, hold_ms: int, now_ms: int | None = None) -> list[str]:
-        """Tenants with work due, each held for ``hold_ms`` so a second sweeper takes others."""
-        return self.scripts("take-due", [keys.WAKE], [_at(now_ms), limit, hold_ms])[1:]
+    def take_due(self, shard: keys.ShardKeys, *, limit: int, hold_ms: int, now_ms: int | None = None) -> list[str]:
+        """The shard's tenants with work due, each held for ``hold_ms`` so a second sweeper takes others."""
+        return self.scripts("take-due", [shard.wake], [_at(now_ms), limit, hold_ms])[1:]
 
     def rearm(self, tenant: str, *, window_ms: int, retention_ms: int) -> int | None:
         """Set the tenant's wake entry to when its next work is due; None when it has none."""
         t = TenantKeys(tenant)
-        reply = self.scripts("rearm", [keys.WAKE, t.leases, t.reconcile, t.queued, t.retry, t.review, t.outbox,
+        reply = self.scripts("rearm", [t.shard.wake, t.leases, t.reconcile, t.queued, t.retry, t.review, t.outbox,
                                        t.done], [tenant, window_ms, retention_ms])
         return None if int(reply[1]) < 0 else int(reply[1])
 
@@ -384,23 +401,24 @@ class Store(Reads):
         t = j.tenant
         reply = self.scripts(
             "cancel", [j.record, t.ledger, t.queued, t.retry, j.events, t.counts, t.review, t.done,
-                       j.workflow, keys.WAKE, keys.PARKED, *keys.GLOBALS],
+                       j.workflow, t.shard.wake, t.shard.parked, *t.shard.globals],
             [_at(now_ms)],
+            durable=True,
         )
-        self._check(reply)
+        self._check(reply, j)
         return reply[1], reply[2]
 
     def replay(self, job_id: str, *, now_ms: int | None = None) -> None:
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
-            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, t.done, keys.WAKE,
-             *keys.GLOBALS],
+            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, t.done, t.shard.wake,
+             *t.shard.globals],
             [_at(now_ms)]
         )
         if Code(reply[0]) is Code.INSUFFICIENT_ALLOWANCE:
             raise InsufficientAllowance(reply[1], reply[2])
-        self._check(reply)
+        self._check(reply, j)
 
     def budget(self, provider: str, operation: str, tokens: float, capacity: float) -> bool:
         reply = self.scripts("budget", [ProviderKeys(provider).budget], [operation, tokens, capacity])
@@ -410,33 +428,49 @@ class Store(Reads):
         """Stop dispatch to a server (one of ``SERVER_BLOCKS``) until cleared; False if it already was."""
         if reason not in SERVER_BLOCKS:
             raise ValueError(f"unknown block reason {reason!r}")
-        since = self.server_ms() if now_ms is None else now_ms
-        return bool(self.redis.hsetnx(keys.FLEET, f"{reason}:{server}", since))
+        return self._fleet_setnx(f"{reason}:{server}", now_ms)
 
     def provider_block(self, server: str) -> str | None:
         """Why dispatch to the server is stopped (the first reason), or None."""
-        found = self.redis.hmget(keys.FLEET, [f"{reason}:{server}" for reason in SERVER_BLOCKS])
+        found = self.redis.hmget(keys.ShardKeys(0).fleet, [f"{reason}:{server}" for reason in SERVER_BLOCKS])
         return next((reason for reason, since in zip(SERVER_BLOCKS, found, strict=True) if since), None)
 
     def pause_class(self, priority: str, *, now_ms: int | None = None) -> bool:
         """Stop claims and submissions of the class's jobs (admission goes on); False if it already was."""
-        return bool(self.redis.hsetnx(keys.FLEET, f"pause_class:{priority}", self.server_ms() if now_ms is None
-                                      else now_ms))
+        return self._fleet_setnx(f"pause_class:{priority}", now_ms)
 
     def resume_class(self, priority: str) -> bool:
-        return bool(self.redis.hdel(keys.FLEET, f"pause_class:{priority}"))
+        return self._fleet_del([f"pause_class:{priority}"])
 
     def clear_provider(self, server: str, reasons: Sequence[str] = SERVER_BLOCKS) -> bool:
         """Let dispatch to the server resume (for ``reasons``); False if it was not stopped for them."""
-        return bool(self.redis.hdel(keys.FLEET, *[f"{reason}:{server}" for reason in reasons]))
+        return self._fleet_del([f"{reason}:{server}" for reason in reasons])
 
-    def _check(self, reply: list[Any]) -> list[Any]:
+    def _fleet_setnx(self, field: str, now_ms: int | None) -> bool:
+        """Set a stop in every shard's fleet hash (each shard's scripts read their own); True if
+        shard 0, the one readers ask, did not have it yet. Shard 0 is written last, so a stop that
+        reads as set is set everywhere (a writer that died midway is repeated by its caller)."""
+        since = self.server_ms() if now_ms is None else now_ms
+        *rest, first = keys.shards()[1:] + [keys.ShardKeys(0)]
+        for shard in rest:
+            self.redis.hsetnx(shard.fleet, field, since)
+        return bool(self.redis.hsetnx(first.fleet, field, since))
+
+    def _fleet_del(self, fields: list[str]) -> bool:
+        """Clear stops in every shard, shard 0 last; True if shard 0 had any of them."""
+        *rest, first = keys.shards()[1:] + [keys.ShardKeys(0)]
+        for shard in rest:
+            self.redis.hdel(shard.fleet, *fields)
+        return bool(self.redis.hdel(first.fleet, *fields))
+
+    def _check(self, reply: list[Any], job: JobKeys) -> list[Any]:
         code = Code(reply[0])
         if code is not Code.OK:
             if code is Code.STALE_LEASE:
-                self.redis.hincrby(keys.STATS, "stale_writes_rejected", 1)
+                self.redis.hincrby(job.shard.stats, "stale_writes_rejected", 1)
             raise_for(code, reply)
         return reply
 
-    def _fenced(self, verb: str, keys_: list[str], args: list[Any]) -> list[Any]:
-        return self._check(self.scripts(verb, keys_, args))
+    def _fenced(self, verb: str, job: JobKeys, keys_: list[str], args: list[Any], *,
+                durable: bool = False) -> list[Any]:
+        return self._check(self.scripts(verb, keys_, args, durable=durable), job)

@@ -71,18 +71,18 @@ class Sweeper:
         done: Counter[str] = Counter()
         now = self.now_ms()
         self.store.redis.hset(keys.SWEEPER, mapping={"at": now, "by": self.name, f"at:{self.name}": now})
-        for job_id in self.store.unpark(self.servers):
-            self.publish(job_id, "unparked")
-            done["unparked"] += 1
-        tenants = self.store.take_due(limit=TENANTS_PER_PASS, hold_ms=self.hold_ms, now_ms=now)
-        for tenant in tenants:
-            try:
-                self._visit(TenantKeys(tenant), now, done)
-            except Exception:  # one tenant's failure must not hold up the others
-                log.exception("sweep of tenant %s failed; it is visited again next pass", tenant)
-            finally:
-                self.store.rearm(tenant, window_ms=self.window_ms, retention_ms=self.retention_ms)
-            faultpoints.reached("sweep_visited")  # crash tests: die holding the pass's other tenants
+        for shard in keys.shards():
+            for job_id in self.store.unpark(shard, self.servers):
+                self.publish(job_id, "unparked")
+                done["unparked"] += 1
+            for tenant in self.store.take_due(shard, limit=TENANTS_PER_PASS, hold_ms=self.hold_ms, now_ms=now):
+                try:
+                    self._visit(TenantKeys(tenant), now, done)
+                except Exception:  # one tenant's failure must not hold up the others
+                    log.exception("sweep of tenant %s failed; it is visited again next pass", tenant)
+                finally:
+                    self.store.rearm(tenant, window_ms=self.window_ms, retention_ms=self.retention_ms)
+                faultpoints.reached("sweep_visited")  # crash tests: die holding the pass's other tenants
         return +done  # only the steps that moved something
 
     def _visit(self, t: TenantKeys, now: int, done: Counter[str]) -> None:
@@ -154,11 +154,15 @@ class Sweeper:
 def main() -> None:
     from .broker import Publisher, build_broker
     from .logs import configure
-    from .store import connect
+    from .redisconn import connect
+    from .scripts import Scripts
 
     configure("sweeper")
     settings = Settings.from_env()
-    sweeper = Sweeper(Store(connect(settings.redis_url)), Publisher(build_broker(settings)), settings)
+    client = connect(settings)
+    store = Store(client, Scripts.of(client, settings), shards=settings.shards)
+    store.check_shards()
+    sweeper = Sweeper(store, Publisher(build_broker(settings)), settings)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -31,7 +31,7 @@ def create_tenant(client: redis.Redis, name: str, allowance: int) -> None:
         raise TenantError("allowance must not be negative")
     if not client.hsetnx(TenantKeys(name).ledger, "allowance", allowance):
         raise TenantError(f"tenant {name} exists")
-    client.sadd(keys.TENANTS, name)
+    client.sadd(TenantKeys(name).shard.tenants, name)
 
 
 def create_key(client: redis.Redis, tenant: str) -> str:
@@ -39,10 +39,9 @@ def create_key(client: redis.Redis, tenant: str) -> str:
     _require(client, tenant)
     api_key = "rk_" + secrets.token_urlsafe(24)
     key_hash = hash_key(api_key)
-    with client.pipeline(transaction=True) as pipe:
-        pipe.set(keys.api_key(key_hash), tenant)
-        pipe.sadd(keys.tenant_api_keys(tenant), key_hash)
-        pipe.execute()
+    # Two slots in a cluster: listed first, then live (a key listed but never made live is harmless).
+    client.sadd(keys.tenant_api_keys(tenant), key_hash)
+    client.set(keys.api_key(key_hash), tenant)
     return api_key
 
 
@@ -58,10 +57,8 @@ def revoke_key(client: redis.Redis, key_or_hash: str) -> str:
     tenant = client.get(keys.api_key(key_hash))
     if tenant is None:
         raise TenantError("no such API key")
-    with client.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.api_key(key_hash))
-        pipe.srem(keys.tenant_api_keys(_text(tenant)), key_hash)
-        pipe.execute()
+    client.delete(keys.api_key(key_hash))  # dead first, then unlisted (see create_key)
+    client.srem(keys.tenant_api_keys(_text(tenant)), key_hash)
     return _text(tenant)
 
 

@@ -226,8 +226,9 @@ class ServerWatch:
         self.contact = time.monotonic()
         if self.store.clear_provider(self.name, ["provider_unreachable"]):
             log.info("server %s answers again; dispatch resumes", self.name)
-            for job_id in self.store.unpark(self.caps):
-                self.publish(job_id, "unparked")
+            for shard in keys.shards():
+                for job_id in self.store.unpark(shard, self.caps):
+                    self.publish(job_id, "unparked")
 
     def _collect(self, job_id: str) -> None:
         log.info("prompt of %s ended at %s; collecting", job_id, self.name)
@@ -254,11 +255,14 @@ def main() -> None:
     from .broker import Publisher, build_broker
     from .logs import configure
     from .progress import record
-    from .store import connect
+    from .redisconn import connect as connect_redis
+    from .scripts import Scripts
 
     configure("watcher")
     settings = Settings.from_env()
-    store = Store(connect(settings.redis_url))
+    client = connect_redis(settings)
+    store = Store(client, Scripts.of(client, settings), shards=settings.shards)
+    store.check_shards()
     fleet = Fleet(settings.servers(), adapter)
     watcher = Watcher(fleet, store, Publisher(build_broker(settings)), settings,
                       lambda *point: record(store.scripts, *point))

@@ -15,14 +15,18 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
+from pipeline import keys
 from pipeline.providers import sim as simulated
 from pipeline.settings import Settings
 from pipeline.store import Store, connect
 from pipeline.tenants import create_key, create_tenant
+from tests import cluster
 
 
 def free_port() -> int:
@@ -86,17 +90,48 @@ def _pings(client: redis.Redis) -> bool:
         return False
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module that sets ``BOTH_BACKENDS = True`` runs each of its Redis tests twice: against one
+    redis-server and against a three-primary Redis Cluster (state split into ``cluster.SHARDS`` shards)."""
+    if getattr(metafunc.module, "BOTH_BACKENDS", False) and "redis_client" in metafunc.fixturenames:
+        metafunc.parametrize("backend", ["single", "cluster"], indirect=True)
+
+
 @pytest.fixture
-def redis_client(redis_server: str) -> Iterator[redis.Redis]:
-    client = connect(redis_server)
-    client.flushall()
+def backend(request: pytest.FixtureRequest) -> str:
+    return getattr(request, "param", "single")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.Cluster]:
+    running = cluster.start(tmp_path_factory.mktemp("cluster"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def shards(backend: str) -> int:
+    """The shard count of this test's deployment (set before any key is built)."""
+    count = cluster.SHARDS if backend == "cluster" else 1
+    keys.use_shards(count)
+    return count
+
+
+@pytest.fixture
+def redis_client(request: pytest.FixtureRequest, backend: str, shards: int, redis_server: str) -> Iterator[Any]:
+    if backend == "cluster":
+        client = request.getfixturevalue("redis_cluster").client()
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        client = connect(redis_server)
+        client.flushall()
     yield client
     client.close()
 
 
 @pytest.fixture
-def store(redis_client: redis.Redis) -> Store:
-    return Store(redis_client)
+def store(redis_client: Any, shards: int) -> Store:
+    return Store(redis_client, shards=shards)
 
 
 @pytest.fixture

@@ -13,6 +13,9 @@ from pipeline.store import Store
 
 from .conftest import auth, job_body
 
+#: Every test here runs against one redis-server and against a Redis Cluster (tests/conftest.py).
+BOTH_BACKENDS = True
+
 P = "urn:reckon:problem:"
 
 

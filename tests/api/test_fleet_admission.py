@@ -18,6 +18,9 @@ from pipeline.store import Store
 
 from .conftest import auth, job_body
 
+#: The one shard of these tests' deployment.
+SHARD = keys.ShardKeys(0)
+
 
 @pytest.fixture
 def admit(settings: Settings, store: Store):
@@ -50,7 +53,7 @@ def test_a_full_class_queue_answers_503_and_writes_nothing(admit, tenant, store,
     assert (refused.status_code, refused.headers["retry-after"], refused.json["type"], refused.json["limit"]) == (
         503, "5", "urn:reckon:problem:queue-full", "queue_full")  # no service-time estimate yet: 5 s
     _nothing_written(store, "acme", "k3", jobs=2, reserved=60)
-    assert store.redis.hget(keys.STATS, "refused:queue_full") == "1"
+    assert store.redis.hget(SHARD.stats, "refused:queue_full") == "1"
     assert submit(api_key, "k1").headers["idempotent-replayed"] == "true"  # a retry is never refused
     assert submit(api_key, "b1", priority="batch").status_code == 202  # the batch queue has room
     assert cli.main(["admission", "set", "--class", "interactive", "--queue-cap", "3"], store=store) == 0
@@ -64,8 +67,8 @@ def test_batch_is_shed_while_the_oldest_interactive_job_waits_past_its_target(ad
     api_key = tenant("acme", 10_000)
     assert submit(api_key, "i1").status_code == 202
     assert submit(api_key, "b1", priority="batch").status_code == 202  # the interactive job is fresh
-    interactive = store.redis.zrange(keys.QUEUE, 0, 0)[0]
-    store.redis.zadd(keys.QUEUE, {interactive: store.server_ms() - 61_000})  # it has waited 61 s
+    interactive = store.redis.zrange(SHARD.queue, 0, 0)[0]
+    store.redis.zadd(SHARD.queue, {interactive: store.server_ms() - 61_000})  # it has waited 61 s
     shed = submit(api_key, "b2", priority="batch")
     assert (shed.status_code, shed.json["type"], shed.headers["retry-after"]) == (
         503, "urn:reckon:problem:load-shed", "5")
@@ -73,7 +76,7 @@ def test_batch_is_shed_while_the_oldest_interactive_job_waits_past_its_target(ad
     assert submit(api_key, "i2").status_code == 202  # interactive work is still admitted
     store.pause_class("interactive")  # the wait is the operator's pause: nothing to shed for
     assert submit(api_key, "b2", priority="batch").status_code == 202
-    assert store.redis.hget(keys.STATS, "refused:load_shed") == "1"
+    assert store.redis.hget(SHARD.stats, "refused:load_shed") == "1"
 
 
 def _complete_one(store: Store, tenant_key: str, submit, *, seconds: float, key: str, priority: str) -> None:
@@ -91,10 +94,10 @@ def test_a_job_that_cannot_meet_its_deadline_is_refused_with_the_estimate(admit,
     submit = admit(providers="sim=http://127.0.0.1:9;cap=2")
     api_key = tenant("acme", 10_000)
     assert submit(api_key, "early", deadline_s=1).status_code == 202  # no estimate yet: nothing to refuse on
-    store.cancel(store.redis.zrange(keys.QUEUE, 0, 0)[0])
+    store.cancel(store.redis.zrange(SHARD.queue, 0, 0)[0])
     _complete_one(store, api_key, submit, seconds=50, key="c1", priority="interactive")
     _complete_one(store, api_key, submit, seconds=100, key="c2", priority="interactive")
-    assert store.redis.hget(keys.STATS, "service_ms:interactive") == "60000"  # 50 s, then a fifth towards 100 s
+    assert store.redis.hget(SHARD.stats, "service_ms:interactive") == "60000"  # 50 s, then a fifth towards 100 s
     refused = submit(api_key, "late", deadline_s=59)
     assert (refused.status_code, refused.json["type"], refused.json["estimate_seconds"],
             refused.json["deadline_seconds"]) == (422, "urn:reckon:problem:deadline-infeasible", 60.0, 59.0)
@@ -104,7 +107,7 @@ def test_a_job_that_cannot_meet_its_deadline_is_refused_with_the_estimate(admit,
     assert submit(api_key, "q2", deadline_s=89).json["estimate_seconds"] == 90.0
     assert submit(api_key, "q2", deadline_s=90).status_code == 202
     assert submit(api_key, "b1", priority="batch", deadline_s=1).status_code == 202  # batch: no estimate yet
-    assert store.redis.hget(keys.STATS, "refused:deadline_infeasible") == "2"
+    assert store.redis.hget(SHARD.stats, "refused:deadline_infeasible") == "2"
     # Retry-After of a full queue is one slot's turn: 60 s over 2 slots
     full = admit(providers="sim=http://127.0.0.1:9;cap=2", queue_cap_interactive=2)(api_key, "q3")
     assert (full.status_code, full.headers["retry-after"]) == (503, "30")
@@ -127,7 +130,7 @@ def test_batch_feasibility_prices_each_class_ahead_at_its_own_estimate(admit, te
 def test_operator_settings_that_are_not_numbers_are_ignored(admit, tenant, store, capsys) -> None:
     submit = admit(queue_cap_interactive=1)
     api_key = tenant("acme", 10_000)
-    store.redis.hset(keys.ADMISSION, mapping={"queue_cap:interactive": "lots", "target_s:interactive": "30s"})
+    store.redis.hset(SHARD.admission, mapping={"queue_cap:interactive": "lots", "target_s:interactive": "30s"})
     assert [submit(api_key, f"k{n}").status_code for n in (1, 2)] == [202, 503]  # the default cap, 1
     assert submit(api_key, "b1", priority="batch").status_code == 202  # the default target, not a 500
     assert cli.main(["admission", "show"], store=store) == 0
@@ -141,5 +144,5 @@ def test_superseding_a_queued_job_at_the_cap_is_admitted(admit, tenant, store) -
     first = submit(api_key, "v1").json["id"]
     replaced = submit(api_key, "v2", supersedes=first)
     assert replaced.status_code == 202 and store.job(first)["state"] == "cancelled"
-    assert store.redis.zrange(keys.QUEUE, 0, -1) == [replaced.json["id"]]
+    assert store.redis.zrange(SHARD.queue, 0, -1) == [replaced.json["id"]]
     assert submit(api_key, "v3").status_code == 503

@@ -29,7 +29,7 @@ def test_jobs_in_flight_over_the_limit_are_refused_and_nothing_is_written(client
     assert (replay.status_code, replay.headers["idempotent-replayed"]) == (202, "true")
     assert client.simulate_post(f"/v1/jobs/{first.json['id']}/cancel", headers=auth(api_key)).status_code == 200
     assert submit(api_key, key="k3").status_code == 202  # one left flight: room again
-    assert store.redis.hget(keys.STATS, "refused:max_inflight") == "1"
+    assert store.redis.hget(keys.ShardKeys(0).stats, "refused:max_inflight") == "1"
     assert 'reckon_admission_refused_total{reason="max_inflight"} 1.0' in client.simulate_get("/metrics").text
 
 
@@ -55,4 +55,4 @@ def test_the_submission_rate_is_a_token_bucket_on_redis_time(store, tenant) -> N
         admit(4, now + 1_999)
     admit(4, now + 2_000)
     assert store.redis.zcard(TenantKeys("acme").jobs) == 4
-    assert store.redis.hget(keys.STATS, "refused:rate") == "2"
+    assert store.redis.hget(keys.ShardKeys(0).stats, "refused:rate") == "2"

@@ -79,17 +79,17 @@ KNOWN = frozenset({
     "curl -s 127.0.0.1:8000/readyz",
     "curl -s 127.0.0.1:8000/metrics | grep ^reckon_",
     NOW,
-    "redis-cli -p 6390 ZRANGEBYSCORE reckon:due -inf $now LIMIT 0 20",
-    "redis-cli -p 6390 ZRANGEBYSCORE reckon:due 1e13 $(( 10**13 + now )) LIMIT 0 20",
-    "redis-cli -p 6390 ZRANGE reckon:queue 0 0 WITHSCORES",
-    "redis-cli -p 6390 ZRANGEBYSCORE reckon:queue 1e13 +inf WITHSCORES LIMIT 0 1",
-    "redis-cli -p 6390 HGETALL reckon:stats | paste - - | grep refused:",
-    "redis-cli -p 6390 HGETALL reckon:admission",
-    "redis-cli -p 6390 HSET reckon:admission queue_cap:batch N",
-    "redis-cli -p 6390 ZRANGE 'reckon:{t:TENANT}:reconcile' 0 -1 WITHSCORES",
-    "redis-cli -p 6390 ZRANGE 'reckon:{t:TENANT}:outbox' 0 -1 WITHSCORES",
-    "redis-cli -p 6390 HDEL reckon:fleet provider_credentials:SERVER",
-    "redis-cli -p 6390 HGET reckon:fleet dispatch_paused:SERVER",
+    "redis-cli -p 6390 ZRANGEBYSCORE reckon:{s0}:due -inf $now LIMIT 0 20",
+    "redis-cli -p 6390 ZRANGEBYSCORE reckon:{s0}:due 1e13 $(( 10**13 + now )) LIMIT 0 20",
+    "redis-cli -p 6390 ZRANGE reckon:{s0}:queue 0 0 WITHSCORES",
+    "redis-cli -p 6390 ZRANGEBYSCORE reckon:{s0}:queue 1e13 +inf WITHSCORES LIMIT 0 1",
+    "redis-cli -p 6390 HGETALL reckon:{s0}:stats | paste - - | grep refused:",
+    "redis-cli -p 6390 HGETALL reckon:{s0}:admission",
+    "redis-cli -p 6390 HSET reckon:{s0}:admission queue_cap:batch N",
+    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:t:TENANT:reconcile' 0 -1 WITHSCORES",
+    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:t:TENANT:outbox' 0 -1 WITHSCORES",
+    "redis-cli -p 6390 HDEL reckon:{s0}:fleet provider_credentials:SERVER",
+    "redis-cli -p 6390 HGET reckon:{s0}:fleet dispatch_paused:SERVER",
     "redis-cli -p 6390 HGETALL reckon:sweeper",
     "redis-cli -p 6390 HGETALL 'reckon:{p:comfyui}:budget'",
     "redis-cli -p 6390 -n 1 ZRANGE dramatiq:reckon-interactive.XQ 0 -1",
@@ -249,7 +249,7 @@ def unknown_outcomes(live: Live) -> tuple[str, str, str]:
     assert sorted((row["id"], row["tenant"]) for row in rows) == sorted((j, TENANT) for j in (stored, failed, retried))
     servers = rb.json("reckon provider status")["servers"]
     assert servers == {SERVER: {"busy": 3, "cap": 8, "stopped": {}, "watched": 0}}  # reachable; nobody watches
-    asks = rb.lines("redis-cli -p 6390 ZRANGE 'reckon:{t:TENANT}:reconcile' 0 -1 WITHSCORES", TENANT=TENANT)
+    asks = rb.lines("redis-cli -p 6390 ZRANGE 'reckon:{s0}:t:TENANT:reconcile' 0 -1 WITHSCORES", TENANT=TENANT)
     assert sorted(asks[0::2]) == sorted([stored, failed, retried])
     assert all(int(at) > int(live.job(job_id)["updated_at"]) for job_id, at in zip(asks[0::2], asks[1::2], strict=True))
     return stored, failed, retried
@@ -271,8 +271,8 @@ def needs_review(live: Live, stored: str, failed: str, retried: str) -> None:
     before = store.server_ms()
     now = int(rb.run(NOW, then='\necho "$now"'))
     assert before // 1000 * 1000 <= now <= store.server_ms()
-    assert rb.lines("redis-cli -p 6390 ZRANGEBYSCORE reckon:due -inf $now LIMIT 0 20") == [failed]
-    assert rb.lines("redis-cli -p 6390 ZRANGEBYSCORE reckon:due 1e13 $(( 10**13 + now )) LIMIT 0 20") == [retried]
+    assert rb.lines("redis-cli -p 6390 ZRANGEBYSCORE reckon:{s0}:due -inf $now LIMIT 0 20") == [failed]
+    assert rb.lines("redis-cli -p 6390 ZRANGEBYSCORE reckon:{s0}:due 1e13 $(( 10**13 + now )) LIMIT 0 20") == [retried]
     shown = rb.json("reckon job show JOB_ID", JOB_ID=failed)
     assert shown["job"]["state"] == "needs_review" and "workflow" not in shown["job"]
     assert [a["operation_id"] for a in shown["attempts"]] == [shown["job"]["operation_id"]]
@@ -324,16 +324,16 @@ def class_pause_and_admission(live: Live) -> None:
     assert all(line.startswith("reckon_") for line in metrics)
     assert {'reckon_class_paused{class="interactive"} 1.0', 'reckon_class_paused{class="batch"} 1.0'} <= set(metrics)
     created = [int(live.job(job_id)["created_at"]) for job_id in waiting]
-    oldest = rb.lines("redis-cli -p 6390 ZRANGE reckon:queue 0 0 WITHSCORES")
+    oldest = rb.lines("redis-cli -p 6390 ZRANGE reckon:{s0}:queue 0 0 WITHSCORES")
     assert oldest == [waiting[0], str(created[0])]
-    oldest = rb.lines("redis-cli -p 6390 ZRANGEBYSCORE reckon:queue 1e13 +inf WITHSCORES LIMIT 0 1")
+    oldest = rb.lines("redis-cli -p 6390 ZRANGEBYSCORE reckon:{s0}:queue 1e13 +inf WITHSCORES LIMIT 0 1")
     assert oldest == [waiting[1], str(10**13 + created[1])]
-    assert rb.lines("redis-cli -p 6390 HSET reckon:admission queue_cap:batch N", N=1) == ["1"]
-    assert rb.lines("redis-cli -p 6390 HGETALL reckon:admission") == ["queue_cap:batch", "1"]
+    assert rb.lines("redis-cli -p 6390 HSET reckon:{s0}:admission queue_cap:batch N", N=1) == ["1"]
+    assert rb.lines("redis-cli -p 6390 HGETALL reckon:{s0}:admission") == ["queue_cap:batch", "1"]
     status, problem, _ = live.post("batch")
     assert (status, problem["limit"]) == (503, "queue_full")
-    assert rb.lines("redis-cli -p 6390 HGETALL reckon:stats | paste - - | grep refused:") == ["refused:queue_full\t1"]
-    store.redis.hdel(keys.ADMISSION, "queue_cap:batch")
+    assert rb.lines("redis-cli -p 6390 HGETALL reckon:{s0}:stats | paste - - | grep refused:") == ["refused:queue_full\t1"]
+    store.redis.hdel(keys.ShardKeys(0).admission, "queue_cap:batch")
     for cls in ("interactive", "batch"):
         assert rb.json(f"reckon resume --class {cls}") == {"resumed": {"class": cls}, "changed": True}
     assert {cls: row["paused"] for cls, row in rb.status()["classes"].items()} == {"interactive": False,
@@ -348,10 +348,10 @@ def server_pause_and_credentials(live: Live) -> None:
     assert rb.json("reckon pause --provider SERVER", SERVER=SERVER) == {"paused": {"provider": SERVER},
                                                                         "changed": True}
     assert rb.json("reckon provider pause SERVER", SERVER=SERVER) == {"provider": SERVER, "blocked": "dispatch_paused"}
-    since = int(rb.run("redis-cli -p 6390 HGET reckon:fleet dispatch_paused:SERVER", SERVER=SERVER))
+    since = int(rb.run("redis-cli -p 6390 HGET reckon:{s0}:fleet dispatch_paused:SERVER", SERVER=SERVER))
     assert store.server_ms() - 10_000 < since <= store.server_ms()
     parked = live.submit()
-    wait_until(lambda: store.redis.zrange(keys.PARKED, 0, -1) == [parked])
+    wait_until(lambda: store.redis.zrange(keys.ShardKeys(0).parked, 0, -1) == [parked])
     fleet = rb.json("reckon provider status")
     assert (fleet["parked"], fleet["servers"][SERVER]["stopped"]) == (1, {"dispatch_paused": since})
     text, _, json_part = rb.run("reckon status; reckon provider status").partition("\n{")
@@ -361,9 +361,9 @@ def server_pause_and_credentials(live: Live) -> None:
     live.wait("completed", parked)
     stack.sim_post("/sim/faults", {"faults": [{"kind": "auth", "times": 1}]})
     refused = live.submit()
-    wait_until(lambda: store.redis.zrange(keys.PARKED, 0, -1) == [refused])  # its attempt given back
+    wait_until(lambda: store.redis.zrange(keys.ShardKeys(0).parked, 0, -1) == [refused])  # its attempt given back
     assert (store.provider_block(SERVER), live.job(refused)["state"]) == ("provider_credentials", "queued")
-    assert rb.lines("redis-cli -p 6390 HDEL reckon:fleet provider_credentials:SERVER", SERVER=SERVER) == ["1"]
+    assert rb.lines("redis-cli -p 6390 HDEL reckon:{s0}:fleet provider_credentials:SERVER", SERVER=SERVER) == ["1"]
     live.wait("completed", refused)
     job = live.job(refused)  # the refused attempt did not count against the job: one more allowed
     assert (job["attempt_count"], job["attempts_allowed"], job["settled"]) == ("2", "4", "20")
@@ -375,7 +375,7 @@ def outbox(live: Live) -> None:
     admitter = Admitter(live.store, Publisher(build_broker(settings)), settings)
     job_id = admitter.submit(TENANT, "runbook-outbox", {"kind": "image", "outputs": 1,
                                                          "workflow": {"3": {"class_type": "KSampler"}}}).job_id
-    entries = live.rb.lines("redis-cli -p 6390 ZRANGE 'reckon:{t:TENANT}:outbox' 0 -1 WITHSCORES", TENANT=TENANT)
+    entries = live.rb.lines("redis-cli -p 6390 ZRANGE 'reckon:{s0}:t:TENANT:outbox' 0 -1 WITHSCORES", TENANT=TENANT)
     assert entries == [job_id, str(int(live.job(job_id)["created_at"]) + 1_000)]  # RECKON_OUTBOX_GRACE_SECONDS
     live.wait("completed", job_id)
     wait_until(lambda: live.store.redis.zcard(TenantKeys(TENANT).outbox) == 0)

@@ -12,10 +12,13 @@ import time
 
 import pytest
 
-from pipeline.keys import STATS
+from pipeline.keys import ShardKeys
 from tests.conftest import wait_until
 from tests.faults.conftest import BIN
 from tests.faults.test_crashes import finished, setup, submit
+
+#: The figures of the one shard these stacks run with.
+STATS = ShardKeys(0).stats
 
 DRAMATIQ = (str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1", "--threads", "2")
 

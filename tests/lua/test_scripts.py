@@ -9,12 +9,15 @@ import orjson
 import pytest
 import redis
 
+from pipeline import keys
 from pipeline.errors import IncompleteOutputs, ScriptError, StaleLease
 from pipeline.keys import JobKeys, TenantKeys
 from pipeline.scripts import LUA_DIR, Code, Scripts
 from pipeline.store import Store
 from pipeline.tenants import create_tenant
 
+#: Every test here runs against one redis-server and against a Redis Cluster (tests/conftest.py).
+BOTH_BACKENDS = True
 NOW = 1_700_000_000_000
 
 
@@ -124,7 +127,7 @@ def test_stale_generation_cannot_write(acme: Store) -> None:
     ):
         with pytest.raises(StaleLease):
             write()
-    assert acme.redis.hget("reckon:stats", "stale_writes_rejected") == "5"
+    assert acme.redis.hget(TenantKeys("acme").shard.stats, "stale_writes_rejected") == "5"
     assert acme.outputs(new.job_id) == {}
     assert acme.job(new.job_id)["state"] == "reconciling"
     assert [a["state"] for a in acme.attempts(new.job_id)] == ["unknown"]

@@ -8,6 +8,9 @@ from pipeline import cli, keys
 from pipeline.sweeper import Sweeper
 from pipeline.tenants import hash_key, tenant_for_key
 
+#: The one shard of these tests' deployment.
+SHARD = keys.ShardKeys(0)
+
 
 def run(store, capsys, *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv), store=store)
@@ -45,7 +48,7 @@ def test_pause_drains_a_server_without_losing_work(store, settings, capsys, admi
     assert make_executor(sim).run(job_id) is False  # parked: no slot on a paused server
     job = store.job(job_id)
     assert (job["state"], job.get("attempt_count", "0")) == ("queued", "0")
-    assert store.redis.zrange(keys.PARKED, 0, -1) == [job_id]
+    assert store.redis.zrange(keys.ShardKeys(0).parked, 0, -1) == [job_id]
     published: list[tuple[str, str]] = []
     sweeper = Sweeper(store, lambda *message: published.append(message), settings)
     assert sweeper.sweep_once()["unparked"] == 0 and published == []
@@ -107,7 +110,7 @@ def test_stats_rebuild_restores_the_global_figures_a_redis_from_an_older_version
         store, capsys, admit, make_executor, sim) -> None:
     done, waiting = admit(), admit(key="k2")
     assert make_executor(sim).run(done) is True
-    store.redis.delete(keys.STATS, keys.QUEUE, keys.DUE)  # as an older version left them
+    store.redis.delete(SHARD.stats, SHARD.queue, SHARD.due)  # as an older version left them
     code, out, _ = run(store, capsys, "stats", "audit")
     assert (code, orjson.loads(out)["problems"]) == (1, [
         "jobs interactive completed: global 0 != 1", "jobs interactive queued: global 0 != 1",
@@ -115,6 +118,6 @@ def test_stats_rebuild_restores_the_global_figures_a_redis_from_an_older_version
         "due index: 1 jobs differ"])
     code, out, _ = run(store, capsys, "stats", "rebuild")
     assert (code, orjson.loads(out)) == (0, {"jobs": 2, "queued": 1, "unfinished": 1, "problems": []})
-    assert store.redis.zrange(keys.QUEUE, 0, -1) == store.redis.zrange(keys.DUE, 0, -1) == [waiting]
+    assert store.redis.zrange(SHARD.queue, 0, -1) == store.redis.zrange(SHARD.due, 0, -1) == [waiting]
     assert store.purge(done, retention_ms=0) is True  # purging the old job keeps the figures whole
     assert run(store, capsys, "stats", "audit")[:2] == (0, '{\n  "problems": []\n}\n')

@@ -107,7 +107,7 @@ def test_a_stale_worker_cannot_overwrite_the_reconciler(store, settings, admit, 
     attempts = store.attempts(job_id)
     assert [(a["worker"], a["state"]) for a in attempts] == [("stale", "completed")]  # closed by the reconciler
     assert len(slow.sim.charges) == 1  # reconciliation asked; nothing was submitted again
-    assert int(store.redis.hget("reckon:stats", "stale_writes_rejected")) >= 1
+    assert int(store.redis.hget(keys.ShardKeys(0).stats, "stale_writes_rejected")) >= 1
     assert store.ledger("acme") == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 10,
                                     "available": 9_990}
 
@@ -121,7 +121,7 @@ def test_an_unreachable_server_is_marked_and_the_attempt_given_back(store, admit
     assert (job["state"], job["error_class"], job["attempts_allowed"]) == ("retry_wait", "connect_failed", "4")
     assert int(job["retry_at"]) <= store.server_ms()  # due at once: another server may take it
     assert store.provider_block("sim") == "provider_unreachable"
-    assert store.redis.hget(keys.FLEET, "busy:sim") == "0"  # its slot was given back
+    assert store.redis.hget(keys.ShardKeys(0).fleet, "busy:sim") == "0"  # its slot was given back
     assert store.redis.hgetall(ProviderKeys("comfyui").budget) == {}  # no retry token spent
     assert store.ledger("acme")["reserved"] == 30 and store.ledger("acme")["settled"] == 0
     assert [(a["state"], a["server"]) for a in store.attempts(job_id)] == [("failed", "sim")]

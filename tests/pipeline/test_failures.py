@@ -18,6 +18,9 @@ from pipeline.providers import sim as simulated
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
 
+#: Every test here runs against one redis-server and against a Redis Cluster (tests/conftest.py).
+BOTH_BACKENDS = True
+
 #: The provider's answer to the epoch read before submission is lost: transient, nothing was sent.
 FAILS_BEFORE_SENDING = {"kind": "read_error", "path": "/system_stats", "status": 0, "times": 1000}
 
@@ -142,7 +145,7 @@ def test_auth_failure_marks_that_server_and_stops_dispatch_to_it_until_cleared(
     # queued again (and parked at its claim); the parked one, not claimed within the window, is sent again
     assert sweep(store, settings, ahead=60) == {"retries_promoted": 1, "redelivered": 1}
     assert attempt(executor, router, first) == "skipped"
-    assert store.redis.zcard(keys.PARKED) == 2
+    assert store.redis.zcard(keys.TenantKeys("acme").shard.parked) == 2
     assert store.clear_provider("sim")
     assert sweep(store, settings, ahead=60)["unparked"] == 2
     assert [attempt(executor, router, job) for job in (first, second)] == ["done", "done"]

@@ -83,17 +83,17 @@ def test_caps_hold_with_sixteen_threads_claiming_at_once(store, admit) -> None:
         thread.join()
     assert Counter(claim.server for claim in claims) == {"a": 2, "b": 2, "c": 2}
     assert {name: view["busy"] for name, view in store.fleet(CAPS).items()} == CAPS
-    parked = store.redis.zrange(keys.PARKED, 0, -1)
+    parked = store.redis.zrange(keys.ShardKeys(0).parked, 0, -1)
     assert len(parked) == 34 and {store.job(j)["state"] for j in parked} == {"queued"}
     assert {store.job(j).get("attempt_count", "0") for j in parked} == {"0"}  # no attempt used
     store.finish(claims[0], "failed", error_class="test")
-    assert store.unpark(CAPS) == [parked[0]]  # one slot: the oldest parked job, promised the slot
-    assert store.unpark(CAPS) == []  # until it claims, no other job is called for the same slot
+    assert store.unpark(keys.ShardKeys(0), CAPS) == [parked[0]]  # one slot: the oldest parked job, promised the slot
+    assert store.unpark(keys.ShardKeys(0), CAPS) == []  # until it claims, no other job is called for the same slot
     newcomer = admit("k99")
     assert store.claim(newcomer, worker="w", lease_ms=60_000, operation_id="new", servers=CAPS) is None
     again = store.claim(parked[0], worker="w", lease_ms=60_000, operation_id="again", servers=CAPS)
     assert again is not None and again.server == claims[0].server
-    assert store.unpark(CAPS) == []  # full again: nothing is published to bounce
+    assert store.unpark(keys.ShardKeys(0), CAPS) == []  # full again: nothing is published to bounce
 
 
 def test_dispatch_takes_the_least_loaded_server_then_turns(store, admit) -> None:
@@ -326,9 +326,9 @@ def test_a_cancelled_job_leaves_the_parked_set(store, admit) -> None:
     assert [store.claim(j, worker="w", lease_ms=60_000, operation_id=j, servers=caps) for j in (gone, waiting)] == [
         None, None]
     store.cancel(gone)
-    assert store.redis.zrange(keys.PARKED, 0, -1) == [waiting]
+    assert store.redis.zrange(keys.ShardKeys(0).parked, 0, -1) == [waiting]
     store.retry(running, delay_ms=60_000, error_class="test")
-    assert store.unpark(caps) == [waiting]
+    assert store.unpark(keys.ShardKeys(0), caps) == [waiting]
 
 
 def test_a_newcomer_does_not_take_the_slot_an_older_parked_job_waits_for(store, admit) -> None:
@@ -342,11 +342,11 @@ def test_a_newcomer_does_not_take_the_slot_an_older_parked_job_waits_for(store, 
     newer = admit("k2")
     time.sleep(0.003)
     assert store.claim(newer, worker="w", lease_ms=60_000, operation_id="op2", servers=caps) is None
-    assert store.redis.zrange(keys.PARKED, 0, -1) == [older, newer]
+    assert store.redis.zrange(keys.ShardKeys(0).parked, 0, -1) == [older, newer]
     assert store.claim(older, worker="w", lease_ms=60_000, operation_id="op3", servers=caps).server == "a"
     batch = admit("k3", priority="batch")
     assert store.claim(batch, worker="w", lease_ms=60_000, operation_id="op4", servers=caps) is None
-    assert store.redis.zrange(keys.PARKED, 0, -1) == [newer, batch]  # interactive first, then age
+    assert store.redis.zrange(keys.ShardKeys(0).parked, 0, -1) == [newer, batch]  # interactive first, then age
 
 
 def test_a_call_whose_message_is_lost_keeps_its_place(store, admit) -> None:
@@ -357,11 +357,11 @@ def test_a_call_whose_message_is_lost_keeps_its_place(store, admit) -> None:
         assert store.claim(job_id, worker="w", lease_ms=60_000, operation_id=job_id, servers=caps) is None
     store.finish(first, "failed", error_class="test")
     now = store.server_ms()
-    assert store.unpark(caps, now_ms=now) == [older]  # its message is lost
+    assert store.unpark(keys.ShardKeys(0), caps, now_ms=now) == [older]  # its message is lost
     assert store.claim(admit("k3"), worker="w", lease_ms=60_000, operation_id="k3", servers=caps) is None
-    assert store.unpark(caps, now_ms=now + 1_000) == []  # the slot is still promised
-    assert store.unpark(caps, now_ms=now + CALL_MS + 1) == [older]  # lapsed: called again, first
-    assert store.redis.zrange(keys.PARKED, 0, -1)[:2] == [older, younger]
+    assert store.unpark(keys.ShardKeys(0), caps, now_ms=now + 1_000) == []  # the slot is still promised
+    assert store.unpark(keys.ShardKeys(0), caps, now_ms=now + CALL_MS + 1) == [older]  # lapsed: called again, first
+    assert store.redis.zrange(keys.ShardKeys(0).parked, 0, -1)[:2] == [older, younger]
 
 
 def test_a_call_for_a_job_that_is_gone_or_cancelled_frees_its_promise(store, admit) -> None:
@@ -371,13 +371,13 @@ def test_a_call_for_a_job_that_is_gone_or_cancelled_frees_its_promise(store, adm
     for job_id in (gone, cancelled, waiting):
         assert store.claim(job_id, worker="w", lease_ms=60_000, operation_id=job_id, servers=caps) is None
     store.finish(first, "failed", error_class="test")
-    assert store.unpark(caps) == [gone]
+    assert store.unpark(keys.ShardKeys(0), caps) == [gone]
     store.redis.delete(JobKeys(gone).record)  # purged meanwhile: its claim finds nothing
     assert store.claim(gone, worker="w", lease_ms=60_000, operation_id="x", servers=caps) is None
-    assert store.unpark(caps) == [cancelled]
+    assert store.unpark(keys.ShardKeys(0), caps) == [cancelled]
     store.cancel(cancelled)  # its call is void at once, not after CALL_MS
-    assert store.unpark(caps) == [waiting]
-    assert store.redis.zrange(keys.PARKED, 0, -1) == [waiting]
+    assert store.unpark(keys.ShardKeys(0), caps) == [waiting]
+    assert store.redis.zrange(keys.ShardKeys(0).parked, 0, -1) == [waiting]
 
 
 def test_a_paused_class_waits_and_loses_duplicates_or_charges_nothing(store, settings, admit, broker, capsys) -> None:
@@ -406,7 +406,7 @@ def test_a_paused_class_waits_and_loses_duplicates_or_charges_nothing(store, set
         server.close()
     assert sorted(Counter(c["prompt_id"] for c in server.sim.charges).values()) == [1] * 6
     assert store.ledger("acme")["settled"] == 60 and store.ledger("acme")["reserved"] == 0
-    assert store.redis.zcard(keys.PARKED) == 0
+    assert store.redis.zcard(keys.ShardKeys(0).parked) == 0
     assert audit(store.redis, ["acme"]) == []  # the global figures agree with the jobs
 
 

@@ -66,7 +66,7 @@ def test_one_sample_per_slot_and_a_stale_slot_is_written_again(redis_client) -> 
 
 
 def dead(client, tenant: str, job_id: str, at: int, cls: str = "batch") -> None:
-    client.sadd(keys.TENANTS, tenant)
+    client.sadd(keys.ShardKeys(0).tenants, tenant)
     client.zadd(TenantKeys(tenant).dead, {job_id: at})
     client.hset(JobKeys(job_id).record, mapping={
         "priority": cls, "error_class": "provider_rejected", "error_reason": "policy", "updated_at": at,

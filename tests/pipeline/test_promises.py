@@ -13,7 +13,7 @@ import time
 import pytest
 import redis
 
-from pipeline import actors, cli
+from pipeline import actors, cli, keys
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.errors import InvalidRequest, StaleLease
@@ -29,6 +29,9 @@ from pipeline.tenants import create_tenant
 from tests.conftest import wait_until
 from tests.pipeline.conftest import WORKFLOW, single
 from tests.pipeline.test_failures import attempt, balanced, inject, lost_in_a_restart, reconcile, units
+
+#: Every test here runs against one redis-server and against a Redis Cluster (tests/conftest.py).
+BOTH_BACKENDS = True
 
 RECONCILE_QUEUE = "dramatiq:reckon-reconcile"
 
@@ -180,7 +183,7 @@ def test_every_change_of_owner_fences_the_previous_holder(store, admit) -> None:
     job = store.job(job_id)
     # the uncertain 10 held at the hand-over was resolved by the charge itself
     assert (job["uncertain"], job["charged"], job["reserved"]) == ("0", "10", "20")
-    assert store.redis.hget("reckon:stats", "stale_writes_rejected") == "2"
+    assert store.redis.hget(keys.TenantKeys("acme").shard.stats, "stale_writes_rejected") == "2"
 
 
 def test_a_lease_lives_on_redis_time_whatever_the_caller_clock_says(store, admit) -> None:

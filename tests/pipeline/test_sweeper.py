@@ -44,7 +44,7 @@ def test_a_finished_job_drops_its_workflow_and_is_purged_after_retention(store, 
     assert sweeper(store, settings, ahead=retention + 1).sweep_once()["purged"] == 1
     assert store.redis.exists(*job_keys(job_id)) == 0
     assert [store.redis.zscore(index, job_id) for index in (t.jobs, t.done, t.dead)] == [None, None, None]
-    assert store.redis.zscore(keys.WAKE, "acme") is None  # nothing left to do for this tenant
+    assert store.redis.zscore(keys.ShardKeys(0).wake, "acme") is None  # nothing left to do for this tenant
     assert balanced(store)["settled"] == 10  # the money stays on the ledger
 
 
@@ -78,7 +78,7 @@ def test_the_wake_entry_is_the_true_next_due_time(store, settings, admit, make_e
     store.retry(claim, delay_ms=45_000, error_class="transient")
     due = int(store.job(job_id)["retry_at"])
     sweeper(store, settings, ahead=settings.outbox_grace_seconds + 1).sweep_once()  # visits: the outbox was due
-    assert store.redis.zscore(keys.WAKE, "acme") == due
+    assert store.redis.zscore(keys.ShardKeys(0).wake, "acme") == due
     assert sweeper(store, settings, ahead=30).sweep_once() == {}  # not due: the tenant is not even visited
     assert sweeper(store, settings, ahead=46).sweep_once()["retries_promoted"] == 1
 
@@ -86,18 +86,18 @@ def test_the_wake_entry_is_the_true_next_due_time(store, settings, admit, make_e
 def test_two_sweepers_at_once_take_different_tenants(store, settings) -> None:
     for n in range(10):
         create_tenant(store.redis, f"t{n}", 100)
-        store.redis.zadd(keys.WAKE, {f"t{n}": 1})
-    first = store.take_due(limit=6, hold_ms=30_000)
-    second = store.take_due(limit=6, hold_ms=30_000)
+        store.redis.zadd(keys.ShardKeys(0).wake, {f"t{n}": 1})
+    first = store.take_due(keys.ShardKeys(0), limit=6, hold_ms=30_000)
+    second = store.take_due(keys.ShardKeys(0), limit=6, hold_ms=30_000)
     assert len(first) == 6 and len(second) == 4 and not set(first) & set(second)
-    assert store.take_due(limit=6, hold_ms=30_000) == []
+    assert store.take_due(keys.ShardKeys(0), limit=6, hold_ms=30_000) == []
 
 
 def test_a_sweeper_that_dies_mid_pass_leaves_the_tenant_due_after_the_hold(store, settings, admit) -> None:
     admit()
     ahead = settings.outbox_grace_seconds + 1
     now = int((time.time() + ahead) * 1000)
-    assert store.take_due(limit=10, hold_ms=30_000, now_ms=now) == ["acme"]  # ...and the sweeper dies here
+    assert store.take_due(keys.ShardKeys(0), limit=10, hold_ms=30_000, now_ms=now) == ["acme"]  # the sweeper dies here
     assert sweeper(store, settings, ahead=ahead).sweep_once() == {}
     assert sweeper(store, settings, ahead=ahead + 31).sweep_once()["redelivered"] == 1
 

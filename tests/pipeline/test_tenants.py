@@ -31,8 +31,8 @@ def test_a_key_maps_to_its_tenant_and_only_its_hash_is_stored(fake) -> None:
     assert tenant_for_key(fake, api_key) == "acme"
     assert tenant_for_key(fake, api_key + "x") is None
     assert fake.keys("reckon:apikey:*") == [keys.api_key(hash_key(api_key))]
-    assert fake.hgetall("reckon:{t:acme}:ledger") == {"allowance": "500"}
-    assert fake.smembers(keys.TENANTS) == {"acme"}
+    assert fake.hgetall("reckon:{s0}:t:acme:ledger") == {"allowance": "500"}
+    assert fake.smembers(keys.ShardKeys(0).tenants) == {"acme"}
 
 
 @pytest.mark.parametrize(("name", "allowance"),
@@ -40,14 +40,14 @@ def test_a_key_maps_to_its_tenant_and_only_its_hash_is_stored(fake) -> None:
 def test_bad_tenants_are_refused(fake, name: str, allowance: int) -> None:
     with pytest.raises(TenantError):
         create_tenant(fake, name, allowance)
-    assert fake.smembers(keys.TENANTS) == set()
+    assert fake.smembers(keys.ShardKeys(0).tenants) == set()
 
 
 def test_a_tenant_is_created_once_and_keys_need_a_tenant(fake) -> None:
     create_tenant(fake, "acme", 500)
     with pytest.raises(TenantError):
         create_tenant(fake, "acme", 900)
-    assert fake.hget("reckon:{t:acme}:ledger", "allowance") == "500"
+    assert fake.hget("reckon:{s0}:t:acme:ledger", "allowance") == "500"
     with pytest.raises(TenantError):
         create_key(fake, "globex")
 

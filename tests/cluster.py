@@ -1,0 +1,97 @@
+"""A real Redis Cluster on loopback for tests: three primaries, each its own redis-server process
+(``--cluster-enabled yes``), joined by ``redis-cli --cluster create``; stopped by PID."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redis.cluster import ClusterNode, RedisCluster
+
+#: Shards the state is split into on the test cluster: tags {s0}..{s3} fall on all three primaries.
+SHARDS = 4
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+@dataclass
+class Cluster:
+    ports: list[int]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def spec(self) -> str:
+        """``RECKON_REDIS_CLUSTER``'s value."""
+        return ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    def client(self) -> RedisCluster:
+        return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", port) for port in self.ports],
+                            decode_responses=True)
+
+    def node(self, port: int) -> subprocess.Popen[bytes]:
+        return self.procs[self.ports.index(port)]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            proc.wait(timeout=10)
+
+
+def start(workdir: Path, primaries: int = 3) -> Cluster:
+    exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if exe is None or cli is None:
+        raise RuntimeError("redis-server is not installed (make test installs it)")
+    cluster = Cluster([_cluster_port() for _ in range(primaries)])
+    try:
+        for port in cluster.ports:
+            node_dir = workdir / str(port)
+            node_dir.mkdir()
+            cluster.procs.append(subprocess.Popen(
+                [exe, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000", "--save", "",
+                 "--appendonly", "no", "--dir", str(node_dir)],
+                stdout=subprocess.DEVNULL,
+            ))
+        for port in cluster.ports:
+            _wait(lambda p=port: _answers(cli, p, "PING") == "PONG")
+        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in cluster.ports], "--cluster-yes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for port in cluster.ports:
+            _wait(lambda p=port: "cluster_state:ok" in _answers(cli, p, "CLUSTER", "INFO"))
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _answers(cli: str, port: int, *command: str) -> str:
+    done = subprocess.run([cli, "-p", str(port), *command], capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def _wait(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the test cluster did not come up")
+        time.sleep(0.05)
