@@ -95,3 +95,47 @@ def _wait(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-
         if time.monotonic() > deadline:
             raise RuntimeError("the test cluster did not come up")
         time.sleep(0.05)
+
+
+def move_slot(cluster: Cluster, slot: int, to_port: int, *, batch: int = 50) -> int:
+    """Move one slot to the primary at ``to_port`` as ``redis-cli --cluster reshard`` does (IMPORTING,
+    MIGRATING, MIGRATE in batches, then SETSLOT NODE on every node), while clients go on using it;
+    returns the keys moved."""
+    import redis
+
+    nodes = {port: redis.Redis(port=port, decode_responses=True) for port in cluster.ports}
+    try:
+        owner = owner_of(cluster, slot)
+        source, target = nodes[owner], nodes[to_port]
+        source_id, target_id = source.cluster("MYID"), target.cluster("MYID")
+        target.cluster("SETSLOT", slot, "IMPORTING", source_id)
+        source.cluster("SETSLOT", slot, "MIGRATING", target_id)
+        moved = 0
+        while names := source.cluster("GETKEYSINSLOT", slot, batch):
+            source.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *names)
+            moved += len(names)
+        for client in (target, source, *[c for p, c in nodes.items() if p not in (owner, to_port)]):
+            client.cluster("SETSLOT", slot, "NODE", target_id)
+        return moved
+    finally:
+        for client in nodes.values():
+            client.close()
+
+
+def owner_of(cluster: Cluster, slot: int) -> int:
+    """The port of the primary that serves ``slot``."""
+    import redis
+
+    for port in cluster.ports:
+        with redis.Redis(port=port, decode_responses=True) as client:
+            if _owns(client, slot):
+                return port
+    raise LookupError(slot)
+
+
+def _owns(client, slot: int) -> bool:  # type: ignore[no-untyped-def]
+    myself = client.cluster("MYID")
+    for first, last, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):
+        if first <= slot <= last:
+            return primary[2] == myself
+    return False
