@@ -20,12 +20,16 @@ Each figure's ceiling on one core is 1000 / (CPU ms per job) jobs/s.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -75,6 +79,27 @@ def key_bytes(client: redis.Redis) -> int:
     return total
 
 
+#: One call of Dramatiq's dispatch.lua as MONITOR prints it: its command and queue.
+DISPATCH = re.compile(r'"EVALSHA" "\w+" "1" "dramatiq" "(enqueue|ack|nack)" "\d+" "([^"]+)"')
+
+
+@contextlib.contextmanager
+def monitor(client: redis.Redis, path: Path) -> Iterator[collections.Counter[tuple[str, str]]]:
+    """``redis-cli MONITOR`` on the broker while the block runs; yields (command, queue) -> calls,
+    filled when the block ends. MONITOR costs the server CPU: use it in a run of its own."""
+    port = client.connection_pool.connection_kwargs["port"]
+    counted: collections.Counter[tuple[str, str]] = collections.Counter()
+    with open(path, "w") as out:
+        proc = subprocess.Popen(["redis-cli", "-p", str(port), "monitor"], stdout=out)
+    try:
+        yield counted
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        with open(path) as lines:
+            counted.update(m.groups() for m in map(DISPATCH.search, lines) if m)
+
+
 def calls(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): v["calls"] for name, v in client.info("commandstats").items()}
 
@@ -111,6 +136,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="client connections")
     parser.add_argument("--threads", type=int, default=8, help="Dramatiq worker threads (one process)")
     parser.add_argument("--cap", type=int, default=8, help="RECKON_PROVIDER_CAP: prompts in flight at the provider")
+    parser.add_argument("--appendfsync", choices=["always", "everysec"], default="always",
+                        help="both servers' AOF fsync (ops/redis.conf: always)")
+    parser.add_argument("--monitor-broker", action="store_true",
+                        help="also count the broker's messages per queue with MONITOR (raises its CPU figure)")
     parser.add_argument("--delay", type=float, default=0.0, help="simulated provider's seconds per prompt")
     args = parser.parse_args()
 
@@ -127,7 +156,8 @@ def main() -> None:
     try:
         for name, port in (("state-redis", sport), ("broker-redis", bport)):
             (work / name).mkdir()
-            stack.start(name, "redis-server", "ops/redis.conf", "--port", str(port), "--dir", str(work / name))
+            stack.start(name, "redis-server", "ops/redis.conf", "--port", str(port), "--dir", str(work / name),
+                        "--appendfsync", args.appendfsync)
         wait_for(state.ping)
         wait_for(broker.ping)
         stack.start("provider", str(BIN / "python"), "-m", "pipeline.providers.sim", "--port", str(pport),
@@ -141,7 +171,13 @@ def main() -> None:
         time.sleep(2)  # every consumer thread up
         create_tenant(state, "bench", 10**12)
         api_key = create_key(state, "bench")
-        measure(args, stack, state, broker, wport, api_key)
+        if not args.monitor_broker:
+            measure(args, stack, state, broker, wport, api_key)
+            return
+        with monitor(broker, work / "broker-monitor.txt") as per_queue:
+            measure(args, stack, state, broker, wport, api_key)
+        for (command, queue), count in sorted(per_queue.items()):
+            print(f"  broker {command:<8} {queue:<20} {count / args.jobs:5.2f}/job")
     finally:
         state.close()
         broker.close()
@@ -166,7 +202,8 @@ def measure(args: argparse.Namespace, stack: Stack, state: redis.Redis, broker: 
     dead = sum(broker.zcard(key) for key in broker.scan_iter("dramatiq:*.XQ"))
 
     print(f"{n} jobs admitted through gunicorn ({args.concurrency} connections) and run by 1 worker process "
-          f"({args.threads} threads), provider delay {args.delay} s, cap {args.cap}: {elapsed:.1f} s, "
+          f"({args.threads} threads), provider delay {args.delay} s, cap {args.cap}, appendfsync {args.appendfsync}: "
+          f"{elapsed:.1f} s, "
           f"{n / elapsed:.1f} jobs/s; {counts.get('completed', 0)} completed, {counts.get('failed', 0)} failed")
     top = sorted(state_calls.items(), key=lambda kv: -kv[1])[:6]
     print(f"state Redis:  {sum(state_calls.values()) / n:6.1f} commands/job (top: "
