@@ -13,7 +13,7 @@ import redis
 
 from pipeline import progress, views
 from pipeline.blobs import Blobs
-from pipeline.errors import BlobMissing, BlobUnreadable
+from pipeline.errors import BlobMissing, BlobUnreadable, WrongShards
 from pipeline.jobs import Admitter, State, iso, job_view
 from pipeline.keys import tenant_of
 from pipeline.store import Store
@@ -238,7 +238,7 @@ class Ready:
             self.store.check_shards()
         except redis.RedisError:
             raise Problem(503, "not-ready", "Not ready", "Redis is not reachable") from None
-        except ValueError as exc:  # this process was given another shard count than the deployment's
+        except WrongShards as exc:  # this process was given another shard count than the deployment's
             raise Problem(503, "not-ready", "Not ready", str(exc)) from None
         resp.media = {"status": "ready", "scripts": self.store.scripts.verbs,
                       "paused_classes": sorted(self.store.class_pauses())}

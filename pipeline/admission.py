@@ -31,6 +31,7 @@ def current(client: Any, defaults: FleetLimits) -> dict[str, dict[str, Any]]:
                         "target_s": figure("target_s:interactive", defaults.interactive_target_s)},
         "batch": {"queue_cap": figure("queue_cap:batch", defaults.queue_cap_batch)},
         "slots": {"value": defaults.slots, "set_by": "environment"},
+        "shards": {"value": keys.shard_count(), "set_by": "environment"},  # each refuses above ceil(cap / shards)
     }
 
 

@@ -11,7 +11,7 @@ import orjson
 
 from . import admission, keys
 from .blobs import open_blobs
-from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed
+from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed, WrongShards
 from .executor import BUDGET
 from .fleet import DEFAULT_SERVER
 from .jobs import State, iso
@@ -384,12 +384,13 @@ def _key_commands(key: Any) -> None:
 def main(argv: list[str] | None = None, store: Store | None = None) -> int:
     args = parser().parse_args(argv)
     settings = Settings.from_env()
-    if store is None:
-        client = connect(settings)
-        store = Store(client, Scripts.of(client, settings), shards=settings.shards)
     try:
+        if store is None:
+            client = connect(settings)
+            store = Store(client, Scripts.of(client, settings), shards=settings.shards)
+            store.check_shards()  # an operator's shell without RECKON_SHARDS must not write shard 0 alone
         return args.run(store, args)
-    except (TenantError, NotAllowed, InsufficientAllowance, IncompleteOutputs) as exc:
+    except (TenantError, NotAllowed, InsufficientAllowance, IncompleteOutputs, WrongShards) as exc:
         print(f"reckon: {exc}", file=sys.stderr)
         return 1
 

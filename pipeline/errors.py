@@ -211,3 +211,7 @@ class AttemptFailed(ReckonError):
         super().__init__(cause.error_class)
         self.claim = claim
         self.cause = cause
+
+
+class WrongShards(ReckonError):
+    """This process was given another shard count (``RECKON_SHARDS``) than the one the state holds."""

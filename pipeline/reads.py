@@ -101,8 +101,8 @@ class Reads:
         return orjson.loads(raw) if raw else None
 
     def class_pauses(self) -> dict[str, int]:
-        """Paused workload classes -> since when (ms)."""
-        return class_pauses(self.redis.hgetall(keys.ShardKeys(0).fleet))
+        """Paused workload classes (in any shard) -> since when (ms)."""
+        return class_pauses(self.fleet_hash())
 
     def watched(self) -> dict[str, dict[str, Any]]:
         """Job id -> {server, gen, op, attempt} of every prompt waiting at a server (the watch list)."""
@@ -126,15 +126,18 @@ class Reads:
 
 
 def merge_fleet(hashes: list[dict[str, str]]) -> dict[str, str]:
-    """Shards' fleet hashes as one: slots in use (``busy:``) summed, watched prompts (``w:``) of all,
-    stops and pauses as shard 0 has them (written to every shard, shard 0 last)."""
+    """Shards' fleet hashes as one: slots in use (``busy:``) summed; a stop or pause set in any shard
+    is set (written to every shard, it may be half-written by a writer that died), since the earliest;
+    watched prompts (``w:``) of all shards."""
     merged = dict(hashes[0])
     for raw in hashes[1:]:
         for field, value in raw.items():
             if field.startswith("busy:"):
                 merged[field] = str(int(merged.get(field, 0)) + int(value))
-            elif field.startswith("w:"):
+            elif field.startswith("w:") or field not in merged:
                 merged[field] = value
+            elif field.partition(":")[0] in (*SERVER_BLOCKS, "pause_class"):
+                merged[field] = str(min(int(merged[field]), int(value)))
     return merged
 
 

@@ -18,6 +18,7 @@ from .errors import (
     InvalidRequest,
     OverLimit,
     UnknownTenant,
+    WrongShards,
 )
 from .keys import SERVER_BLOCKS, JobKeys, ProviderKeys, TenantKeys
 from .reads import Reads
@@ -128,13 +129,13 @@ class Store(Reads):
             keys.use_shards(shards)
 
     def check_shards(self) -> None:
-        """Record the shard count on first use; refuse (ValueError) a count other than the recorded
+        """Record the shard count on first use; refuse (WrongShards) a count other than the recorded
         one: tenants would be looked for in the wrong shards."""
         meta = keys.ShardKeys(0).meta
         self.redis.hsetnx(meta, "shards", keys.shard_count())
         recorded = int(self.redis.hget(meta, "shards"))
         if recorded != keys.shard_count():
-            raise ValueError(f"RECKON_SHARDS is {keys.shard_count()} but this Redis holds {recorded} shards")
+            raise WrongShards(f"RECKON_SHARDS is {keys.shard_count()} but this Redis holds {recorded} shards")
 
     def server_ms(self) -> int:
         """Redis's clock (ms): the one clock that decides leases and due times."""
@@ -431,9 +432,9 @@ class Store(Reads):
         return self._fleet_setnx(f"{reason}:{server}", now_ms)
 
     def provider_block(self, server: str) -> str | None:
-        """Why dispatch to the server is stopped (the first reason), or None."""
-        found = self.redis.hmget(keys.ShardKeys(0).fleet, [f"{reason}:{server}" for reason in SERVER_BLOCKS])
-        return next((reason for reason, since in zip(SERVER_BLOCKS, found, strict=True) if since), None)
+        """Why dispatch to the server is stopped (the first reason, in any shard), or None."""
+        found = self._each_shard(lambda pipe, shard: pipe.hmget(shard.fleet, [f"{r}:{server}" for r in SERVER_BLOCKS]))
+        return next((reason for i, reason in enumerate(SERVER_BLOCKS) if any(marks[i] for marks in found)), None)
 
     def pause_class(self, priority: str, *, now_ms: int | None = None) -> bool:
         """Stop claims and submissions of the class's jobs (admission goes on); False if it already was."""
@@ -447,21 +448,15 @@ class Store(Reads):
         return self._fleet_del([f"{reason}:{server}" for reason in reasons])
 
     def _fleet_setnx(self, field: str, now_ms: int | None) -> bool:
-        """Set a stop in every shard's fleet hash (each shard's scripts read their own); True if
-        shard 0, the one readers ask, did not have it yet. Shard 0 is written last, so a stop that
-        reads as set is set everywhere (a writer that died midway is repeated by its caller)."""
+        """Set a stop in every shard's fleet hash (each shard's scripts read their own); True if some
+        shard did not have it yet. Readers take a stop set in any shard as set, so one that a writer
+        left half-written (it died midway) shows, and is cleared, as a whole."""
         since = self.server_ms() if now_ms is None else now_ms
-        *rest, first = keys.shards()[1:] + [keys.ShardKeys(0)]
-        for shard in rest:
-            self.redis.hsetnx(shard.fleet, field, since)
-        return bool(self.redis.hsetnx(first.fleet, field, since))
+        return any(self._each_shard(lambda pipe, shard: pipe.hsetnx(shard.fleet, field, since)))
 
     def _fleet_del(self, fields: list[str]) -> bool:
-        """Clear stops in every shard, shard 0 last; True if shard 0 had any of them."""
-        *rest, first = keys.shards()[1:] + [keys.ShardKeys(0)]
-        for shard in rest:
-            self.redis.hdel(shard.fleet, *fields)
-        return bool(self.redis.hdel(first.fleet, *fields))
+        """Clear stops in every shard; True if some shard had any of them."""
+        return any(self._each_shard(lambda pipe, shard: pipe.hdel(shard.fleet, *fields)))
 
     def _check(self, reply: list[Any], job: JobKeys) -> list[Any]:
         code = Code(reply[0])

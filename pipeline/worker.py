@@ -19,11 +19,32 @@ from .logs import configure
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     configure("worker")
+    check_shards()
     args = cli.make_argument_parser().parse_args(argv)
     args.skip_logging = True
     # On SIGHUP Dramatiq stops its workers and re-executes sys.argv: make that this module again.
     sys.argv = [sys.executable, "-m", "pipeline.worker", *argv]
     return int(cli.main(args) or 0)
+
+
+def check_shards() -> None:
+    """Refuse to start with another shard count than the state holds (``Store.check_shards``): a
+    worker that started would fail every message it takes. Redis not answering yet is no reason to
+    stop: each worker checks again before its first job."""
+    import redis
+
+    from .redisconn import connect
+    from .settings import Settings
+    from .store import Store
+
+    settings = Settings.from_env()
+    client = connect(settings)
+    try:
+        Store(client, shards=settings.shards).check_shards()
+    except redis.ConnectionError:
+        pass
+    finally:
+        client.close()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""The state split into shards: fleet stops hold in every shard, and a process given another
+shard count than the state holds refuses to work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from pipeline import keys
+from pipeline.store import Store
+from pipeline.tenants import create_tenant
+from tests.faults.conftest import ROOT
+
+#: Every test here runs against one redis-server and against a Redis Cluster (tests/conftest.py).
+BOTH_BACKENDS = True
+
+
+def test_a_stop_left_in_one_shard_reads_as_set_and_clears_everywhere(store: Store) -> None:
+    last = keys.shards()[-1]  # a writer died after this shard, before the others
+    store.redis.hset(last.fleet, "provider_credentials:a", 5)
+    assert store.provider_block("a") == "provider_credentials"
+    assert store.fleet({"a": 2})["a"]["stopped"] == {"provider_credentials": 5}
+    assert store.block_provider("a", "provider_credentials", now_ms=9) is (keys.shard_count() > 1)
+    assert store.clear_provider("a") is True
+    assert [store.redis.hget(shard.fleet, "provider_credentials:a") for shard in keys.shards()] == \
+        [None] * keys.shard_count()
+    assert store.provider_block("a") is None and store.clear_provider("a") is False
+
+
+def test_a_class_pause_shows_while_any_shard_has_it(store: Store) -> None:
+    assert store.pause_class("batch", now_ms=7) is True and store.pause_class("batch") is False
+    store.redis.hdel(keys.ShardKeys(0).fleet, "pause_class:batch")  # as a resume that died after shard 0
+    assert store.class_pauses() == ({"batch": 7} if keys.shard_count() > 1 else {})
+    assert store.resume_class("batch") is (keys.shard_count() > 1)
+    assert store.class_pauses() == {}
+
+
+def test_the_cli_and_the_worker_refuse_another_shard_count(store: Store, backend: str) -> None:
+    if backend == "cluster":
+        return  # the processes below reach the single server (RECKON_REDIS_URL); one run suffices
+    store.check_shards()  # the deployment has one shard
+    env = os.environ | {"RECKON_SHARDS": "4"}
+    cli = subprocess.run([sys.executable, "-m", "pipeline.cli", "tenant", "create", "gamma", "--allowance", "5"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert (cli.returncode, cli.stderr.strip()) == (1, "reckon: RECKON_SHARDS is 4 but this Redis holds 1 shards")
+    assert store.tenants() == []  # nothing written, in any shard
+    worker = subprocess.run([sys.executable, "-m", "pipeline.worker", "pipeline.actors", "--processes", "1"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert worker.returncode != 0 and "RECKON_SHARDS is 4 but this Redis holds 1 shards" in worker.stderr
+    create_tenant(store.redis, "gamma", 5)  # the right count works
+    assert store.tenants() == ["gamma"]
