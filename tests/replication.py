@@ -37,8 +37,9 @@ class RedisProcs:
         if replica_of is not None:
             argv += ["--replicaof", "127.0.0.1", str(replica_of)]
         self._start(port, argv, home)
-        if replica_of is not None:
+        if replica_of is not None:  # synced, and counted by the primary's WAIT (online, acking)
             wait_until(lambda: self.client(port).info("replication").get("master_link_status") == "up")
+            wait_until(lambda: self._online(replica_of, port))
         return port
 
     def sentinels(self, primary: int, count: int = 3, *, down_after_ms: int = 1000,
@@ -98,6 +99,15 @@ class RedisProcs:
         with open(home / "log", "ab") as log:
             self.procs[port] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         wait_until(lambda: self._pings(port))
+
+    def _online(self, primary: int, replica: int) -> bool:
+        client = self.client(primary)
+        try:
+            info = client.info("replication")
+        finally:
+            client.close()
+        return any(isinstance(v, dict) and v.get("port") == replica and v.get("state") == "online"
+                   for k, v in info.items() if k.startswith("slave"))
 
     def _pings(self, port: int) -> bool:
         client = self.client(port)

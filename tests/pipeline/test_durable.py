@@ -1,0 +1,172 @@
+"""Durable writes (WAIT after the script, on its connection) and how reckon names its Redis servers.
+
+A private primary is started per test (tests/replication.py), so a replica can be attached or left
+out without touching the session's redis-server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from falcon import testing
+from redis.cluster import RedisCluster
+
+from api.app import create_app
+from pipeline import redisconn
+from pipeline.keys import JobKeys, TenantKeys
+from pipeline.scripts import ReplicationTimeout, Scripts
+from pipeline.settings import Settings, with_db
+from pipeline.store import Store
+from pipeline.tenants import create_key, create_tenant
+from tests.api.conftest import job_body
+from tests.replication import RedisProcs
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[RedisProcs]:
+    group = RedisProcs(tmp_path)
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+def durable_store(port: int, *, replicas: int, timeout_ms: int) -> Store:
+    client = redisconn.connect_url(f"redis://127.0.0.1:{port}/0")
+    return Store(client, Scripts(client, replicas=replicas, ack_timeout_ms=timeout_ms))
+
+
+def test_sentinel_url_names_sentinels_master_and_database() -> None:
+    target = redisconn.parse_sentinel_url("redis+sentinel://:s3cret@10.0.0.1:26379,10.0.0.2:26380/orders/3")
+    assert target == redisconn.SentinelTarget((("10.0.0.1", 26379), ("10.0.0.2", 26380)), "orders", 3, "s3cret")
+    assert redisconn.parse_sentinel_url("redis+sentinel://h:1/m").db == 0
+    for bad in ("redis+sentinel://h:1/", "redis+sentinel://h/m/0", "redis://h:1/m/0", "redis+sentinel://h:1/m/0/x"):
+        with pytest.raises(ValueError):
+            redisconn.parse_sentinel_url(bad)
+
+
+def test_sentinel_settings_give_state_database_0_and_broker_database_1() -> None:
+    settings = Settings.from_env({"RECKON_SENTINELS": "127.0.0.1:26379,127.0.0.1:26380",
+                                  "RECKON_SENTINEL_MASTER": "orders", "RECKON_REPLICAS_TO_ACK": "1",
+                                  "RECKON_ACK_TIMEOUT_MS": "250"})
+    assert settings.redis_url == "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/orders/0"
+    assert settings.broker_url == "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/orders/1"
+    assert (settings.replicas_to_ack, settings.ack_timeout_ms) == (1, 250)
+    assert with_db("redis+sentinel://h:1/m/0", 1) == "redis+sentinel://h:1/m/1"
+    assert Settings.from_env({}).replicas_to_ack == 0  # single server: no WAIT
+
+
+def test_a_durable_write_is_on_the_replica_when_it_returns(procs: RedisProcs) -> None:
+    primary = procs.server()
+    replica = procs.server(replica_of=primary)
+    store = durable_store(primary, replicas=1, timeout_ms=5000)
+    create_tenant(store.redis, "acme", 1_000)
+    app = testing.TestClient(create_app(Settings(), store=store, publish=lambda job_id, priority: None))
+    key = create_key(store.redis, "acme")
+    result = app.simulate_post("/v1/jobs", json=job_body(), headers={"Authorization": f"Bearer {key}",
+                                                                        "Idempotency-Key": "k1"})
+    assert result.status_code == 202
+    job_id = result.headers["location"].rsplit("/", 1)[1]
+    assert procs.client(replica).hget(JobKeys(job_id).record, "state") == "queued"  # read at once, no wait
+
+
+def test_wait_timeout_answers_503_and_the_same_key_replays_the_job_once_replicated(procs: RedisProcs) -> None:
+    primary = procs.server()
+    store = durable_store(primary, replicas=1, timeout_ms=300)  # no replica yet: every WAIT times out
+    create_tenant(store.redis, "acme", 1_000)
+    published: list[str] = []
+    settings = dataclasses.replace(Settings(), replicas_to_ack=1, ack_timeout_ms=300)
+    app = testing.TestClient(create_app(settings, store=store, publish=lambda job_id, _: published.append(job_id)))
+    headers = {"Authorization": f"Bearer {create_key(store.redis, 'acme')}", "Idempotency-Key": "k1"}
+
+    first = app.simulate_post("/v1/jobs", json=job_body(), headers=headers)
+    assert first.status_code == 503
+    assert first.headers["content-type"] == "application/problem+json"
+    assert first.headers["retry-after"] == "1"
+    assert orjson.loads(first.content)["type"] == "urn:reckon:problem:replication-timeout"
+    [job_id] = store.redis.zrange(TenantKeys("acme").jobs, 0, -1)  # written on the primary...
+    assert store.job(job_id)["state"] == "queued"
+    assert published == [job_id]  # ...and sent to the workers: if the primary lives, the job runs
+    assert store.redis.hget(TenantKeys("acme").idempotency("k1"), "state") == "done"
+
+    again = app.simulate_post("/v1/jobs", json=job_body(), headers=headers)
+    assert again.status_code == 503  # a replay is acknowledged only once durable, too
+
+    procs.server(replica_of=primary)
+    for _ in range(3):  # as a client would, after Retry-After: on a busy machine a replica may ack late
+        replayed = app.simulate_post("/v1/jobs", json=job_body(), headers=headers)
+        if replayed.status_code != 503:
+            break
+    assert replayed.status_code == 202
+    assert replayed.headers["idempotent-replayed"] == "true"
+    assert replayed.headers["location"] == f"/v1/jobs/{job_id}"
+    assert orjson.loads(replayed.content)["id"] == job_id
+    assert store.redis.zcard(TenantKeys("acme").jobs) == 1 and published == [job_id]
+
+
+def test_a_durable_write_that_times_out_has_happened_on_the_primary(procs: RedisProcs) -> None:
+    primary = procs.server()
+    store = durable_store(primary, replicas=1, timeout_ms=50)
+    create_tenant(store.redis, "acme", 1_000)
+    with pytest.raises(ReplicationTimeout) as raised:
+        store.scripts("budget", ["reckon:test:budget"], ["take", 1, 10], durable=True)
+    assert (raised.value.verb, raised.value.acked, raised.value.required) == ("budget", 0, 1)
+    assert raised.value.reply == [0, 9]  # its reply: a token taken, 9 left
+    assert store.redis.exists("reckon:test:budget") == 1  # the write stands; only its durability is unknown
+
+
+def test_a_durable_call_loads_a_script_the_server_lost(procs: RedisProcs) -> None:
+    primary = procs.server()
+    procs.server(replica_of=primary)
+    store = durable_store(primary, replicas=1, timeout_ms=5000)
+    store.redis.script_flush()  # as on a promoted replica that never had the script loaded
+    assert store.scripts("budget", ["reckon:test:budget"], ["take", 1, 10], durable=True) == [0, 9]
+
+
+def test_without_replicas_to_ack_nothing_waits(procs: RedisProcs) -> None:
+    primary = procs.server()
+    store = durable_store(primary, replicas=0, timeout_ms=50)
+    assert store.scripts("budget", ["reckon:test:budget"], ["take", 1, 10], durable=True) == [0, 9]
+    commands = store.redis.info("commandstats")
+    assert "cmdstat_wait" not in commands and "cmdstat_publish" not in commands
+
+
+def test_the_state_client_is_a_sentinel_master_client_for_a_sentinel_url() -> None:
+    client = redisconn.connect(Settings(redis_url="redis+sentinel://127.0.0.1:1,127.0.0.1:2/orders/4"))
+    pool = client.connection_pool
+    assert (pool.service_name, pool.is_master) == ("orders", True)
+    assert pool.connection_kwargs["db"] == 4 and pool.connection_kwargs["socket_timeout"] == 10.0
+    assert [(s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+            for s in pool.sentinel_manager.sentinels] == [("127.0.0.1", 1), ("127.0.0.1", 2)]
+
+
+def test_on_a_cluster_the_script_and_its_wait_go_to_the_node_that_holds_the_keys(redis_cluster) -> None:
+    client = redis_cluster.client()
+    try:
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+        scripts = Scripts(client, replicas=1, ack_timeout_ms=20)  # the test cluster has no replicas
+        key = "reckon:{s1}:test:budget"
+        owner = client.get_node_from_key(key).port
+        with pytest.raises(ReplicationTimeout):  # the node lacks the script: loaded there, run once
+            scripts("budget", [key], ["take", 1, 10], durable=True)
+        assert client.hget(key, "tokens") == "9"
+        waits = {port: _waits(port) for port in redis_cluster.ports}
+        with pytest.raises(ReplicationTimeout):
+            scripts("budget", [key], ["take", 1, 10], durable=True)
+        assert client.hget(key, "tokens") == "8"
+        assert {port: _waits(port) - before for port, before in waits.items()} == {
+            port: int(port == owner) for port in redis_cluster.ports}
+    finally:
+        client.close()
+
+
+def _waits(port: int) -> int:
+    node = RedisProcs.client(port)
+    try:
+        return int(node.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+    finally:
+        node.close()
