@@ -1,0 +1,34 @@
+"""build_broker: the URL's scheme chooses Dramatiq's broker; neither keeps Dramatiq's Retries."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import Retries
+
+from pipeline.broker import build_broker
+from pipeline.settings import Settings
+
+
+def test_an_amqp_url_builds_rabbitmq_with_publisher_confirms() -> None:
+    # RabbitmqBroker connects on first use, so no server is needed to build it.
+    broker = build_broker(dataclasses.replace(Settings(), broker_url="amqp://guest:guest@127.0.0.1:9/%2F"))
+    try:
+        assert isinstance(broker, RabbitmqBroker)
+        assert broker.confirm_delivery is True
+        assert (broker.parameters.host, broker.parameters.port) == ("127.0.0.1", 9)
+        assert not any(isinstance(m, Retries) for m in broker.middleware)
+    finally:
+        broker.close()
+
+
+def test_a_redis_url_builds_the_redis_broker(redis_server: str) -> None:
+    broker = build_broker(dataclasses.replace(Settings(), broker_url=redis_server[:-1] + "1"))
+    try:
+        assert isinstance(broker, RedisBroker)
+        assert broker.namespace == "dramatiq"
+        assert not any(isinstance(m, Retries) for m in broker.middleware)
+    finally:
+        broker.close()
