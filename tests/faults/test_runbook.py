@@ -332,7 +332,8 @@ def class_pause_and_admission(live: Live) -> None:
     assert rb.lines("redis-cli -p 6390 HGETALL reckon:{s0}:admission") == ["queue_cap:batch", "1"]
     status, problem, _ = live.post("batch")
     assert (status, problem["limit"]) == (503, "queue_full")
-    assert rb.lines("redis-cli -p 6390 HGETALL reckon:{s0}:stats | paste - - | grep refused:") == ["refused:queue_full\t1"]
+    refusals = rb.lines("redis-cli -p 6390 HGETALL reckon:{s0}:stats | paste - - | grep refused:")
+    assert refusals == ["refused:queue_full\t1"]
     store.redis.hdel(keys.ShardKeys(0).admission, "queue_cap:batch")
     for cls in ("interactive", "batch"):
         assert rb.json(f"reckon resume --class {cls}") == {"resumed": {"class": cls}, "changed": True}

@@ -9,7 +9,6 @@ import orjson
 import pytest
 import redis
 
-from pipeline import keys
 from pipeline.errors import IncompleteOutputs, ScriptError, StaleLease
 from pipeline.keys import JobKeys, TenantKeys
 from pipeline.scripts import LUA_DIR, Code, Scripts
