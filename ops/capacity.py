@@ -143,7 +143,12 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="simulated provider's seconds per prompt")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="reckon-capacity-"))
+    with tempfile.TemporaryDirectory(prefix="reckon-capacity-") as tmp:
+        run(args, Path(tmp))
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    """Start the processes in ``work``, measure, and stop them by PID."""
     sport, bport, wport, pport = free_port(), free_port(), free_port(), free_port()
     env = os.environ | {
         "RECKON_REDIS_URL": f"redis://127.0.0.1:{sport}/0", "RECKON_BROKER_URL": f"redis://127.0.0.1:{bport}/1",
