@@ -107,6 +107,9 @@ DEFAULT_ACK_TIMEOUT_MS = 1000
 DEFAULT_OPERATOR_TOKEN = ""
 #: Shards the state is split into (README "Redis Cluster"): fixed for a deployment's lifetime.
 DEFAULT_SHARDS = 1
+#: A durable write's WAIT must end well inside the 10 s socket timeout (pipeline/redisconn.py):
+#: cut by it, redis-py would send the script again and the client would read "nothing changed".
+MAX_ACK_TIMEOUT_MS = 5000
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,8 @@ class Settings:
             raise ValueError("RECKON_RETENTION_SECONDS must be at least RECKON_IDEMPOTENCY_TTL_SECONDS")
         if self.shards < 1:
             raise ValueError("RECKON_SHARDS must be at least 1")
+        if not 0 < self.ack_timeout_ms <= MAX_ACK_TIMEOUT_MS:  # a WAIT cut by the socket timeout is sent again
+            raise ValueError(f"RECKON_ACK_TIMEOUT_MS must be between 1 and {MAX_ACK_TIMEOUT_MS}")
         if self.sweep_hold_seconds <= 0:  # a hold of 0 would hand every due tenant to every sweeper
             raise ValueError("RECKON_SWEEP_HOLD_SECONDS must be more than 0")
 

@@ -170,3 +170,10 @@ def _waits(port: int) -> int:
         return int(node.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
     finally:
         node.close()
+
+
+def test_an_ack_timeout_that_the_socket_timeout_could_cut_is_refused() -> None:
+    assert Settings.from_env({"RECKON_ACK_TIMEOUT_MS": "5000"}).ack_timeout_ms == 5000
+    for bad in ("0", "5001", "20000"):
+        with pytest.raises(ValueError, match="RECKON_ACK_TIMEOUT_MS must be between 1 and 5000"):
+            Settings.from_env({"RECKON_ACK_TIMEOUT_MS": bad})
