@@ -22,6 +22,7 @@ from .errors import (
     UnknownOutcome,
 )
 from .executor import Executor
+from .scripts import ReplicationTimeout
 from .settings import Settings
 from .store import Claim, Store
 
@@ -125,6 +126,10 @@ class FailureRouter(Middleware):
     def _route(self, broker: dramatiq.Broker, message: Any, exception: BaseException) -> str:
         if isinstance(exception, StaleLease):
             log.info("message %s: lease lost to a newer claim; dropped", message.message_id)
+            return "drop"
+        if isinstance(exception, ReplicationTimeout):  # the write stands on the primary, unconfirmed
+            log.warning("message %s: %s; dropped, its lease will expire and be reconciled",
+                        message.message_id, exception)
             return "drop"
         if not isinstance(exception, AttemptFailed):
             log.error("message %s: unexpected %s; its lease will expire and be reconciled",

@@ -33,8 +33,9 @@ _BODY = ("local function main()\n{body}\nend\nlocal reply = main()\n"
 #: One field of each state change in ``MOVES``, in order.
 _MOVE_FIELDS = ("job", "from", "to", "reason", "attempt", "generation", "error_class")
 
-#: The channel of the PUBLISH that moves a durable call's replication offset to "now" (nobody listens).
-WAIT_CHANNEL = "reckon:durable"
+#: A durable call's marker write lives this long (ms): a key per hash tag, ``reckon:{tag}:ack``.
+ACK_KEY_MS = 60_000
+_TAG_RE = re.compile(r"\{[^}]*\}")
 
 state_log = logging.getLogger("reckon.state")
 
@@ -61,6 +62,11 @@ class Code(IntEnum):
     PAUSED = 16
     LIMITED = 17
     INFEASIBLE = 18
+
+
+#: The codes of a script that changed state (its other codes are refusals that wrote nothing,
+#: or only a counter): a durable call raises ReplicationTimeout only after one of these.
+_WROTE = (Code.OK, Code.CREATED, Code.REPLAYED)
 
 
 class ReplicationTimeout(ReckonError):
@@ -136,7 +142,7 @@ class Scripts:
             change["attempt"], change["generation"] = int(change["attempt"]), int(change["generation"])
             state_log.info("state change", extra=change)
         result = [_text(item) for item in reply[0]] if reply else []
-        if acked < self.replicas:
+        if acked < self.replicas and result and result[0] in _WROTE:  # a refusal wrote nothing to lose
             raise ReplicationTimeout(verb, acked, self.replicas, result)
         return result
 
@@ -145,14 +151,15 @@ class Scripts:
         connection of the server holding ``keys[0]``; (the script's reply, replicas that confirmed).
 
         WAIT waits for the connection's last write. A script that wrote nothing (a replay of an
-        admission another connection wrote) would leave an older offset, so a PUBLISH, which
-        enters the replication stream on a server outside Cluster, carries the offset up to now."""
+        admission another connection wrote) would leave an older offset, so a marker write in the
+        keys' own slot (``reckon:{tag}:ack``) carries the offset up to now, on one server and on a
+        Cluster node alike."""
         client = connection_for(script.registered_client, keys[0])
+        tag = _TAG_RE.search(keys[0])
         for _ in range(2):
             with client.pipeline(transaction=False) as pipe:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
-                if client is script.registered_client:
-                    pipe.publish(WAIT_CHANNEL, "")
+                pipe.set(f"reckon:{tag.group(0) if tag else ''}:ack", "", px=ACK_KEY_MS)
                 pipe.execute_command("WAIT", self.replicas, self.ack_timeout_ms)
                 reply, *_, acked = pipe.execute(raise_on_error=False)
             if not isinstance(reply, redis.exceptions.NoScriptError):

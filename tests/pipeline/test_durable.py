@@ -108,6 +108,35 @@ def test_wait_timeout_answers_503_and_the_same_key_replays_the_job_once_replicat
     assert store.redis.zcard(TenantKeys("acme").jobs) == 1 and published == [job_id]
 
 
+def test_a_refusal_under_a_wait_timeout_is_answered_as_the_refusal_it_is(procs: RedisProcs) -> None:
+    primary = procs.server()
+    store = durable_store(primary, replicas=1, timeout_ms=50)  # no replica: every WAIT times out
+    create_tenant(store.redis, "acme", 5)
+    settings = dataclasses.replace(Settings(), replicas_to_ack=1, ack_timeout_ms=50)
+    app = testing.TestClient(create_app(settings, store=store, publish=lambda job_id, _: None))
+    headers = {"Authorization": f"Bearer {create_key(store.redis, 'acme')}", "Idempotency-Key": "k1"}
+    refused = app.simulate_post("/v1/jobs", json=job_body(), headers=headers)
+    assert refused.status_code == 402  # nothing was written but nothing is lost either: not a 503
+    assert orjson.loads(refused.content)["type"] == "urn:reckon:problem:insufficient-allowance"
+    assert store.redis.zcard(TenantKeys("acme").jobs) == 0
+
+
+def test_a_replay_waits_for_the_write_it_replays(procs: RedisProcs) -> None:
+    primary = procs.server()
+    replica = procs.server(replica_of=primary)
+    store = durable_store(primary, replicas=1, timeout_ms=2000)
+    create_tenant(store.redis, "acme", 1_000)
+    app = testing.TestClient(create_app(Settings(), store=store, publish=lambda job_id, _: None))
+    headers = {"Authorization": f"Bearer {create_key(store.redis, 'acme')}", "Idempotency-Key": "k1"}
+    assert app.simulate_post("/v1/jobs", json=job_body(), headers=headers).status_code == 202
+    procs.client(replica).replicaof("no", "one")  # the replica leaves: nothing confirms any more
+    other = durable_store(primary, replicas=1, timeout_ms=100)  # another process, its own connections
+    replay = testing.TestClient(create_app(Settings(), store=other, publish=lambda job_id, _: None))
+    again = replay.simulate_post("/v1/jobs", json=job_body(), headers=headers)
+    assert again.status_code == 503  # the replay's marker write has no replica to reach
+    assert orjson.loads(again.content)["type"] == "urn:reckon:problem:replication-timeout"
+
+
 def test_a_durable_write_that_times_out_has_happened_on_the_primary(procs: RedisProcs) -> None:
     primary = procs.server()
     store = durable_store(primary, replicas=1, timeout_ms=50)
@@ -132,7 +161,7 @@ def test_without_replicas_to_ack_nothing_waits(procs: RedisProcs) -> None:
     store = durable_store(primary, replicas=0, timeout_ms=50)
     assert store.scripts("budget", ["reckon:test:budget"], ["take", 1, 10], durable=True) == [0, 9]
     commands = store.redis.info("commandstats")
-    assert "cmdstat_wait" not in commands and "cmdstat_publish" not in commands
+    assert "cmdstat_wait" not in commands and "cmdstat_set" not in commands
 
 
 def test_the_state_client_is_a_sentinel_master_client_for_a_sentinel_url() -> None:

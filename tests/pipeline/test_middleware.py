@@ -13,6 +13,7 @@ from pipeline import actors
 from pipeline.broker import Publisher
 from pipeline.jobs import Admitter
 from pipeline.routing import Router, backoff
+from pipeline.scripts import Scripts
 from pipeline.store import Store
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
@@ -111,3 +112,17 @@ def test_an_error_before_the_claim_loses_no_job(store, settings, tenant, make_ex
     assert broker.client.zcard(DEAD_LETTERS) == 1  # the first message failed; the job did not
     assert [a["state"] for a in store.attempts(job_id)] == ["completed"]
     assert [c["units"] for c in sim.sim.charges] == [10]
+
+
+def test_a_write_no_replica_confirmed_drops_the_message_and_the_lease_recovers_the_job(
+        store, settings, admit, make_executor, make_router, broker, sim) -> None:
+    job_id = admit()
+    executor = make_executor(sim)
+    executor.store = Store(store.redis, Scripts(store.redis, replicas=1, ack_timeout_ms=20))  # no replica here
+    actors.use(executor, make_router())
+    run_worker(broker, lambda: store.job(job_id).get("submitted") == "1")  # stopping lets the message end
+    assert store.job(job_id)["state"] == "running"  # the submit mark stands, on the primary
+    assert sim.sim.history == {} and broker.client.zcard(DEAD_LETTERS) == 0  # nothing sent, nothing dead-lettered
+    sweeper = Sweeper(store, Publisher(broker), settings, clock=lambda: time.time() + 60)
+    assert sweeper.sweep_once()["leases_expired"] == 1
+    assert store.job(job_id)["state"] == "reconciling"
