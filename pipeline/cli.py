@@ -16,6 +16,7 @@ from .executor import BUDGET
 from .fleet import DEFAULT_SERVER
 from .jobs import State, iso
 from .keys import ProviderKeys, TenantKeys
+from .migrate import MigrationRefused, migrate
 from .progress import events_after
 from .redisconn import connect
 from .scripts import Scripts
@@ -321,6 +322,10 @@ def parser() -> argparse.ArgumentParser:
         sub = provider.add_parser(verb, help=text)
         sub.add_argument("name", nargs="?", default=DEFAULT_SERVER, metavar="SERVER")
         sub.set_defaults(run=run)
+    migrate_ = verbs.add_parser("keys").add_subparsers(dest="verb", required=True).add_parser(
+        "migrate", help="rename a Redis written before shards into the shard layout (every reckon process stopped)")
+    migrate_.add_argument("--dry-run", action="store_true", help="count what would move, change nothing")
+    migrate_.set_defaults(run=keys_migrate)
     blobs = verbs.add_parser("blobs").add_subparsers(dest="verb", required=True)
     gc = blobs.add_parser("gc", help="delete stored outputs no job on record holds (after retention purged them)")
     gc.add_argument("--min-age", type=float, default=3600.0, help="seconds; younger blobs are kept (default 3600)")
@@ -381,6 +386,11 @@ def _key_commands(key: Any) -> None:
     revoke.set_defaults(run=key_revoke)
 
 
+def keys_migrate(store: Store, args: argparse.Namespace) -> int:
+    _print({"shards": keys.shard_count(), "dry_run": args.dry_run, **migrate(store.redis, dry_run=args.dry_run)})
+    return 0
+
+
 def main(argv: list[str] | None = None, store: Store | None = None) -> int:
     args = parser().parse_args(argv)
     settings = Settings.from_env()
@@ -390,7 +400,8 @@ def main(argv: list[str] | None = None, store: Store | None = None) -> int:
             store = Store(client, Scripts.of(client, settings), shards=settings.shards)
             store.check_shards()  # an operator's shell without RECKON_SHARDS must not write shard 0 alone
         return args.run(store, args)
-    except (TenantError, NotAllowed, InsufficientAllowance, IncompleteOutputs, WrongShards) as exc:
+    except (TenantError, NotAllowed, InsufficientAllowance, IncompleteOutputs, WrongShards,
+            MigrationRefused) as exc:
         print(f"reckon: {exc}", file=sys.stderr)
         return 1
 

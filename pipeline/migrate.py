@@ -1,0 +1,89 @@
+"""``reckon keys migrate``: rename the keys of a Redis written before shards into the shard layout.
+
+Before shards a tenant's keys were ``reckon:{t:<tenant>}:<suffix>`` (its jobs'
+``reckon:{t:<tenant>}:job:<id>...``), and the figures, indexes, wake set, fleet hash and admission
+settings were single keys (``reckon:stats``...). Run it on the one server that holds them, with
+every reckon process stopped: it works by ``RENAME``, key by key, and refuses a Redis that holds
+keys of the new layout already. With one shard each old key has exactly one new name, so
+everything (counters, slots in use, leases) carries over. With more shards the fleet's slots in
+use cannot be split between shards: it refuses unless no prompt is in flight, then splits the
+tenants, wake entries and parked jobs by shard, copies stops and admission settings to every
+shard, and rebuilds each shard's figures from its jobs (``status.rebuild``; counters and
+histograms start from zero).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from . import keys, status
+from .keys import JobKeys, ShardKeys, TenantKeys
+
+_OLD_TENANT_KEY = re.compile(r"reckon:\{t:([a-z0-9_]{1,40})\}:(.+)", re.S)
+#: The old single keys, by the ``ShardKeys`` name each became.
+OLD_GLOBALS = {"tenants": "reckon:tenants", "stats": "reckon:stats", "queue": "reckon:queue", "due": "reckon:due",
+               "admission": "reckon:admission", "wake": "reckon:wake", "fleet": "reckon:fleet",
+               "parked": "reckon:fleet:parked", "called": "reckon:fleet:called"}
+
+
+class MigrationRefused(Exception):
+    pass
+
+
+def new_name(old: str) -> str:
+    """The shard-layout name of a tenant's or job's pre-shard key."""
+    match = _OLD_TENANT_KEY.fullmatch(old)
+    if match is None:
+        raise ValueError("not a pre-shard tenant key")
+    tenant, rest = match.groups()
+    if rest.startswith("job:"):
+        job_id, colon, suffix = rest.removeprefix("job:").partition(":")
+        return JobKeys(job_id)._k(colon + suffix)
+    return TenantKeys(tenant)._k(rest)
+
+
+def migrate(client: Any, *, dry_run: bool = False) -> dict[str, int]:
+    """Rename every pre-shard key (see the module's text); returns what was (or would be) moved."""
+    if any(key != ShardKeys(0).meta for key in client.scan_iter(match="reckon:{s*", count=1000)):
+        raise MigrationRefused("this Redis holds keys of the shard layout already")
+    renames = [(old, new_name(old)) for old in client.scan_iter(match="reckon:{t:*", count=1000)]
+    found = {name: key for name, key in OLD_GLOBALS.items() if client.exists(key)}
+    if keys.shard_count() > 1:
+        fleet = client.hgetall(OLD_GLOBALS["fleet"])
+        if any(field.startswith("w:") or (field.startswith("busy:") and int(value)) for field, value in fleet.items()):
+            raise MigrationRefused("prompts are in flight: with more than one shard, let them end first")
+    moved = Counter(tenant_keys=len(renames), shared_keys=len(found))
+    if dry_run:
+        return dict(moved)
+    for old, new in renames:
+        client.rename(old, new)
+    if keys.shard_count() == 1:
+        for name, old in found.items():
+            client.rename(old, getattr(ShardKeys(0), name))
+    else:
+        _split(client, found)
+    return dict(moved)
+
+
+def _split(client: Any, found: dict[str, str]) -> None:
+    """The old single keys over several shards (their tenants' keys are renamed already)."""
+    tenants = sorted(client.smembers(found["tenants"])) if "tenants" in found else []
+    for tenant in tenants:
+        client.sadd(TenantKeys(tenant).shard.tenants, tenant)
+    for tenant, due in client.zrange(found["wake"], 0, -1, withscores=True) if "wake" in found else []:
+        client.zadd(TenantKeys(tenant).shard.wake, {tenant: due})
+    for name in ("parked", "called"):
+        for job_id, score in client.zrange(found[name], 0, -1, withscores=True) if name in found else []:
+            client.zadd(getattr(JobKeys(job_id).shard, name), {job_id: score})
+    stops = {field: value for field, value in client.hgetall(found.get("fleet", "-")).items()
+             if field.partition(":")[0] in (*keys.SERVER_BLOCKS, "pause_class")}
+    settings = client.hgetall(found.get("admission", "-"))
+    for shard in keys.shards():
+        if stops:
+            client.hset(shard.fleet, mapping=stops)
+        if settings:
+            client.hset(shard.admission, mapping=settings)
+    status.rebuild(client, tenants)
+    client.delete(*found.values())

@@ -1,0 +1,78 @@
+"""``reckon keys migrate`` on state written by the code before shards.
+
+tests/fixtures/pre_shards_state.json holds every key (``DUMP``) of a Redis that code wrote
+(tests/fixtures/pre_shards_gen.py, run on commit 0aa7b36): tenants acme and zeta, jobs completed
+(with an output and its charge), running (submitted, leased), queued, cancelled, and zeta's queued
+batch job; a server stop and an admission setting.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import keys
+from pipeline.jobs import Admitter
+from pipeline.migrate import MigrationRefused, migrate
+from pipeline.status import audit
+from pipeline.store import Store
+from pipeline.tenants import list_keys
+
+FIXTURE = json.loads((Path(__file__).parent.parent / "fixtures" / "pre_shards_state.json").read_text())
+JOBS = FIXTURE["jobs"]
+BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 1}
+
+
+def restore(client: Any) -> dict[str, str]:
+    """Load the old state; returns acme's ledger as the old code left it."""
+    for key, saved in FIXTURE["keys"].items():
+        client.restore(key, saved["pttl"], bytes.fromhex(saved["dump"]))
+    return client.hgetall("reckon:{t:acme}:ledger")
+
+
+def test_one_shard_takes_every_key_over_as_it_was(store: Store, settings, make_executor, sim) -> None:
+    ledger = restore(store.redis)
+    lease = store.redis.zscore("reckon:{t:acme}:leases", JOBS["running"])
+    assert migrate(store.redis, dry_run=True) == {"tenant_keys": 33, "shared_keys": 7}
+    assert len(store.redis.keys("reckon:{t:*")) == 33  # a dry run changes nothing
+    assert migrate(store.redis) == {"tenant_keys": 33, "shared_keys": 7}
+    assert store.redis.keys("reckon:{t:*") == [] and store.redis.exists("reckon:stats", "reckon:fleet") == 0
+    assert store.redis.hgetall(keys.TenantKeys("acme").ledger) == ledger
+    assert store.tenants() == ["acme", "zeta"] and len(list_keys(store.redis, "zeta")) == 1
+    assert [store.job(JOBS[name])["state"] for name in ("done", "running", "queued", "cancelled", "zeta")] == \
+        ["completed", "running", "queued", "cancelled", "queued"]
+    assert store.redis.zscore(keys.TenantKeys("acme").leases, JOBS["running"]) == lease
+    assert store.outputs(JOBS["done"])[0]["sha256"] == "a" * 64
+    shard = keys.ShardKeys(0)
+    assert store.redis.hget(shard.fleet, "busy:sim") == "1" and store.provider_block("other") == "dispatch_paused"
+    assert store.redis.hget(shard.admission, "queue_cap:batch") == "500"
+    assert audit(store.redis, store.tenants()) == []  # figures, ledger totals and indexes agree with the jobs
+
+    replay = Admitter(store, lambda job_id, priority: None, settings).submit("acme", "queued", BODY)
+    assert replay.job_id == JOBS["queued"]  # the idempotency record came along
+    assert make_executor(sim).run(JOBS["queued"]) is True  # the new code runs an old job
+    assert store.job(JOBS["queued"])["state"] == "completed" and audit(store.redis, store.tenants()) == []
+    with pytest.raises(MigrationRefused, match="holds keys of the shard layout"):
+        migrate(store.redis)  # twice is refused
+
+
+def test_more_shards_wait_until_no_prompt_is_in_flight(store: Store) -> None:
+    restore(store.redis)
+    keys.use_shards(4)
+    with pytest.raises(MigrationRefused, match="prompts are in flight"):
+        migrate(store.redis)
+    assert len(store.redis.keys("reckon:{t:*")) == 33  # nothing moved
+    store.redis.hset("reckon:fleet", "busy:sim", 0)  # as once the running prompt ended and was settled
+    migrate(store.redis)
+    shards = {tenant: keys.TenantKeys(tenant).shard for tenant in ("acme", "zeta")}
+    assert shards["acme"] != shards["zeta"]  # spread over two shards
+    assert {tenant: store.redis.smembers(shard.tenants) for tenant, shard in shards.items()} == \
+        {"acme": {"acme"}, "zeta": {"zeta"}}
+    assert [store.redis.hget(shard.fleet, "dispatch_paused:other") is not None for shard in keys.shards()] == \
+        [True] * 4
+    assert store.redis.zrange(shards["zeta"].queue, 0, -1) == [JOBS["zeta"]]
+    assert audit(store.redis, store.tenants()) == []
+    assert store.redis.exists(*[f"reckon:{name}" for name in ("stats", "queue", "due", "wake", "fleet")]) == 0
