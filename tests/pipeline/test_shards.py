@@ -50,3 +50,17 @@ def test_the_cli_and_the_worker_refuse_another_shard_count(store: Store, backend
     assert worker.returncode != 0 and "RECKON_SHARDS is 4 but this Redis holds 1 shards" in worker.stderr
     create_tenant(store.redis, "gamma", 5)  # the right count works
     assert store.tenants() == ["gamma"]
+
+
+def test_a_primary_without_the_scripts_gets_them_again(store: Store) -> None:
+    """As after a failover to a replica whose script cache is empty, or a resharding onto a new node."""
+    create_tenant(store.redis, "acme", 100)
+    shard = keys.TenantKeys("acme").shard
+    sha = store.scripts._scripts["take-due"][1].sha
+    node = store.redis.get_node_from_key(shard.wake).redis_connection if hasattr(store.redis, "get_node_from_key") \
+        else store.redis
+    assert store.take_due(shard, limit=10, hold_ms=1000) == [] and node.script_exists(sha) == [True]
+    store.redis.script_flush()  # every primary
+    assert node.script_exists(sha) == [False]
+    assert store.take_due(shard, limit=10, hold_ms=1000) == []  # NOSCRIPT: loaded again, run again
+    assert node.script_exists(sha) == [True]
