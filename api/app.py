@@ -24,10 +24,9 @@ from pipeline.errors import (
     UnknownTenant,
 )
 from pipeline.jobs import Admitter
-from pipeline.redisconn import connect
-from pipeline.scripts import ReplicationTimeout, Scripts
+from pipeline.scripts import ReplicationTimeout
 from pipeline.settings import Settings
-from pipeline.store import Store
+from pipeline.store import Store, open_store
 
 from . import resources, sse, ui
 from .auth import Authenticate
@@ -41,9 +40,7 @@ def create_app(
     publish: Callable[[str, str], None] | None = None,
 ) -> falcon.App:
     settings = settings or Settings.from_env()
-    if store is None:
-        client = connect(settings)
-        store = Store(client, Scripts.of(client, settings), shards=settings.shards)
+    store = store or open_store(settings, check=False)  # checked at readiness
     if publish is None:
         from pipeline.broker import Publisher, build_broker
 

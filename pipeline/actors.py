@@ -14,11 +14,9 @@ from .fleet import Fleet, Server
 from .logs import configure_dramatiq_worker
 from .providers.comfyui import ComfyUI
 from .providers.http import HttpTransport
-from .redisconn import connect
 from .routing import FailureRouter, Router, Unpark
-from .scripts import Scripts
 from .settings import Settings
-from .store import Store
+from .store import open_store
 
 configure_dramatiq_worker()  # JSON lines, in place of the format Dramatiq's CLI set
 settings = Settings.from_env()
@@ -44,10 +42,7 @@ def adapter(server: Server) -> ComfyUI:
 def executor() -> Executor:
     global _executor
     if _executor is None:
-        client = connect(settings)
-        store = Store(client, Scripts.of(client, settings), shards=settings.shards)
-        store.check_shards()
-        _executor = Executor(store, Fleet(settings.servers(), adapter), open_blobs(settings), settings)
+        _executor = Executor(open_store(settings), Fleet(settings.servers(), adapter), open_blobs(settings), settings)
     return _executor
 
 

@@ -18,11 +18,9 @@ from .jobs import State, iso
 from .keys import ProviderKeys, TenantKeys
 from .migrate import MigrationRefused, migrate
 from .progress import events_after
-from .redisconn import connect
-from .scripts import Scripts
 from .settings import Settings
 from .status import audit, rebuild, render, snapshot
-from .store import FleetLimits, Store
+from .store import FleetLimits, Store, open_store
 from .tenants import (
     TenantError,
     create_key,
@@ -395,10 +393,8 @@ def main(argv: list[str] | None = None, store: Store | None = None) -> int:
     args = parser().parse_args(argv)
     settings = Settings.from_env()
     try:
-        if store is None:
-            client = connect(settings)
-            store = Store(client, Scripts.of(client, settings), shards=settings.shards)
-            store.check_shards()  # an operator's shell without RECKON_SHARDS must not write shard 0 alone
+        # checked: an operator's shell without RECKON_SHARDS must not write shard 0 alone
+        store = store or open_store(settings)
         return args.run(store, args)
     except (TenantError, NotAllowed, InsufficientAllowance, IncompleteOutputs, WrongShards,
             MigrationRefused) as exc:

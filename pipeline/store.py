@@ -42,6 +42,17 @@ def connect(url: str) -> redis.Redis:
     return redisconn.connect_url(url)
 
 
+def open_store(settings: Settings, *, check: bool = True) -> Store:
+    """A process's store: its client (one server, Sentinel or Cluster, ``redisconn.connect``), the
+    scripts with the settings' durability, and the shard count, checked against the one the state
+    records unless ``check`` is False (the API checks it at readiness: Redis may not be up yet)."""
+    client = redisconn.connect(settings)
+    store = Store(client, Scripts.of(client, settings), shards=settings.shards)
+    if check:
+        store.check_shards()
+    return store
+
+
 @dataclass(frozen=True)
 class Admission:
     code: Code

@@ -10,9 +10,9 @@
 - finished jobs past their retention -> purged
 
 A pass visits only tenants whose work is due: every script that schedules work also
-moves the tenant's entry in the wake set (``reckon:wake``) earlier, and after a visit
-``rearm`` sets it to the tenant's true next due time. An idle pass is three commands (its
-heartbeat, unpark, take-due).
+moves the tenant's entry in its shard's wake set (``reckon:{s<n>}:wake``) earlier, and after a
+visit ``rearm`` sets it to the tenant's true next due time. An idle pass is its heartbeat plus an
+unpark and a take-due per shard.
 Many sweepers at once take different tenants: ``take-due`` holds each tenant it hands out
 for ``RECKON_SWEEP_HOLD_SECONDS`` (30 s), so a tenant of a sweeper that died mid-pass comes due
 again, for any sweeper, when its hold ends (README "Many sweepers"). Each sweeper's pass is in
@@ -34,7 +34,7 @@ from typing import Callable
 from . import faultpoints, history, keys, status
 from .keys import TenantKeys
 from .settings import Settings
-from .store import Store
+from .store import Store, open_store
 
 log = logging.getLogger(__name__)
 #: Jobs handled per index per tenant in one visit; the tenant stays due for the rest.
@@ -154,15 +154,10 @@ class Sweeper:
 def main() -> None:
     from .broker import Publisher, build_broker
     from .logs import configure
-    from .redisconn import connect
-    from .scripts import Scripts
 
     configure("sweeper")
     settings = Settings.from_env()
-    client = connect(settings)
-    store = Store(client, Scripts.of(client, settings), shards=settings.shards)
-    store.check_shards()
-    sweeper = Sweeper(store, Publisher(build_broker(settings)), settings)
+    sweeper = Sweeper(open_store(settings), Publisher(build_broker(settings)), settings)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -41,7 +41,7 @@ from . import keys
 from .errors import ProviderError, StaleLease
 from .fleet import Fleet
 from .settings import Settings
-from .store import Claim, Store
+from .store import Claim, Store, open_store
 
 log = logging.getLogger(__name__)
 #: Records one progress point (job id, attempt, operation id, node, value, max); True if new.
@@ -255,14 +255,10 @@ def main() -> None:
     from .broker import Publisher, build_broker
     from .logs import configure
     from .progress import record
-    from .redisconn import connect as connect_redis
-    from .scripts import Scripts
 
     configure("watcher")
     settings = Settings.from_env()
-    client = connect_redis(settings)
-    store = Store(client, Scripts.of(client, settings), shards=settings.shards)
-    store.check_shards()
+    store = open_store(settings)
     fleet = Fleet(settings.servers(), adapter)
     watcher = Watcher(fleet, store, Publisher(build_broker(settings)), settings,
                       lambda *point: record(store.scripts, *point))
