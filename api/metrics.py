@@ -134,9 +134,11 @@ class StateCollector:
         sweeper = _gauge("reckon_sweeper_last_pass_age_seconds",
                          "Seconds since the sweeper's last pass (on Redis's clock); NaN if it never ran.")
         sweeper.add_metric([], (f.at_ms - f.sweeper_ms) / 1000 if f.sweeper_ms else NAN)
+        sweepers = _gauge("reckon_sweepers_alive", "Sweepers that passed in the last 30 s (each one's own heartbeat).")
+        sweepers.add_metric([], f.sweepers_alive())
         budget = _gauge("reckon_retry_budget_tokens", "Tokens left in the shared retry budget.", ["provider"])
         budget.add_metric([BUDGET_PROVIDER], f.budget if f.budget is not None else NAN)
-        yield from (blocked, slots, watched, up, paused, parked, sweeper, budget)
+        yield from (blocked, slots, watched, up, paused, parked, sweeper, sweepers, budget)
 
 
 class Metrics:

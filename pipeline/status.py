@@ -18,6 +18,8 @@ from .store import Store
 
 CLASSES = ("interactive", "batch")
 STATES = ("queued", "running", "retry_wait", "reconciling", "needs_review", "completed", "failed", "cancelled")
+#: A sweeper passes every second; one silent this long (ms) is counted as stopped (``ReckonSweeperDown`` waits as long).
+SWEEPER_ALIVE_MS = 30_000
 #: The provider whose shared retry budget is reported (the budget is per provider kind, not per server).
 BUDGET_PROVIDER = "comfyui"
 
@@ -38,11 +40,17 @@ class Figures:
     oldest_ms: dict[str, int | None]
     overdue: dict[str, int]
     sweeper_ms: int | None
+    #: Each sweeper of the last hour (host/pid) -> its last pass (ms).
+    sweepers: dict[str, int]
     budget: float | None
     fleet: dict[str, dict[str, Any]]
     pauses: dict[str, int]
     parked: int
     watchers: dict[str, bool]
+
+    def sweepers_alive(self) -> int:
+        """Sweepers whose last pass is at most ``SWEEPER_ALIVE_MS`` old."""
+        return sum(self.at_ms - at <= SWEEPER_ALIVE_MS for at in self.sweepers.values())
 
     def count(self, cls: str, state: str) -> int:
         return int(self.stats.get(f"jobs:{cls}:{state}", 0))
@@ -72,7 +80,7 @@ def read(store: Store, caps: dict[str, int]) -> Figures:
             pipe.zcount(shard.due, low, f"({low + now}")
         pipe.zcard(shard.parked)
         pipe.hgetall(shard.fleet)
-    pipe.hget(keys.SWEEPER, "at")
+    pipe.hgetall(keys.SWEEPER)
     pipe.hget(ProviderKeys(BUDGET_PROVIDER).budget, "tokens")
     for name in caps:
         pipe.exists(keys.watcher_lock(name))
@@ -92,7 +100,8 @@ def read(store: Store, caps: dict[str, int]) -> Figures:
     fleet = merge_fleet([shard_replies[-1] for shard_replies in per_shard])
     return Figures(
         at_ms=now, stats=merge_stats([shard_replies[0] for shard_replies in per_shard]), depth=depth,
-        oldest_ms=oldest, overdue=overdue, sweeper_ms=int(sweeper) if sweeper else None,
+        oldest_ms=oldest, overdue=overdue, sweeper_ms=int(sweeper["at"]) if "at" in sweeper else None,
+        sweepers={name[3:]: int(at) for name, at in sweeper.items() if name.startswith("at:")},
         budget=float(budget) if budget is not None else None, fleet=fleet_view(fleet, caps),
         pauses=class_pauses(fleet), parked=sum(int(shard_replies[-2]) for shard_replies in per_shard),
         watchers={name: bool(up) for name, up in zip(caps, locks, strict=True)},
@@ -133,6 +142,7 @@ def snapshot(store: Store, caps: dict[str, int]) -> dict[str, Any]:
         "classes": classes,
         "exposure": {kind: f.number(f"ledger:{kind}") for kind in ("reserved", "uncertain", "settled")},
         "sweeper_age_s": (f.at_ms - f.sweeper_ms) / 1000 if f.sweeper_ms else None,
+        "sweepers_alive": f.sweepers_alive(),
         "providers": {name: {"busy": view["busy"], "cap": view["cap"], "stopped": sorted(view["stopped"]),
                              "watched": view["watched"], "watcher_up": f.watchers[name]}
                       for name, view in f.fleet.items()},
@@ -249,7 +259,7 @@ def render(snap: dict[str, Any]) -> str:
     budget = "full (unused)" if snap["retry_budget"] is None else f"{snap['retry_budget']:g} tokens"
     lines.append(f"exposure: reserved {money['reserved']}  uncertain {money['uncertain']}  "
                  f"(settled {money['settled']})   parked {snap['parked']}   retry budget {budget}")
-    lines.append(f"sweeper: last pass {_age(snap['sweeper_age_s'])} ago")
+    lines.append(f"sweeper: last pass {_age(snap['sweeper_age_s'])} ago, {snap['sweepers_alive']} passing")
     for name, server in snap["providers"].items():
         stops = ",".join(server["stopped"]) or "-"
         lines.append(f"server {name}: busy {server['busy']}/{server['cap']}  watched {server['watched']}  "

@@ -52,11 +52,14 @@ def test_metrics_sum_every_tenant_and_name_none(client, submit, tenant, store) -
     assert samples['reckon_provider_slots{kind="cap",provider="sim"}'] == 1000.0
     assert samples['reckon_watcher_up{provider="sim"}'] == 0.0 and samples["reckon_parked_jobs"] == 0.0
     assert math.isnan(samples["reckon_sweeper_last_pass_age_seconds"])  # no sweeper ran: the alert fires
-    store.redis.hset(keys.SWEEPER, "at", store.server_ms() - 5_000)
+    assert samples["reckon_sweepers_alive"] == 0.0
+    now = store.server_ms()  # two sweepers passing, one silent for a minute: two alive
+    store.redis.hset(keys.SWEEPER, mapping={"at": now - 5_000, "at:h/1": now - 5_000, "at:h/2": now - 6_000,
+                                            "at:h/3": now - 60_000})
     text = client.simulate_get("/metrics").text
-    age = float(next(line.split()[1] for line in text.splitlines()
-                     if line.startswith("reckon_sweeper_last_pass_age_seconds ")))
-    assert 5.0 <= age < 8.0
+    figures = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+               if line.startswith(("reckon_sweeper_last_pass_age_seconds ", "reckon_sweepers_alive "))}
+    assert 5.0 <= figures["reckon_sweeper_last_pass_age_seconds"] < 8.0 and figures["reckon_sweepers_alive"] == 2
     assert store.redis.zcard(TenantKeys("acme").queued) == store.redis.zcard(TenantKeys("globex").queued) == 1
 
 

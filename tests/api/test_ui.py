@@ -170,7 +170,7 @@ def set_up_state(web, store: Store, api_key: str) -> dict[str, str]:
     store.pause_class("batch")
     store.block_provider("comfyui", "dispatch_paused")
     now = store.server_ms()
-    store.redis.hset(keys.SWEEPER, "at", now - 5_000)
+    store.redis.hset(keys.SWEEPER, mapping={"at": now - 5_000, "at:h/1": now - 5_000})
     store.redis.hset(ProviderKeys("comfyui").budget, "tokens", 97.5)
     for minutes, depth in ((30, 7), (20, 9), (10, 4)):
         history.put(store.redis, {"interactive": {"depth": depth, "oldest_age_s": 60.0},
@@ -227,6 +227,7 @@ def test_the_page_shows_the_figures_and_follows_them_without_a_reload(web, chrom
         assert 0 < oldest < 60
         sweeper_age = float(page.locator("#sweeper-age").get_attribute("data-value"))
         assert 5 <= sweeper_age < 60
+        assert page.locator("#sweepers-alive").inner_text() == "1"
         server = page.locator('#providers tr[data-provider="comfyui"] td')
         assert server.all_inner_texts() == ["comfyui", "1", "2", "dispatch_paused", "0", "down"]
 
