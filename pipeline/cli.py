@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None, store: Store | None = None) -> int:
     settings = Settings.from_env()
     try:
         # checked: an operator's shell without RECKON_SHARDS must not write shard 0 alone
-        store = store or open_store(settings)
+        store = store or open_store(settings, wait_s=0)
         return args.run(store, args)
     except (TenantError, NotAllowed, InsufficientAllowance, IncompleteOutputs, WrongShards,
             MigrationRefused) as exc:

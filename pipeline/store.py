@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
@@ -34,6 +35,8 @@ from .settings import (
 #: How long an unparked job's slot waits for its claim (ms): its message crosses the broker in
 #: milliseconds; past this it is taken for lost (the sweeper's redelivery sends the job again).
 CALL_MS = 10_000
+#: How long a process starting waits for Redis to answer (s) before it gives up.
+STARTUP_WAIT_S = 30.0
 
 
 def connect(url: str) -> redis.Redis:
@@ -42,14 +45,22 @@ def connect(url: str) -> redis.Redis:
     return redisconn.connect_url(url)
 
 
-def open_store(settings: Settings, *, check: bool = True) -> Store:
+def open_store(settings: Settings, *, check: bool = True, wait_s: float = STARTUP_WAIT_S) -> Store:
     """A process's store: its client (one server, Sentinel or Cluster, ``redisconn.connect``), the
     scripts with the settings' durability, and the shard count, checked against the one the state
-    records unless ``check`` is False (the API checks it at readiness: Redis may not be up yet)."""
+    records unless ``check`` is False (the API checks it at readiness). Redis not answering (not up
+    yet, a failover under way) is waited for up to ``wait_s``; a wrong count is refused at once."""
     client = redisconn.connect(settings)
     store = Store(client, Scripts.of(client, settings), shards=settings.shards)
-    if check:
-        store.check_shards()
+    deadline = time.monotonic() + wait_s
+    while check:
+        try:
+            store.check_shards()
+            break
+        except (redis.ConnectionError, redis.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     return store
 
 

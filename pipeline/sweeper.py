@@ -138,8 +138,11 @@ class Sweeper:
         return [name.removeprefix("at:") for name in stale]
 
     def run(self, stop: threading.Event) -> None:
-        for name in self.forget_stopped():
-            log.info("sweeper %s has not passed for an hour: dropped from the heartbeat", name)
+        try:
+            for name in self.forget_stopped():
+                log.info("sweeper %s has not passed for an hour: dropped from the heartbeat", name)
+        except Exception:  # only housekeeping: the next sweeper to start does it
+            log.warning("could not drop the heartbeats of stopped sweepers", exc_info=True)
         while not stop.is_set():
             try:
                 moved = self.sweep_once()

@@ -57,15 +57,17 @@ class Cluster:
             proc.wait(timeout=10)
 
 
-def start(workdir: Path, primaries: int = 3) -> Cluster:
+def start(workdir: Path, primaries: int = 3, *, replicas: int = 0) -> Cluster:
+    """``primaries`` primaries, each with ``replicas`` replicas (``redis-cli --cluster create
+    --cluster-replicas``), every replica's link up before it returns."""
     exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if exe is None or cli is None:
         raise RuntimeError("redis-server is not installed (make test installs it)")
-    cluster = Cluster([_cluster_port() for _ in range(primaries)])
+    cluster = Cluster([_cluster_port() for _ in range(primaries * (1 + replicas))])
     try:
         for port in cluster.ports:
             node_dir = workdir / str(port)
-            node_dir.mkdir()
+            node_dir.mkdir(parents=True)
             cluster.procs.append(subprocess.Popen(
                 [exe, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
                  "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000", "--save", "",
@@ -74,10 +76,13 @@ def start(workdir: Path, primaries: int = 3) -> Cluster:
             ))
         for port in cluster.ports:
             _wait(lambda p=port: _answers(cli, p, "PING") == "PONG")
-        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in cluster.ports], "--cluster-yes"],
+        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in cluster.ports],
+                        "--cluster-replicas", str(replicas), "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for port in cluster.ports:
             _wait(lambda p=port: "cluster_state:ok" in _answers(cli, p, "CLUSTER", "INFO"))
+            _wait(lambda p=port: "role:master" in (info := _answers(cli, p, "INFO", "replication"))
+                  or "master_link_status:up" in info)
     except BaseException:
         cluster.stop()
         raise
@@ -122,15 +127,20 @@ def move_slot(cluster: Cluster, slot: int, to_port: int, *, batch: int = 50) -> 
             client.close()
 
 
-def owner_of(cluster: Cluster, slot: int) -> int:
-    """The port of the primary that serves ``slot``."""
+def owner_of(cluster: Cluster, slot: int, *, default: int | None = None) -> int:
+    """The port of the primary that serves ``slot``; ``default`` while none does (a failover)."""
     import redis
 
     for port in cluster.ports:
-        with redis.Redis(port=port, decode_responses=True) as client:
-            if _owns(client, slot):
-                return port
-    raise LookupError(slot)
+        with redis.Redis(port=port, decode_responses=True, socket_timeout=2) as client:
+            try:
+                if _owns(client, slot):
+                    return port
+            except redis.ConnectionError:  # a node the test killed
+                continue
+    if default is None:
+        raise LookupError(slot)
+    return default
 
 
 def _owns(client, slot: int) -> bool:  # type: ignore[no-untyped-def]

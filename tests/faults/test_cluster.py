@@ -5,6 +5,7 @@ or paid twice."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,68 @@ def test_jobs_run_while_their_slot_moves_to_another_primary(redis_cluster: clust
         print(f"slot {slot} moved ({moved} keys) with {len(accepted)} jobs admitted around it; refusals {refused}")
     finally:
         stack.stop()
+
+
+def test_a_primary_killed_under_load_loses_no_acknowledged_job(redis_server: str, tmp_path: Path) -> None:
+    """Three primaries with two replicas each (so a promoted replica still has one to confirm its
+    writes); every durable write waits for one replica (RECKON_REPLICAS_TO_ACK=1); the primary of the
+    tenant's shard is SIGKILLed while jobs run."""
+    redis.Redis.from_url(REDIS_URL[:-1] + "1").flushdb()
+    nodes = cluster.start(tmp_path / "cluster", replicas=2)
+    client = nodes.client()
+    try:
+        store = Store(client, shards=cluster.SHARDS)
+        create_tenant(client, "acme", 100_000)
+        auth = {"Authorization": f"Bearer {create_key(client, 'acme')}"}
+        stack = Stack(tmp_path, RECKON_REDIS_CLUSTER=nodes.spec, RECKON_SHARDS=str(cluster.SHARDS),
+                      RECKON_REPLICAS_TO_ACK="1", RECKON_ACK_TIMEOUT_MS="1000")
+        try:
+            stack.start_provider(delay=0.1)
+            stack.start_web()
+            stack.start_worker()
+            stack.start_sweeper()
+            accepted: dict[str, str] = {}
+            acked_at: list[float] = []
+            refused: list[int] = []
+
+            def submit() -> None:
+                for n in range(JOBS):
+                    while True:
+                        status, headers, _ = stack.api("POST", "/v1/jobs", BODY, **auth,
+                                                       **{"Idempotency-Key": f"k{n}"})
+                        if status == 202:
+                            accepted[f"k{n}"] = headers["location"].rsplit("/", 1)[1]
+                            acked_at.append(time.monotonic())
+                            break
+                        refused.append(status)
+                        time.sleep(0.2)
+
+            submitting = threading.Thread(target=submit)
+            submitting.start()
+            wait_until(lambda: len(accepted) >= JOBS // 3, timeout=30)
+            slot = key_slot(f"{{s{TenantKeys('acme').shard.n}}}".encode())
+            primary = cluster.owner_of(nodes, slot)
+            killed_at = time.monotonic()
+            nodes.node(primary).kill()
+            wait_until(lambda: cluster.owner_of(nodes, slot, default=primary) != primary, timeout=30)
+            promoted_after = time.monotonic() - killed_at
+            submitting.join(timeout=90)
+
+            assert set(accepted) == {f"k{n}" for n in range(JOBS)} and len(set(accepted.values())) == JOBS
+            wait_until(lambda: all(finished(store, job_id) for job_id in accepted.values()), timeout=90)
+            assert {store.job(job_id)["state"] for job_id in accepted.values()} == {"completed"}
+            charges = stack.charges()
+            assert len(charges["charges"]) == JOBS  # one provider execution per acknowledged job
+            paid = charges["total_units"]
+            assert paid == JOBS * 20 and store.ledger("acme") == {
+                "allowance": 100_000, "reserved": 0, "uncertain": 0, "settled": paid, "available": 100_000 - paid}
+            assert audit(client, ["acme"]) == []
+            assert set(refused) <= {503}
+            gaps = [b - a for a, b in zip(acked_at, acked_at[1:], strict=False)]
+            print(f"primary killed: replica promoted after {promoted_after:.1f} s; longest pause between 202s "
+                  f"{max(gaps):.1f} s; {len(refused)} answers 503 meanwhile")
+        finally:
+            stack.stop()
+    finally:
+        client.close()
+        nodes.stop()
