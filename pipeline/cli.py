@@ -11,7 +11,7 @@ import orjson
 
 from . import admission, keys
 from .blobs import open_blobs
-from .errors import IncompleteOutputs, InsufficientAllowance, NotAllowed, WrongShards
+from .errors import BlobUnreadable, IncompleteOutputs, InsufficientAllowance, NotAllowed, WrongShards
 from .executor import BUDGET
 from .fleet import DEFAULT_SERVER
 from .jobs import State, iso
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None, store: Store | None = None) -> int:
         store = store or open_store(settings, wait_s=0)
         return args.run(store, args)
     except (TenantError, NotAllowed, InsufficientAllowance, IncompleteOutputs, WrongShards,
-            MigrationRefused) as exc:
+            MigrationRefused, BlobUnreadable) as exc:
         print(f"reckon: {exc}", file=sys.stderr)
         return 1
 

@@ -111,19 +111,36 @@ class S3BlobStore:
         """Delete every blob under the prefix not in ``keep`` and older than ``min_age_s``; returns
         (removed, kept). Ages are measured on the service's clock (its Date header against the
         objects' LastModified), so a host clock that drifts cannot make a fresh blob look old.
-        Objects that are not blobs (other names under the prefix) are neither counted nor touched."""
+        Objects that are not blobs (other names under the prefix) are neither counted nor touched.
+
+        ``keep`` is read before the listing, which may take minutes: a blob old and held by no job
+        then may be written again by a new job meanwhile (the same bytes) and recorded. So each
+        page is decided on its own, and each blob to go is looked at again (HEAD) just before its
+        batch is deleted: one written again is young and stays. What remains is the moment between
+        that HEAD and the delete, as between the local store's stat and unlink."""
         keep = set(keep)
-        doomed: list[str] = []
-        kept = 0
-        for page, objects in self._pages():
-            cutoff = (_service_time(page) if now is None else now) - min_age_s
-            for obj in objects:
-                if obj["digest"] in keep or obj["modified"] > cutoff:
-                    kept += 1
-                else:
-                    doomed.append(obj["key"])
-        failed = self._delete(doomed)
-        return len(doomed) - failed, kept + failed
+        removed = kept = 0
+        try:
+            for page, objects in self._pages():
+                cutoff = (_service_time(page) if now is None else now) - min_age_s
+                old = [obj["key"] for obj in objects if obj["digest"] not in keep and obj["modified"] <= cutoff]
+                doomed = [key for key in old if self._still_old(key, min_age_s, now)]
+                failed = self._delete(doomed)
+                removed += len(doomed) - failed
+                kept += len(objects) - len(doomed) + failed
+        except (ClientError, BotoCoreError) as exc:
+            raise BlobUnreadable(f"stored outputs cannot be listed or removed ({_code(exc)})") from None
+        return removed, kept
+
+    def _still_old(self, key: str, min_age_s: float, now: float | None) -> bool:
+        """Whether the object is still there and older than ``min_age_s`` (service clock), now."""
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if _code(exc) in NOT_FOUND:
+                return False
+            raise
+        return head["LastModified"].timestamp() <= (_service_time(dict(head)) if now is None else now) - min_age_s
 
     def _pages(self) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
         paginator = self.client.get_paginator("list_objects_v2")

@@ -204,3 +204,32 @@ def test_a_local_blob_written_again_is_young_again(tmp_path: Path) -> None:
     os.utime(blobs.path(digest), (hour_ago, hour_ago))
     assert blobs.put(IMAGE) == digest  # a new job made the same bytes and will record them
     assert blobs.collect(set(), min_age_s=3600) == (0, 1)
+
+
+def test_s3_gc_keeps_a_blob_written_again_while_it_lists(s3: S3Server) -> None:
+    """An old blob nobody held is written again by a new job (the same bytes) and recorded while gc is
+    listing, after gc read what jobs hold: gc looks at it again before deleting, and it stays."""
+    bucket = s3.bucket()
+    worker, gc = S3BlobStore(s3.client(), bucket, "out"), S3BlobStore(s3.client(), bucket, "out")
+    digest = worker.put(IMAGE)
+    time.sleep(2.1)  # older than the collect's minimum age below
+
+    def written_again(**_: object) -> None:
+        assert worker.put(IMAGE) == digest
+
+    gc.client.meta.events.register("after-call.s3.ListObjectsV2", written_again)  # a real put, timed
+    assert gc.collect(set(), min_age_s=2) == (0, 1)
+    assert worker.read(digest) == IMAGE
+
+
+def test_s3_gc_that_fails_names_no_bucket(store, s3: S3Server, monkeypatch, capsys) -> None:
+    blobs = S3BlobStore(s3.client(), "reckon-no-such-bucket", "tenant-x")
+    with pytest.raises(BlobUnreadable, match=r"^stored outputs cannot be listed or removed \(NoSuchBucket\)$"):
+        blobs.collect(set(), min_age_s=0)
+    monkeypatch.setenv("RECKON_BLOB_URL", "s3://reckon-no-such-bucket/tenant-x")
+    monkeypatch.setenv("RECKON_S3_ENDPOINT", s3.endpoint)
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["blobs", "gc"], store=store) == 1
+    err = capsys.readouterr().err
+    assert err == "reckon: stored outputs cannot be listed or removed (NoSuchBucket)\n"
