@@ -14,12 +14,13 @@
 -- ARGV[1] job id
 -- ARGV[2] now (ms; '' = Redis's clock)
 --
--- Returns {0 OK}
+-- Returns {0 OK, 1 if this call took the job out of the outbox, else 0}: of two sweepers
+-- republishing the same entry, only the one that took it publishes.
 
-redis.call('ZREM', KEYS[1], ARGV[1])
+local taken = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[3], 'XX', clock(ARGV[2]), ARGV[1])
 local seen = redis.call('HMGET', KEYS[2], 'job_id', 'state')
 if seen[1] == ARGV[1] and seen[2] == 'pending' then
   redis.call('HSET', KEYS[2], 'state', 'done')
 end
-return {0}
+return {0, taken}

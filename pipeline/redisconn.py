@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -26,6 +26,7 @@ SOCKET_TIMEOUT_S = 10.0
 #: How long a question to one Sentinel may take (s) before the next Sentinel is asked.
 SENTINEL_TIMEOUT_S = 1.0
 SENTINEL_SCHEME = "redis+sentinel"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,22 @@ def broker_client(settings: Settings) -> redis.Redis:
     return client_for(settings.broker_url, decode=False)
 
 
-def connection_for(client: Any, key: str) -> Any:
-    """A client of the one server that holds ``key``: the node's own client in a Cluster, the client
-    itself otherwise. ``WAIT`` covers the writes of its own connection only, so a durable write and
-    its ``WAIT`` go to this client, in one pipeline."""
-    if isinstance(client, RedisCluster):
-        return client.get_node_from_key(key).redis_connection
-    return client
+#: Errors from a Cluster node that mean it is gone or no longer holds the slot asked about.
+STALE_NODE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.MovedError,
+              redis.exceptions.AskError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
+              redis.exceptions.ReadOnlyError)
+
+
+def on_node(client: Any, key: str, call: Callable[[Any], T]) -> T:
+    """``call`` with a client of the one server that holds ``key``: the node's own client in a
+    Cluster, the client itself otherwise. For what must run on one server and one connection (a
+    durable write and its ``WAIT``; the clock of a shard's primary). It bypasses RedisCluster's own
+    redirect handling, so a node gone or no longer owning the slot makes the cluster client learn
+    the slots anew before the error is raised: the caller's next try goes to the new owner."""
+    if not isinstance(client, RedisCluster):
+        return call(client)
+    try:
+        return call(client.get_node_from_key(key).redis_connection)
+    except STALE_NODE:
+        client.nodes_manager.initialize()
+        raise

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import redis
-from redis.cluster import RedisCluster
 
 from .errors import IncompleteOutputs, NotAllowed, ReckonError, ScriptError, StaleLease
-from .redisconn import connection_for
+from .redisconn import on_node
 from .settings import DEFAULT_ACK_TIMEOUT_MS, Settings
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
@@ -37,10 +36,6 @@ _MOVE_FIELDS = ("job", "from", "to", "reason", "attempt", "generation", "error_c
 #: A durable call's marker write lives this long (ms): a key per hash tag, ``reckon:{tag}:ack``.
 ACK_KEY_MS = 60_000
 _TAG_RE = re.compile(r"\{[^}]*\}")
-#: Errors of a durable call that mean the node it went to is gone or no longer holds the keys' slot.
-_STALE_NODE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.MovedError,
-               redis.exceptions.AskError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
-               redis.exceptions.ReadOnlyError)
 
 state_log = logging.getLogger("reckon.state")
 
@@ -158,13 +153,11 @@ class Scripts:
         WAIT waits for the connection's last write. A script that wrote nothing (a replay of an
         admission another connection wrote) would leave an older offset, so a marker write in the
         keys' own slot (``reckon:{tag}:ack``) carries the offset up to now, on one server and on a
-        Cluster node alike. This pipeline bypasses RedisCluster's own redirect handling, so a node
-        that is gone or no longer owns the slot makes the cluster client learn the slots anew
-        before the error is raised: the caller's retry goes to the new owner."""
+        Cluster node alike."""
         tag = _TAG_RE.search(keys[0])
         marker = f"reckon:{tag.group(0) if tag else ''}:ack"
-        try:
-            client = connection_for(script.registered_client, keys[0])
+
+        def run(client: Any) -> tuple[Any, int]:
             for _ in range(2):
                 with client.pipeline(transaction=False) as pipe:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
@@ -177,11 +170,9 @@ class Scripts:
             for item in (reply, acked):
                 if isinstance(item, Exception):
                     raise item
-        except _STALE_NODE:
-            if isinstance(script.registered_client, RedisCluster):
-                script.registered_client.nodes_manager.initialize()
-            raise
-        return reply, int(acked)
+            return reply, int(acked)
+
+        return on_node(script.registered_client, keys[0], run)
 
 
 def _text(item: Any) -> Any:

@@ -159,9 +159,14 @@ class Store(Reads):
         if recorded != keys.shard_count():
             raise WrongShards(f"RECKON_SHARDS is {keys.shard_count()} but this Redis holds {recorded} shards")
 
-    def server_ms(self) -> int:
-        """Redis's clock (ms): the one clock that decides leases and due times."""
-        seconds, micros = self.redis.time()
+    def server_ms(self, shard: keys.ShardKeys | None = None) -> int:
+        """Redis's clock (ms): the one clock that decides leases and due times. On a Cluster each
+        primary's clock judges its own shards (their leases were stamped by it): ``shard`` asks
+        the primary that holds that shard."""
+        if shard is None:
+            seconds, micros = self.redis.time()
+        else:
+            seconds, micros = redisconn.on_node(self.redis, shard.wake, lambda node: node.time())
         return int(seconds) * 1000 + int(micros) // 1000
 
     # -- writes (each one Lua script) ---------------------------------------------
@@ -201,9 +206,12 @@ class Store(Reads):
             return Admission(code, reply[1], created_ms=int(reply[2]))
         return Admission(code, reply[1])
 
-    def confirm_published(self, job_id: str, idem_key: str, *, now_ms: int | None = None) -> None:
+    def confirm_published(self, job_id: str, idem_key: str, *, now_ms: int | None = None) -> bool:
+        """The job's message is (or is about to be) in the broker; True if this call took the job
+        out of the outbox (False: someone else did)."""
         t = JobKeys(job_id).tenant
-        self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key), t.queued], [job_id, _at(now_ms)])
+        reply = self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key), t.queued], [job_id, _at(now_ms)])
+        return bool(reply[1])
 
     def claim(
         self, job_id: str, *, worker: str, lease_ms: int, operation_id: str, servers: Mapping[str, int],

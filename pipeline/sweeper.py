@@ -39,8 +39,11 @@ from .store import Store, open_store
 log = logging.getLogger(__name__)
 #: Jobs handled per index per tenant in one visit; the tenant stays due for the rest.
 BATCH = 500
-#: Tenants taken per pass; more wait for the next pass.
+#: Tenants taken per pass and shard; more wait for the next pass.
 TENANTS_PER_PASS = 1000
+#: Tenants taken (and held) at a time: the hold must outlast the visits of one batch, not a whole
+#: pass, before another sweeper may take them too.
+TAKE_BATCH = 20
 #: A sweeper that starts drops the heartbeat fields of sweepers silent this long (ms), so the hash
 #: names the sweepers of the last hour, not every pid since install.
 FORGET_MS = 3_600_000
@@ -63,8 +66,9 @@ class Sweeper:
         self.hold_ms = int(settings.sweep_hold_seconds * 1000)
         self.name = f"{socket.gethostname()}/{os.getpid()}"
 
-    def now_ms(self) -> int:
-        return self.store.server_ms() if self.clock is None else int(self.clock() * 1000)
+    def now_ms(self, shard: keys.ShardKeys | None = None) -> int:
+        """Redis's clock; on a Cluster, that of the primary holding ``shard`` (it stamped its leases)."""
+        return self.store.server_ms(shard) if self.clock is None else int(self.clock() * 1000)
 
     def sweep_once(self) -> Counter[str]:
         """One pass over the tenants with due work; returns how many jobs each step moved."""
@@ -75,15 +79,25 @@ class Sweeper:
             for job_id in self.store.unpark(shard, self.servers):
                 self.publish(job_id, "unparked")
                 done["unparked"] += 1
-            for tenant in self.store.take_due(shard, limit=TENANTS_PER_PASS, hold_ms=self.hold_ms, now_ms=now):
-                try:
-                    self._visit(TenantKeys(tenant), now, done)
-                except Exception:  # one tenant's failure must not hold up the others
-                    log.exception("sweep of tenant %s failed; it is visited again next pass", tenant)
-                finally:
-                    self.store.rearm(tenant, window_ms=self.window_ms, retention_ms=self.retention_ms)
-                faultpoints.reached("sweep_visited")  # crash tests: die holding the pass's other tenants
+            taken = 0
+            while taken < TENANTS_PER_PASS:
+                now = self.now_ms(shard)  # each batch is held from when it is taken
+                tenants = self.store.take_due(shard, limit=TAKE_BATCH, hold_ms=self.hold_ms, now_ms=now)
+                for tenant in tenants:
+                    self._visit_and_rearm(tenant, now, done)
+                    faultpoints.reached("sweep_visited")  # crash tests: die holding the batch's other tenants
+                taken += len(tenants)
+                if len(tenants) < TAKE_BATCH:
+                    break
         return +done  # only the steps that moved something
+
+    def _visit_and_rearm(self, tenant: str, now: int, done: Counter[str]) -> None:
+        try:
+            self._visit(TenantKeys(tenant), now, done)
+        except Exception:  # one tenant's failure must not hold up the others
+            log.exception("sweep of tenant %s failed; it is visited again next pass", tenant)
+        finally:
+            self.store.rearm(tenant, window_ms=self.window_ms, retention_ms=self.retention_ms)
 
     def _visit(self, t: TenantKeys, now: int, done: Counter[str]) -> None:
         due = self._due(t, now)
@@ -121,11 +135,14 @@ class Sweeper:
         return 1
 
     def _republish(self, job_id: str, now: int) -> int:
+        """Publish an admitted job whose publication was not confirmed. The outbox entry is taken
+        first, so of two sweepers on one tenant (a visit longer than the hold) one publishes; one
+        that dies between the take and the publish leaves a queued job the redelivery sends."""
         record = self.store.job(job_id) or {}
-        sent = record.get("state") == "queued"
+        taken = self.store.confirm_published(job_id, record.get("idem_key", ""), now_ms=now)
+        sent = taken and record.get("state") == "queued"
         if sent:
             self.publish(job_id, record["priority"])
-        self.store.confirm_published(job_id, record.get("idem_key", ""), now_ms=now)
         return int(sent)
 
     def forget_stopped(self) -> list[str]:

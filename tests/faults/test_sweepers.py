@@ -23,6 +23,7 @@ import redis
 from pipeline import keys
 from pipeline.jobs import Admitter
 from pipeline.keys import TenantKeys
+from pipeline.sweeper import TAKE_BATCH
 from pipeline.tenants import create_tenant
 from tests.conftest import REDIS_PORT, wait_until
 from tests.faults.conftest import BIN
@@ -119,12 +120,12 @@ def test_a_sweeper_killed_mid_pass_leaves_its_tenants_to_the_other_when_the_hold
     tenants = [f"t{n:03d}" for n in range(40)]
     jobs = retries(store, settings, tenants, delay_ms=lambda i: 0)  # all due at once
     stack.start("dying", str(BIN / "python"), "-m", "pipeline.sweeper", pause_at="sweep_visited")
-    wait_until(stack.pause_file("dying").exists, timeout=20)  # one tenant visited, the pass's 39 others held
+    wait_until(stack.pause_file("dying").exists, timeout=20)  # one tenant visited, its batch's 19 others held
     taken = [job_id for job_id in jobs if events_after_retry(store, job_id)]
-    assert len(taken) == 1
+    assert len(taken) == 1 and jobs[taken[0]] == "t000"  # due at once: taken in name order
     pass_ms = events_after_retry(store, taken[0])[0]["at"]  # the pass's clock: its take-due held until +hold
     survivor = start_sweeper(stack, store, "survivor")
-    stack.kill("dying")  # SIGKILL while holding the 39 tenants
+    stack.kill("dying")  # SIGKILL while holding 19 tenants
     killed = time.monotonic()
     wait_until(lambda: done(store, jobs), timeout=hold_ms / 1000 + 30)
     after_kill = time.monotonic() - killed
@@ -133,8 +134,12 @@ def test_a_sweeper_killed_mid_pass_leaves_its_tenants_to_the_other_when_the_hold
     assert Counter(promotions(stack.logs / "survivor.log")) == Counter(rest)
     assert promotions(stack.logs / "dying.log") == taken
     assert [len(events_after_retry(store, job_id)) for job_id in jobs] == [1] * 40  # no job moved twice
-    moved_at = [events_after_retry(store, job_id)[0]["at"] for job_id in rest]
+    held = [job_id for job_id in rest if jobs[job_id] < f"t{TAKE_BATCH:03d}"]
+    assert len(held) == TAKE_BATCH - 1
+    moved_at = [events_after_retry(store, job_id)[0]["at"] for job_id in held]
     assert min(moved_at) >= pass_ms + hold_ms  # nobody touched a held tenant before its hold ended
+    free_at = [events_after_retry(store, job_id)[0]["at"] for job_id in rest if job_id not in held]
+    assert max(free_at) < pass_ms + hold_ms  # the tenants it had not taken yet went to the other at once
     assert moved(stack.logs / "survivor.log") == {"retries_promoted": 39, "republished": 40}
     assert messages() == Counter(dict.fromkeys(jobs, 1))
     assert store.redis.hget(keys.SWEEPER, "by") == survivor

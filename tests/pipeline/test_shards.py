@@ -6,10 +6,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
+
+import redis
+from redis.cluster import RedisCluster
 
 from pipeline import keys
+from pipeline.settings import Settings
 from pipeline.store import Store
+from pipeline.sweeper import Sweeper
 from pipeline.tenants import create_tenant
+from tests import cluster
 from tests.faults.conftest import ROOT
 
 #: Every test here runs against one redis-server and against a Redis Cluster (tests/conftest.py).
@@ -64,3 +71,27 @@ def test_a_primary_without_the_scripts_gets_them_again(store: Store) -> None:
     assert node.script_exists(sha) == [False]
     assert store.take_due(shard, limit=10, hold_ms=1000) == []  # NOSCRIPT: loaded again, run again
     assert node.script_exists(sha) == [True]
+
+
+def test_each_shard_is_judged_by_the_clock_of_its_own_primary(redis_cluster: cluster.Cluster) -> None:
+    """Leases are stamped by the clock of the primary that holds their shard (each script reads its
+    own TIME); the sweeper must compare them with that clock, not with one node's for all shards:
+    a primary whose host clock is a minute off would have every lease on it expire early or late.
+    (libfaketime cannot run redis-server, so this checks where the time is asked.)"""
+    client = redis_cluster.client()
+    try:
+        client.flushall()
+        store = Store(client, shards=cluster.SHARDS)
+        owners = Counter(client.get_node_from_key(shard.wake).port for shard in keys.shards())
+        assert len(owners) == 3  # the shards are spread over the three primaries
+        client.config_resetstat(target_nodes=RedisCluster.PRIMARIES)
+        Sweeper(store, lambda *message: None, Settings()).sweep_once()
+        times = {port: _calls(port, "time") for port in redis_cluster.ports}
+        assert all(times[port] >= owners[port] for port in redis_cluster.ports)  # each shard asked its own
+    finally:
+        client.close()
+
+
+def _calls(port: int, command: str) -> int:
+    with redis.Redis(port=port) as node:
+        return int(node.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
