@@ -60,15 +60,19 @@ def test_sentinel_settings_give_state_database_0_and_broker_database_1() -> None
     assert Settings.from_env({}).replicas_to_ack == 0  # single server: no WAIT
 
 
+def durable_api(primary: int, *, timeout_ms: int) -> tuple[Store, testing.TestClient, dict[str, str]]:
+    """The API on a store whose writes wait for one replica; tenant acme's headers for key k1."""
+    store = durable_store(primary, replicas=1, timeout_ms=timeout_ms)
+    create_tenant(store.redis, "acme", 1_000)
+    app = testing.TestClient(create_app(Settings(), store=store, publish=lambda job_id, priority: None))
+    return store, app, {"Authorization": f"Bearer {create_key(store.redis, 'acme')}", "Idempotency-Key": "k1"}
+
+
 def test_a_durable_write_is_on_the_replica_when_it_returns(procs: RedisProcs) -> None:
     primary = procs.server()
     replica = procs.server(replica_of=primary)
-    store = durable_store(primary, replicas=1, timeout_ms=5000)
-    create_tenant(store.redis, "acme", 1_000)
-    app = testing.TestClient(create_app(Settings(), store=store, publish=lambda job_id, priority: None))
-    key = create_key(store.redis, "acme")
-    result = app.simulate_post("/v1/jobs", json=job_body(), headers={"Authorization": f"Bearer {key}",
-                                                                        "Idempotency-Key": "k1"})
+    store, app, headers = durable_api(primary, timeout_ms=5000)
+    result = app.simulate_post("/v1/jobs", json=job_body(), headers=headers)
     assert result.status_code == 202
     job_id = result.headers["location"].rsplit("/", 1)[1]
     assert procs.client(replica).hget(JobKeys(job_id).record, "state") == "queued"  # read at once, no wait
@@ -124,10 +128,7 @@ def test_a_refusal_under_a_wait_timeout_is_answered_as_the_refusal_it_is(procs: 
 def test_a_replay_waits_for_the_write_it_replays(procs: RedisProcs) -> None:
     primary = procs.server()
     replica = procs.server(replica_of=primary)
-    store = durable_store(primary, replicas=1, timeout_ms=2000)
-    create_tenant(store.redis, "acme", 1_000)
-    app = testing.TestClient(create_app(Settings(), store=store, publish=lambda job_id, _: None))
-    headers = {"Authorization": f"Bearer {create_key(store.redis, 'acme')}", "Idempotency-Key": "k1"}
+    _, app, headers = durable_api(primary, timeout_ms=2000)
     assert app.simulate_post("/v1/jobs", json=job_body(), headers=headers).status_code == 202
     procs.client(replica).replicaof("no", "one")  # the replica leaves: nothing confirms any more
     other = durable_store(primary, replicas=1, timeout_ms=100)  # another process, its own connections
