@@ -12,6 +12,7 @@ import falcon
 import falcon.media
 import orjson
 import redis
+from redis.exceptions import RedisClusterException
 
 from pipeline.blobs import open_blobs
 from pipeline.errors import (
@@ -117,3 +118,5 @@ _ERROR_HANDLERS = {
         503, "state-unavailable", "Service unavailable", "job state cannot be read or written now; nothing was changed",
         headers={"Retry-After": "1"})),
 }
+# A Redis Cluster none of whose nodes answers raises RedisClusterException, which is no RedisError.
+_ERROR_HANDLERS[RedisClusterException] = _ERROR_HANDLERS[redis.RedisError]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import dramatiq
@@ -26,6 +27,7 @@ dramatiq.set_broker(broker)
 TIME_LIMIT_MS = 25 * 3600 * 1000
 
 _executor: Executor | None = None
+_building = threading.Lock()
 _router: Router | None = None
 
 
@@ -40,9 +42,13 @@ def adapter(server: Server) -> ComfyUI:
 
 
 def executor() -> Executor:
+    """This worker process's executor, built by the first message's thread (the others wait for it).
+    Redis not answering fails that message at once (the job stays queued and is sent again)."""
     global _executor
-    if _executor is None:
-        _executor = Executor(open_store(settings), Fleet(settings.servers(), adapter), open_blobs(settings), settings)
+    with _building:
+        if _executor is None:
+            _executor = Executor(open_store(settings, wait_s=0), Fleet(settings.servers(), adapter),
+                                 open_blobs(settings), settings)
     return _executor
 
 

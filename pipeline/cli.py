@@ -323,6 +323,7 @@ def parser() -> argparse.ArgumentParser:
     migrate_ = verbs.add_parser("keys").add_subparsers(dest="verb", required=True).add_parser(
         "migrate", help="rename a Redis written before shards into the shard layout (every reckon process stopped)")
     migrate_.add_argument("--dry-run", action="store_true", help="count what would move, change nothing")
+    migrate_.add_argument("--resume", action="store_true", help="finish a migration that was interrupted")
     migrate_.set_defaults(run=keys_migrate)
     blobs = verbs.add_parser("blobs").add_subparsers(dest="verb", required=True)
     gc = blobs.add_parser("gc", help="delete stored outputs no job on record holds (after retention purged them)")
@@ -385,7 +386,8 @@ def _key_commands(key: Any) -> None:
 
 
 def keys_migrate(store: Store, args: argparse.Namespace) -> int:
-    _print({"shards": keys.shard_count(), "dry_run": args.dry_run, **migrate(store.redis, dry_run=args.dry_run)})
+    moved = migrate(store.redis, dry_run=args.dry_run, resume=args.resume)
+    _print({"shards": keys.shard_count(), "dry_run": args.dry_run, **moved})
     return 0
 
 

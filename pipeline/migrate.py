@@ -4,7 +4,9 @@ Before shards a tenant's keys were ``reckon:{t:<tenant>}:<suffix>`` (its jobs'
 ``reckon:{t:<tenant>}:job:<id>...``), and the figures, indexes, wake set, fleet hash and admission
 settings were single keys (``reckon:stats``...). Run it on the one server that holds them, with
 every reckon process stopped: it works by ``RENAME``, key by key, and refuses a Redis that holds
-keys of the new layout already. With one shard each old key has exactly one new name, so
+keys of the new layout already, unless told to resume one that was interrupted (every step is
+safe to repeat: a key renamed is not found again, the shards' sets and figures are written whole).
+With one shard each old key has exactly one new name, so
 everything (counters, slots in use, leases) carries over. With more shards the fleet's slots in
 use cannot be split between shards: it refuses unless no prompt is in flight, then splits the
 tenants, wake entries and parked jobs by shard, copies stops and admission settings to every
@@ -17,6 +19,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 from typing import Any
+
+import redis
 
 from . import keys, status
 from .keys import JobKeys, ShardKeys, TenantKeys
@@ -44,27 +48,40 @@ def new_name(old: str) -> str:
     return TenantKeys(tenant)._k(rest)
 
 
-def migrate(client: Any, *, dry_run: bool = False) -> dict[str, int]:
-    """Rename every pre-shard key (see the module's text); returns what was (or would be) moved."""
-    if any(key != ShardKeys(0).meta for key in client.scan_iter(match="reckon:{s*", count=1000)):
-        raise MigrationRefused("this Redis holds keys of the shard layout already")
+def migrate(client: Any, *, dry_run: bool = False, resume: bool = False) -> dict[str, int]:
+    """Rename every pre-shard key (see the module's text); returns what was (or would be) moved.
+    ``resume``: finish a migration that was interrupted (the shard layout exists in part)."""
+    if not resume and any(key != ShardKeys(0).meta for key in client.scan_iter(match="reckon:{s*", count=1000)):
+        raise MigrationRefused("this Redis holds keys of the shard layout already (--resume finishes a migration)")
     renames = [(old, new_name(old)) for old in client.scan_iter(match="reckon:{t:*", count=1000)]
     found = {name: key for name, key in OLD_GLOBALS.items() if client.exists(key)}
     if keys.shard_count() > 1:
         fleet = client.hgetall(OLD_GLOBALS["fleet"])
         if any(field.startswith("w:") or (field.startswith("busy:") and int(value)) for field, value in fleet.items()):
             raise MigrationRefused("prompts are in flight: with more than one shard, let them end first")
-    moved = Counter(tenant_keys=len(renames), shared_keys=len(found))
+    moved = Counter(tenant_keys=len(renames), shared_keys=len(found), expired=0)
     if dry_run:
         return dict(moved)
     for old, new in renames:
-        client.rename(old, new)
+        moved["expired"] += not _rename(client, old, new)
     if keys.shard_count() == 1:
         for name, old in found.items():
-            client.rename(old, getattr(ShardKeys(0), name))
+            _rename(client, old, getattr(ShardKeys(0), name))
     else:
         _split(client, found)
+    moved["tenant_keys"] -= moved["expired"]
     return dict(moved)
+
+
+def _rename(client: Any, old: str, new: str) -> bool:
+    """RENAME; False if the key is gone (an idempotency record that expired since the SCAN)."""
+    try:
+        client.rename(old, new)
+    except redis.ResponseError as exc:
+        if "no such key" not in str(exc).lower():
+            raise
+        return False
+    return True
 
 
 def _split(client: Any, found: dict[str, str]) -> None:

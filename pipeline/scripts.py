@@ -64,8 +64,9 @@ class Code(IntEnum):
     INFEASIBLE = 18
 
 
-#: The codes of a script that changed state (its other codes are refusals that wrote nothing,
-#: or only a counter): a durable call raises ReplicationTimeout only after one of these.
+#: The codes of a script that changed state; its other codes are refusals, which write nothing or
+#: what is harmless to lose (a counter; a claim's parking or expiry, which its caller acts on only
+#: in Redis): a durable call raises ReplicationTimeout only after one of these.
 _WROTE = (Code.OK, Code.CREATED, Code.REPLAYED)
 
 
@@ -142,7 +143,7 @@ class Scripts:
             change["attempt"], change["generation"] = int(change["attempt"]), int(change["generation"])
             state_log.info("state change", extra=change)
         result = [_text(item) for item in reply[0]] if reply else []
-        if acked < self.replicas and result and result[0] in _WROTE:  # a refusal wrote nothing to lose
+        if acked < self.replicas and result and result[0] in _WROTE:  # a refusal's writes are harmless to lose
             raise ReplicationTimeout(verb, acked, self.replicas, result)
         return result
 

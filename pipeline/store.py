@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 import redis
+from redis.exceptions import RedisClusterException
 
 from . import keys, redisconn
 from .errors import (
@@ -50,18 +51,18 @@ def open_store(settings: Settings, *, check: bool = True, wait_s: float = STARTU
     scripts with the settings' durability, and the shard count, checked against the one the state
     records unless ``check`` is False (the API checks it at readiness). Redis not answering (not up
     yet, a failover under way) is waited for up to ``wait_s``; a wrong count is refused at once."""
-    client = redisconn.connect(settings)
-    store = Store(client, Scripts.of(client, settings), shards=settings.shards)
     deadline = time.monotonic() + wait_s
-    while check:
+    while True:
         try:
-            store.check_shards()
-            break
-        except (redis.ConnectionError, redis.TimeoutError):
+            client = redisconn.connect(settings)  # a RedisCluster asks its nodes for the slots right away
+            store = Store(client, Scripts.of(client, settings), shards=settings.shards)
+            if check:
+                store.check_shards()
+            return store
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-    return store
 
 
 @dataclass(frozen=True)

@@ -30,21 +30,17 @@ def main(argv: list[str] | None = None) -> int:
 def check_shards() -> None:
     """Refuse to start with another shard count than the state holds (``Store.check_shards``): a
     worker that started would fail every message it takes. Redis not answering yet is no reason to
-    stop: each worker checks again before its first job."""
+    stop: each worker process checks again before its first job."""
     import redis
+    from redis.exceptions import RedisClusterException
 
-    from .redisconn import connect
     from .settings import Settings
-    from .store import Store
+    from .store import open_store
 
-    settings = Settings.from_env()
-    client = connect(settings)
     try:
-        Store(client, shards=settings.shards).check_shards()
-    except redis.ConnectionError:
+        open_store(Settings.from_env()).redis.close()
+    except (redis.ConnectionError, redis.TimeoutError, RedisClusterException):
         pass
-    finally:
-        client.close()
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ def restore(client: Any) -> dict[str, str]:
 def test_one_shard_takes_every_key_over_as_it_was(store: Store, settings, make_executor, sim) -> None:
     ledger = restore(store.redis)
     lease = store.redis.zscore("reckon:{t:acme}:leases", JOBS["running"])
-    assert migrate(store.redis, dry_run=True) == {"tenant_keys": 33, "shared_keys": 7}
+    assert migrate(store.redis, dry_run=True) == {"tenant_keys": 33, "shared_keys": 7, "expired": 0}
     assert len(store.redis.keys("reckon:{t:*")) == 33  # a dry run changes nothing
-    assert migrate(store.redis) == {"tenant_keys": 33, "shared_keys": 7}
+    assert migrate(store.redis) == {"tenant_keys": 33, "shared_keys": 7, "expired": 0}
     assert store.redis.keys("reckon:{t:*") == [] and store.redis.exists("reckon:stats", "reckon:fleet") == 0
     assert store.redis.hgetall(keys.TenantKeys("acme").ledger) == ledger
     assert store.tenants() == ["acme", "zeta"] and len(list_keys(store.redis, "zeta")) == 1
@@ -76,3 +76,36 @@ def test_more_shards_wait_until_no_prompt_is_in_flight(store: Store) -> None:
     assert store.redis.zrange(shards["zeta"].queue, 0, -1) == [JOBS["zeta"]]
     assert audit(store.redis, store.tenants()) == []
     assert store.redis.exists(*[f"reckon:{name}" for name in ("stats", "queue", "due", "wake", "fleet")]) == 0
+
+
+class Interrupted:
+    """The state client of a migration: the idempotency record ``gone`` expires as the renames
+    start (after the SCAN found it), and the process dies after ``renames`` renames."""
+
+    def __init__(self, client: Any, renames: int) -> None:
+        self.client, self.left = client, renames
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def rename(self, old: str, new: str) -> Any:
+        self.client.delete("reckon:{t:acme}:idem:gone")
+        if not self.left:
+            raise KeyboardInterrupt("the operator's shell went away")
+        self.left -= 1
+        return self.client.rename(old, new)
+
+
+def test_an_interrupted_migration_is_finished_by_resuming_it(store: Store) -> None:
+    ledger = restore(store.redis)
+    store.redis.set("reckon:{t:acme}:idem:gone", "", ex=60)
+    with pytest.raises(KeyboardInterrupt):
+        migrate(Interrupted(store.redis, 10))
+    left = len(store.redis.keys("reckon:{t:*"))
+    renamed = len([key for key in store.redis.keys("reckon:{s0}:*") if key != keys.ShardKeys(0).meta])
+    assert left + renamed == 33 and renamed in (9, 10)  # the expired record is gone, no other key lost
+    with pytest.raises(MigrationRefused, match="--resume finishes a migration"):
+        migrate(store.redis)
+    assert migrate(store.redis, resume=True) == {"tenant_keys": left, "shared_keys": 7, "expired": 0}
+    assert store.redis.keys("reckon:{t:*") == [] and store.redis.hgetall(keys.TenantKeys("acme").ledger) == ledger
+    assert audit(store.redis, store.tenants()) == []

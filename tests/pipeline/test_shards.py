@@ -83,7 +83,7 @@ def test_each_shard_is_judged_by_the_clock_of_its_own_primary(redis_cluster: clu
         client.flushall()
         store = Store(client, shards=cluster.SHARDS)
         owners = Counter(client.get_node_from_key(shard.wake).port for shard in keys.shards())
-        assert len(owners) == 3  # the shards are spread over the three primaries
+        assert len(owners) >= 2  # the shards are spread over the primaries
         client.config_resetstat(target_nodes=RedisCluster.PRIMARIES)
         Sweeper(store, lambda *message: None, Settings()).sweep_once()
         times = {port: _calls(port, "time") for port in redis_cluster.ports}
