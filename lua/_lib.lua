@@ -28,8 +28,9 @@ local function append_event(job, events, now, from, to, reason)
     seq = seq, at = tonumber(now), from = (from ~= '' and from) or cjson.null, to = to, reason = reason}))
 end
 
--- Figures over all tenants, kept in step by every script that moves a job or money, so
--- /metrics, `reckon status` and admission read them in O(1) whatever the number of tenants:
+-- Figures over all tenants of the shard (a script's keys are all in one shard, `{s<n>}`), kept in
+-- step by every script that moves a job or money, so /metrics, `reckon status` and admission read
+-- them in O(1) whatever the number of tenants (readers add the shards up):
 --   G.stats  hash: `jobs:<class>:<state>` counts, `ledger:<kind>` totals, counters, histograms,
 --            `service_ms:<class>` estimates (README "Metrics" lists every field);
 --   G.queue  zset: queued job id -> class rank + when it was queued (ms);

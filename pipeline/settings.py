@@ -87,7 +87,7 @@ DEFAULT_SSE_MAX_SECONDS = 15.0
 #: Event streams one web process serves at once (half its default 4 threads); more get 503.
 DEFAULT_SSE_MAX_STREAMS = 2
 #: Admission defaults, each overridable at run time with ``reckon admission set`` (hash
-#: ``reckon:admission``): queued jobs per workload class beyond which admission answers 503...
+#: ``reckon:{s<n>}:admission`` of every shard): queued jobs per workload class beyond which admission answers 503...
 DEFAULT_QUEUE_CAP_INTERACTIVE = 1000
 DEFAULT_QUEUE_CAP_BATCH = 10000
 #: ...and how long the oldest eligible interactive job may wait before batch work is shed (503).
