@@ -9,14 +9,17 @@ import sys
 from collections import Counter
 
 import redis
+from falcon import testing
 from redis.cluster import RedisCluster
 
+from api.app import create_app
 from pipeline import keys
 from pipeline.settings import Settings
 from pipeline.store import Store
 from pipeline.sweeper import Sweeper
-from pipeline.tenants import create_tenant
+from pipeline.tenants import create_key, create_tenant
 from tests import cluster
+from tests.api.conftest import job_body
 from tests.faults.conftest import ROOT
 
 #: Every test here runs against one redis-server and against a Redis Cluster (tests/conftest.py).
@@ -95,3 +98,20 @@ def test_each_shard_is_judged_by_the_clock_of_its_own_primary(redis_cluster: clu
 def _calls(port: int, command: str) -> int:
     with redis.Redis(port=port) as node:
         return int(node.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_a_cluster_with_no_node_answering_is_a_503_not_a_500(tmp_path, settings) -> None:
+    nodes = cluster.start(tmp_path)
+    client = nodes.client()
+    try:
+        store = Store(client, shards=cluster.SHARDS)
+        create_tenant(client, "acme", 1_000)
+        headers = {"Authorization": f"Bearer {create_key(client, 'acme')}", "Idempotency-Key": "k1"}
+        app = testing.TestClient(create_app(settings, store=store, publish=lambda job_id, priority: None))
+        nodes.stop()  # every primary gone at once
+        answer = app.simulate_post("/v1/jobs", json=job_body(), headers=headers)
+        assert (answer.status_code, answer.headers["retry-after"]) == (503, "1")
+        assert answer.json["type"] == "urn:reckon:problem:state-unavailable"
+    finally:
+        client.close()
+        nodes.stop()
