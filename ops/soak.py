@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 import soak_check as checks  # noqa: E402
 from bench import free_port  # noqa: E402
 
-from pipeline.keys import JobKeys, TenantKeys  # noqa: E402
+from pipeline.keys import JobKeys, TenantKeys, use_shards  # noqa: E402
 from pipeline.store import Store  # noqa: E402
 from pipeline.tenants import create_key, create_tenant  # noqa: E402
 
@@ -536,6 +536,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM, like Ctrl-C, stops the stack first
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
     rng = random.Random(opts.seed)
+    extra = dict(item.split("=", 1) for item in opts.env)
+    use_shards(int(extra.get("RECKON_SHARDS", "1")))  # this process reads the state as the stack writes it
     stack = Stack(Path(opts.workdir or tempfile.mkdtemp(prefix="reckon-soak-")), opts)
     try:
         stack.up()
