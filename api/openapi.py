@@ -126,7 +126,9 @@ SPEC: dict[str, Any] = {
                     "503": _problem("the class's queue is at its cap (queue-full), batch work is shed while "
                                     "interactive jobs wait past their target (load-shed), or job state cannot be "
                                     "read or written now (state-unavailable); Retry-After says when to try "
-                                    "again; nothing was written"),
+                                    "again; nothing was written. Or (replication-timeout) the job was written "
+                                    "on the primary but no replica confirmed it in time: the same request with "
+                                    "the same Idempotency-Key replays it once it is replicated"),
                     "413": _problem("request body larger than RECKON_MAX_BODY_BYTES (payload-too-large)"),
                     "415": _problem("the body is not application/json or application/*+json"),
                     "422": _problem(
