@@ -53,6 +53,9 @@ def test_one_shard_takes_every_key_over_as_it_was(store: Store, settings, make_e
 
     replay = Admitter(store, lambda job_id, priority: None, settings).submit("acme", "queued", BODY)
     assert replay.job_id == JOBS["queued"]  # the idempotency record came along
+    deadline = store.server_ms() + 3_600_000  # the fixture's own deadline passed an hour after it was made
+    store.redis.hset(keys.JobKeys(JOBS["queued"]).record, "deadline", deadline)
+    store.redis.zadd(keys.ShardKeys(0).due, {JOBS["queued"]: deadline})  # interactive: rank 0
     assert make_executor(sim).run(JOBS["queued"]) is True  # the new code runs an old job
     assert store.job(JOBS["queued"])["state"] == "completed" and audit(store.redis, store.tenants()) == []
     with pytest.raises(MigrationRefused, match="holds keys of the shard layout"):
