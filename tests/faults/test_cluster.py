@@ -75,7 +75,10 @@ class Load:
         assert paid == JOBS * 20 and self.store.ledger("acme") == {
             "allowance": ALLOWANCE, "reserved": 0, "uncertain": 0, "settled": paid, "available": ALLOWANCE - paid}
         assert audit(self.store.redis, ["acme"]) == []
-        assert set(self.refused) <= {503}  # a moving or failing primary may refuse a moment, never 500
+        # A moving or failing primary may refuse for a moment (503), and a retry whose first request was
+        # written but not yet confirmed published is told it is in progress (409) until the sweeper
+        # publishes it: never a 500.
+        assert set(self.refused) <= {409, 503}
         return max(b - a for a, b in zip(self.acked_at, self.acked_at[1:], strict=False))
 
 
@@ -93,7 +96,7 @@ def test_jobs_run_while_their_slot_moves_to_another_primary(redis_cluster: clust
         assert cluster.owner_of(redis_cluster, slot) == target and moved > 0
         cluster.move_slot(redis_cluster, slot, source)  # the session's cluster as the other tests know it
         print(f"slot {slot} moved ({moved} keys) while {JOBS} jobs were admitted and ran; longest pause "
-              f"between 202s {pause:.1f} s; {len(load.refused)} answers 503")
+              f"between 202s {pause:.1f} s; {len(load.refused)} refusals")
     finally:
         stack.stop()
 
@@ -116,7 +119,7 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_job(redis_server: str
         promoted_after = time.monotonic() - killed_at
         pause = load.check()
         print(f"primary killed: replica promoted after {promoted_after:.1f} s; longest pause between 202s "
-              f"{pause:.1f} s; {len(load.refused)} answers 503 meanwhile")
+              f"{pause:.1f} s; {len(load.refused)} refusals meanwhile ({sorted(set(load.refused))})")
     finally:
         stack.stop()
         client.close()
