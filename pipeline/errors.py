@@ -42,6 +42,11 @@ class DispatchPaused(ReckonError):
     """The job's class or server was paused after its claim: nothing is sent, the attempt goes back."""
 
 
+class SubmitUnconfirmed(ReckonError):
+    """The submit mark reached the primary but no replica in time: nothing is sent (a failover that
+    lost the mark would have the provider run it twice), the attempt goes back."""
+
+
 class DeadlineExceeded(ReckonError):
     """Too little time is left before the job's deadline to submit an attempt."""
 

@@ -35,12 +35,14 @@ from .errors import (
     PossibleDuplicate,
     ProviderError,
     StaleLease,
+    SubmitUnconfirmed,
     UnknownOutcome,
     Unreachable,
 )
 from .fleet import Fleet
 from .providers.base import OperationStatus, OutputRef, Provider
 from .providers.media import describe
+from .scripts import ReplicationTimeout
 from .settings import Settings
 from .store import Claim, Reconcile, Store
 
@@ -53,6 +55,8 @@ BUDGET = "comfyui"
 T = TypeVar("T")
 #: A completed run's output the server cannot hand over intact: paid for, never retried blindly.
 LOST = (OutputLost, OutputMalformed)
+#: An attempt whose submit mark no replica confirmed waits this long (ms) before it is tried again.
+UNCONFIRMED_RETRY_MS = 1_000
 
 
 def worker_name() -> str:
@@ -132,6 +136,8 @@ class Executor:
                 self._server_down(claim, exc)
             except DispatchPaused:  # paused since the claim: nothing sent, the attempt goes back
                 self.store.retry(claim, delay_ms=0, error_class="dispatch_paused", free=True)
+            except SubmitUnconfirmed:  # the mark reached no replica: nothing sent, the attempt goes back
+                self.store.retry(claim, delay_ms=UNCONFIRMED_RETRY_MS, error_class="replication_timeout", free=True)
             except LOST as exc:  # a paid output gone: reconciliation asks again, then an operator
                 raise AttemptFailed(claim, UnknownOutcome(exc.reason)) from exc
             except ProviderError as exc:
@@ -147,8 +153,11 @@ class Executor:
             return OperationStatus("completed")
         epoch = provider.epoch()
         marked = time.monotonic()
-        self.store.mark_submit(claim, epoch=epoch, lease_ms=self.lease_ms,  # renews the lease from `marked`
-                               min_attempt_ms=self.min_attempt_ms)
+        try:
+            self.store.mark_submit(claim, epoch=epoch, lease_ms=self.lease_ms,  # renews the lease from `marked`
+                                   min_attempt_ms=self.min_attempt_ms)
+        except ReplicationTimeout as exc:  # sending now could pay twice if a failover lost the mark
+            raise SubmitUnconfirmed(claim.job_id) from exc
         if (time.monotonic() - marked) * 1000 >= self.lease_ms / 2:  # frozen since: the lease may be gone
             raise UnknownOutcome("submission_window_passed")
         refused = provider.submit(claim.operation_id, workflow, missing, front=job["priority"] == "interactive")

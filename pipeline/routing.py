@@ -116,6 +116,10 @@ class FailureRouter(Middleware):
             return
         try:
             action = self._route(broker, message, exception)
+        except ReplicationTimeout as unconfirmed:  # routing's own write stands on the primary
+            log.warning("message %s: %s; dropped, its lease will expire and be reconciled",
+                        message.message_id, unconfirmed)
+            return
         except Exception:
             log.critical("routing failed for message %s; failing it", message.message_id, exc_info=True)
             message.fail()

@@ -114,15 +114,36 @@ def test_an_error_before_the_claim_loses_no_job(store, settings, tenant, make_ex
     assert [c["units"] for c in sim.sim.charges] == [10]
 
 
-def test_a_write_no_replica_confirmed_drops_the_message_and_the_lease_recovers_the_job(
-        store, settings, admit, make_executor, make_router, broker, sim) -> None:
+class Unreplicated(Store):
+    """A primary none of whose writes reaches a replica in time (every durable write times out),
+    except the submit mark, which does: the prompt goes out and its outputs are unconfirmed."""
+
+    def mark_submit(self, *args, **kwargs):
+        return Store(self.redis).mark_submit(*args, **kwargs)
+
+
+def test_an_unconfirmed_submit_mark_sends_nothing_and_gives_the_attempt_back(
+        store, admit, make_executor, make_router, broker, sim) -> None:
     job_id = admit()
     executor = make_executor(sim)
     executor.store = Store(store.redis, Scripts(store.redis, replicas=1, ack_timeout_ms=20))  # no replica here
     actors.use(executor, make_router())
-    run_worker(broker, lambda: store.job(job_id).get("submitted") == "1")  # stopping lets the message end
-    assert store.job(job_id)["state"] == "running"  # the submit mark stands, on the primary
+    run_worker(broker, lambda: store.job(job_id)["state"] == "retry_wait")
+    job = store.job(job_id)
+    assert (job["error_class"], job["attempts_allowed"]) == ("replication_timeout", "4")  # not the job's fault
     assert sim.sim.history == {} and broker.client.zcard(DEAD_LETTERS) == 0  # nothing sent, nothing dead-lettered
+
+
+def test_an_unconfirmed_write_after_the_submission_drops_the_message_and_reconciliation_settles_it(
+        store, settings, admit, make_executor, make_router, broker, sim) -> None:
+    job_id = admit()
+    executor = make_executor(sim)
+    executor.store = Unreplicated(store.redis, Scripts(store.redis, replicas=1, ack_timeout_ms=20))
+    actors.use(executor, make_router())
+    run_worker(broker, lambda: len(sim.sim.history) == 1 and store.job(job_id)["state"] == "running")
+    assert broker.client.zcard(DEAD_LETTERS) == 0  # dropped with a warning: the job is not lost
     sweeper = Sweeper(store, Publisher(broker), settings, clock=lambda: time.time() + 60)
     assert sweeper.sweep_once()["leases_expired"] == 1
     assert store.job(job_id)["state"] == "reconciling"
+    assert make_executor(sim).reconcile(job_id) is True  # an ordinary store: replicas confirm again
+    assert store.job(job_id)["state"] == "completed" and len(sim.sim.history) == 1  # run and paid once
