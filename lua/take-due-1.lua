@@ -11,11 +11,11 @@
 -- ARGV[2] most tenants to take
 -- ARGV[3] hold (ms)
 --
--- Returns {0 OK, tenant, ...}
+-- Returns {0 OK, now (ms: the clock the holds and the visits go by), tenant, ...}
 
 local now = clock(ARGV[1])
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
-local reply = {0}
+local reply = {0, now}
 for _, tenant in ipairs(due) do
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), tenant)
   reply[#reply + 1] = tenant

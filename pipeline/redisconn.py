@@ -104,10 +104,10 @@ def broker_client(settings: Settings) -> redis.Redis:
     return client_for(settings.broker_url, decode=False)
 
 
-#: Errors from a Cluster node that mean it is gone or no longer holds the slot asked about.
+#: Errors from a Cluster node that mean it is gone or no longer holds the slot asked about. (ASK and
+#: TRYAGAIN mean its slot is moving: the map is right, the call fails and is tried again later.)
 STALE_NODE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.MovedError,
-              redis.exceptions.AskError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
-              redis.exceptions.ReadOnlyError)
+              redis.exceptions.ClusterDownError, redis.exceptions.ReadOnlyError)
 
 
 def on_node(client: Any, key: str, call: Callable[[Any], T]) -> T:

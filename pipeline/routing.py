@@ -65,7 +65,7 @@ class Router:
         delay = backoff(int(job.get("attempt_count", 1)), retry_after=cause.retry_after, rng=self.rng,
                         base=self.settings.retry_base_seconds if base is None else base,
                         cap=self.settings.retry_cap_seconds if cap is None else cap)
-        blocker = self._blocker(job, len(stored), self.store.server_ms(), delay)
+        blocker = self._blocker(job, len(stored), self.store.server_ms(keys.JobKeys(claim.job_id).shard), delay)
         if blocker is None and not self.store.budget(
             self.budget, "take", self.settings.retry_cost_tokens, self.settings.retry_budget_tokens
         ):

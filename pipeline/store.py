@@ -416,9 +416,12 @@ class Store(Reads):
                              [job_id, _at(now_ms), retention_ms])
         return Code(reply[0]) is Code.OK
 
-    def take_due(self, shard: keys.ShardKeys, *, limit: int, hold_ms: int, now_ms: int | None = None) -> list[str]:
-        """The shard's tenants with work due, each held for ``hold_ms`` so a second sweeper takes others."""
-        return self.scripts("take-due", [shard.wake], [_at(now_ms), limit, hold_ms])[1:]
+    def take_due(self, shard: keys.ShardKeys, *, limit: int, hold_ms: int,
+                 now_ms: int | None = None) -> tuple[int, list[str]]:
+        """The shard's tenants with work due, each held for ``hold_ms`` so a second sweeper takes others;
+        and the time they were taken at, on the clock of the shard's primary (ms)."""
+        reply = self.scripts("take-due", [shard.wake], [_at(now_ms), limit, hold_ms])
+        return int(reply[1]), reply[2:]
 
     def rearm(self, tenant: str, *, window_ms: int, retention_ms: int) -> int | None:
         """Set the tenant's wake entry to when its next work is due; None when it has none."""

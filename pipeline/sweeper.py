@@ -65,24 +65,28 @@ class Sweeper:
         #: A tenant taken by this sweeper is not taken again for this long (a sweeper that died mid-pass).
         self.hold_ms = int(settings.sweep_hold_seconds * 1000)
         self.name = f"{socket.gethostname()}/{os.getpid()}"
+        #: When the last pass began (ms, Redis's clock).
+        self.pass_ms = 0
 
-    def now_ms(self, shard: keys.ShardKeys | None = None) -> int:
-        """Redis's clock; on a Cluster, that of the primary holding ``shard`` (it stamped its leases)."""
-        return self.store.server_ms(shard) if self.clock is None else int(self.clock() * 1000)
+    def now_ms(self) -> int:
+        return self.store.server_ms() if self.clock is None else int(self.clock() * 1000)
 
     def sweep_once(self) -> Counter[str]:
         """One pass over the tenants with due work; returns how many jobs each step moved."""
         done: Counter[str] = Counter()
-        now = self.now_ms()
-        self.store.redis.hset(keys.SWEEPER, mapping={"at": now, "by": self.name, f"at:{self.name}": now})
+        self.pass_ms = self.now_ms()
+        self.store.redis.hset(keys.SWEEPER, mapping={"at": self.pass_ms, "by": self.name,
+                                                     f"at:{self.name}": self.pass_ms})
         for shard in keys.shards():
             for job_id in self.store.unpark(shard, self.servers):
                 self.publish(job_id, "unparked")
                 done["unparked"] += 1
             taken = 0
             while taken < TENANTS_PER_PASS:
-                now = self.now_ms(shard)  # each batch is held from when it is taken
-                tenants = self.store.take_due(shard, limit=TAKE_BATCH, hold_ms=self.hold_ms, now_ms=now)
+                # Each batch is held from when it is taken, on the clock of the shard's primary (the clock
+                # that stamped its leases): take-due reads it and says what it read.
+                now, tenants = self.store.take_due(shard, limit=TAKE_BATCH, hold_ms=self.hold_ms,
+                                                   now_ms=None if self.clock is None else self.now_ms())
                 for tenant in tenants:
                     self._visit_and_rearm(tenant, now, done)
                     faultpoints.reached("sweep_visited")  # crash tests: die holding the batch's other tenants
@@ -163,7 +167,7 @@ class Sweeper:
         while not stop.is_set():
             try:
                 moved = self.sweep_once()
-                history.record(self.store.redis, self.now_ms(), lambda: status.snapshot(self.store, self.servers))
+                history.record(self.store.redis, self.pass_ms, lambda: status.snapshot(self.store, self.servers))
                 if moved:
                     log.info("sweep: %s", dict(moved))
             except Exception:  # keep sweeping: one bad pass must not stop recovery

@@ -180,9 +180,12 @@ class ServerWatch:
     def _renew(self, now: float) -> None:
         """Renew the leases of the prompts watched here, except past a job's deadline: there a
         collect decides (the prompt goes to reconciliation, as a worker's own wait would)."""
-        server_ms = self.store.server_ms() if self.watched else 0
+        clocks: dict[keys.ShardKeys, int] = {}  # a deadline is read on the clock of its shard's primary
         for job_id, entry in self.watched.items():
-            if server_ms >= entry.get("deadline", float("inf")):
+            shard = keys.JobKeys(job_id).shard
+            if shard not in clocks:
+                clocks[shard] = self.store.server_ms(shard)
+            if clocks[shard] >= entry.get("deadline", float("inf")):
                 if self.late.get(job_id) != entry["gen"]:
                     self.late[job_id] = entry["gen"]
                     self._collect(job_id)
