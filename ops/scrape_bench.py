@@ -51,10 +51,8 @@ def measure(store: Store, render) -> tuple[float, int]:
 
 def scenario(store: Store, tenants: int, jobs: int) -> dict[str, object]:
     store.redis.flushall()
-    pipe = store.redis.pipeline(transaction=False)
     for n in range(tenants):
-        create_tenant(pipe, f"t{n}", 10**9)
-    pipe.execute()
+        create_tenant(store.redis, f"t{n}", 10**9)
     settings = dataclasses.replace(Settings(), queue_cap_interactive=10**9, queue_cap_batch=10**9,
                                    interactive_target_seconds=10**6)
     admitter = Admitter(store, lambda job_id, priority: None, settings)

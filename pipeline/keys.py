@@ -127,11 +127,6 @@ def watcher_lock(server: str) -> str:
     return f"{PREFIX}:fleet:watcher:{server}"
 
 
-#: Sorted set: queued job id waiting for a free server slot, scored 1e13 for batch + admission ms.
-PARKED = f"{PREFIX}:fleet:parked"
-#: Sorted set: parked job id called to a free slot (published, not yet claimed) -> when the promise lapses.
-CALLED = f"{PREFIX}:fleet:called"
-
 #: Use with ``fullmatch`` (``$`` would also accept a trailing newline).
 TENANT_RE = re.compile(r"[a-z0-9_]{1,40}")
 JOB_ID_RE = re.compile(r"([a-z0-9_]{1,40})\.([0-9a-f]{20})")

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import keys
+from .jobs import PRIORITIES, State
 from .keys import BATCH_RANK, JobKeys, ProviderKeys, TenantKeys
+from .progress import TERMINAL
 from .reads import class_pauses, fleet_view, merge_fleet
 from .store import Store
 
-CLASSES = ("interactive", "batch")
-STATES = ("queued", "running", "retry_wait", "reconciling", "needs_review", "completed", "failed", "cancelled")
+CLASSES = PRIORITIES
+STATES = tuple(state.value for state in State)
 #: A sweeper passes every second; one silent this long (ms) is counted as stopped (``ReckonSweeperDown`` waits as long).
 SWEEPER_ALIVE_MS = 30_000
 #: The provider whose shared retry budget is reported (the budget is per provider kind, not per server).
@@ -151,7 +153,6 @@ def snapshot(store: Store, caps: dict[str, int]) -> dict[str, Any]:
     }
 
 
-TERMINAL = ("completed", "failed", "cancelled")
 LEDGER_KINDS = ("reserved", "uncertain", "settled")
 
 

@@ -29,9 +29,12 @@ def create_tenant(client: redis.Redis, name: str, allowance: int) -> None:
         raise TenantError("tenant names are 1-40 characters of a-z, 0-9 and _")
     if allowance < 0:
         raise TenantError("allowance must not be negative")
-    if not client.hsetnx(TenantKeys(name).ledger, "allowance", allowance):
+    with client.pipeline(transaction=True) as pipe:  # one slot: the ledger and its shard's list of tenants
+        pipe.hsetnx(TenantKeys(name).ledger, "allowance", allowance)
+        pipe.sadd(TenantKeys(name).shard.tenants, name)  # an existing tenant is listed already
+        created, _ = pipe.execute()
+    if not created:
         raise TenantError(f"tenant {name} exists")
-    client.sadd(TenantKeys(name).shard.tenants, name)
 
 
 def create_key(client: redis.Redis, tenant: str) -> str:
