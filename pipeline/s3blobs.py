@@ -35,6 +35,9 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 DEFAULT_MAX_ATTEMPTS = 3
 #: Keys per DeleteObjects request (S3's limit).
 DELETE_BATCH = 1000
+#: Blobs looked at again (HEAD) and then deleted together by gc: small, so a blob written again
+#: between its HEAD and the delete is a matter of a few requests' time.
+RECHECK_BATCH = 20
 #: Loggers whose DEBUG lines carry request URLs (bucket and key).
 QUIET_LOGGERS = ("boto3", "botocore", "s3transfer", "urllib3")
 #: Error codes that mean "no such object" (GetObject says NoSuchKey, HeadObject only 404).
@@ -115,19 +118,22 @@ class S3BlobStore:
 
         ``keep`` is read before the listing, which may take minutes: a blob old and held by no job
         then may be written again by a new job meanwhile (the same bytes) and recorded. So each
-        page is decided on its own, and each blob to go is looked at again (HEAD) just before its
-        batch is deleted: one written again is young and stays. What remains is the moment between
-        that HEAD and the delete, as between the local store's stat and unlink."""
+        page is decided on its own, and the blobs to go are looked at again (HEAD), ``RECHECK_BATCH``
+        at a time, just before each such batch is deleted: one written again is young and stays.
+        What remains is the moment between a batch's HEADs and its delete, a few requests long, as
+        between the local store's stat and unlink."""
         keep = set(keep)
         removed = kept = 0
         try:
             for page, objects in self._pages():
                 cutoff = (_service_time(page) if now is None else now) - min_age_s
                 old = [obj["key"] for obj in objects if obj["digest"] not in keep and obj["modified"] <= cutoff]
-                doomed = [key for key in old if self._still_old(key, min_age_s, now)]
-                failed = self._delete(doomed)
-                removed += len(doomed) - failed
-                kept += len(objects) - len(doomed) + failed
+                gone = 0
+                for start in range(0, len(old), RECHECK_BATCH):
+                    doomed = [key for key in old[start:start + RECHECK_BATCH] if self._still_old(key, min_age_s, now)]
+                    gone += len(doomed) - self._delete(doomed)
+                removed += gone
+                kept += len(objects) - gone
         except (ClientError, BotoCoreError) as exc:
             raise BlobUnreadable(f"stored outputs cannot be listed or removed ({_code(exc)})") from None
         return removed, kept

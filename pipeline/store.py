@@ -148,17 +148,23 @@ class Store(Reads):
         #: Typed Any: the client decodes replies to str, which redis-py's stubs cannot express.
         self.redis: Any = client
         self.scripts = scripts or Scripts(client)
+        self._shards_checked = False
         if shards is not None:
             keys.use_shards(shards)
 
     def check_shards(self) -> None:
         """Record the shard count on first use; refuse (WrongShards) a count other than the recorded
         one: tenants would be looked for in the wrong shards."""
+        if self._shards_checked:  # a recorded count never changes: readiness probes need not write again
+            return
         meta = keys.ShardKeys(0).meta
-        self.redis.hsetnx(meta, "shards", keys.shard_count())
-        recorded = int(self.redis.hget(meta, "shards"))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hsetnx(meta, "shards", keys.shard_count())
+        pipe.hget(meta, "shards")
+        recorded = int(pipe.execute()[1])
         if recorded != keys.shard_count():
             raise WrongShards(f"RECKON_SHARDS is {keys.shard_count()} but this Redis holds {recorded} shards")
+        self._shards_checked = True
 
     def server_ms(self, shard: keys.ShardKeys | None = None) -> int:
         """Redis's clock (ms): the one clock that decides leases and due times. On a Cluster each

@@ -89,3 +89,13 @@ def test_unreachable_state_is_a_503_problem(settings) -> None:
         503, "urn:reckon:problem:state-unavailable", "1")
     assert client.simulate_get("/readyz").status_code == 503
     assert client.simulate_get("/healthz").status_code == 200
+
+
+def test_a_web_process_given_another_shard_count_is_not_ready(store, settings) -> None:
+    store.check_shards()  # the deployment has one shard
+    wrong = Store(store.redis, shards=4)
+    client = testing.TestClient(create_app(settings, store=wrong, publish=lambda job_id, priority: None))
+    resp = client.simulate_get("/readyz")
+    assert (resp.status_code, resp.json["type"], resp.json["detail"]) == (
+        503, "urn:reckon:problem:not-ready", "RECKON_SHARDS is 4 but this Redis holds 1 shards")
+    assert store.redis.hget(keys.ShardKeys(0).meta, "shards") == "1"  # nothing rewritten
