@@ -111,17 +111,27 @@ def job_events(store: Store, args: argparse.Namespace) -> int:
 def jobs_list(store: Store, args: argparse.Namespace) -> int:
     """Jobs in one state, across tenants or for one: id, tenant, priority, updated, error."""
     tenants = [args.tenant] if args.tenant else store.tenants()
-    rows = []
-    for tenant in tenants:  # each state's index, newest last; `done` holds completed and cancelled
-        ids = store.redis.zrange(getattr(TenantKeys(tenant), STATE_INDEX[args.state]), -args.limit, -1)
-        for record, _ in store.jobs_with_outputs(ids):
-            if record.get("state") == args.state:
-                rows.append({"id": record["id"], "tenant": tenant, "priority": record.get("priority"),
-                             "updated_at": iso(int(record.get("updated_at", 0))),
-                             "error": {"class": record.get("error_class") or None,
-                                       "reason": record.get("error_reason") or None}})
-    _print(rows[-args.limit:])
+    records = [record for tenant in tenants for record in _newest_in_state(store, tenant, args.state, args.limit)]
+    records.sort(key=lambda record: int(record.get("updated_at", 0)))  # the newest N of all tenants, oldest first
+    _print([{"id": record["id"], "tenant": record["tenant"], "priority": record.get("priority"),
+             "updated_at": iso(int(record.get("updated_at", 0))),
+             "error": {"class": record.get("error_class") or None, "reason": record.get("error_reason") or None}}
+            for record in records[-args.limit:]])
     return 0
+
+
+def _newest_in_state(store: Store, tenant: str, state: str, limit: int) -> list[dict[str, str]]:
+    """Up to ``limit`` of the tenant's newest jobs in ``state``, read from the state's index newest
+    first, page by page: `done` holds completed and cancelled jobs, so a page may hold none."""
+    index, start = getattr(TenantKeys(tenant), STATE_INDEX[state]), 0
+    found: list[dict[str, str]] = []
+    while len(found) < limit:
+        ids = store.redis.zrevrange(index, start, start + limit - 1)
+        if not ids:
+            break
+        found += [record for record, _ in store.jobs_with_outputs(ids) if record.get("state") == state]
+        start += limit
+    return found[:limit]
 
 
 def tenant_show(store: Store, args: argparse.Namespace) -> int:

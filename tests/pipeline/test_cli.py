@@ -121,3 +121,15 @@ def test_stats_rebuild_restores_the_global_figures_a_redis_from_an_older_version
     assert store.redis.zrange(SHARD.queue, 0, -1) == store.redis.zrange(SHARD.due, 0, -1) == [waiting]
     assert store.purge(done, retention_ms=0) is True  # purging the old job keeps the figures whole
     assert run(store, capsys, "stats", "audit")[:2] == (0, '{\n  "problems": []\n}\n')
+
+
+def test_jobs_by_state_finds_the_newest_of_that_state_past_newer_jobs_of_another(
+        store, capsys, admit, make_executor, sim) -> None:
+    cancelled, first, second = admit("k1"), admit("k2"), admit("k3")
+    store.cancel(cancelled)  # finished first: the oldest entry of the shared `done` index
+    for job_id in (first, second):
+        assert make_executor(sim).run(job_id) is True
+    code, out, _ = run(store, capsys, "jobs", "--state", "cancelled", "--limit", "1")
+    assert (code, [row["id"] for row in orjson.loads(out)]) == (0, [cancelled])
+    code, out, _ = run(store, capsys, "jobs", "--state", "completed", "--limit", "1")
+    assert [row["id"] for row in orjson.loads(out)] == [second]  # the newest
