@@ -31,7 +31,8 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
 from pipeline.keys import TenantKeys  # noqa: E402
-from pipeline.store import Store, connect  # noqa: E402
+from pipeline.redisconn import connect_url  # noqa: E402
+from pipeline.store import Store  # noqa: E402
 from pipeline.tenants import create_key, create_tenant  # noqa: E402
 
 
@@ -61,7 +62,7 @@ def private_store() -> Iterator[Store]:
         server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
                                    "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
         try:
-            store = Store(connect(f"redis://127.0.0.1:{port}/0"))
+            store = Store(connect_url(f"redis://127.0.0.1:{port}/0"))
             wait_for(lambda: store.redis.ping())
             yield store
         finally:

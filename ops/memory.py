@@ -26,8 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from ops.bench import free_port, wait_for  # noqa: E402
 from pipeline.jobs import Admitter  # noqa: E402
+from pipeline.redisconn import connect_url  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
-from pipeline.store import Store, connect  # noqa: E402
+from pipeline.store import Store  # noqa: E402
 from pipeline.sweeper import Sweeper  # noqa: E402
 from pipeline.tenants import create_tenant  # noqa: E402
 
@@ -54,7 +55,7 @@ def measure(jobs: int, workflow_bytes: int, tenants: int) -> dict[str, float]:
             ["redis-server", str(ROOT / "ops/redis.conf"), "--port", str(port), "--dir", workdir,
              "--appendonly", "no", "--save", ""], stdout=subprocess.DEVNULL)
         try:
-            store = Store(connect(f"redis://127.0.0.1:{port}/0"))
+            store = Store(connect_url(f"redis://127.0.0.1:{port}/0"))
             wait_for(lambda: store.redis.ping())
             settings = dataclasses.replace(Settings(), retention_seconds=3600, idempotency_ttl_seconds=3600)
             for t in range(tenants):

@@ -91,7 +91,7 @@ def connect(settings: Settings) -> Any:
         nodes = [ClusterNode(host, port) for host, port in parse_addresses(settings.redis_cluster)]
         return RedisCluster(startup_nodes=nodes, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S,
                             socket_connect_timeout=SOCKET_TIMEOUT_S)
-    return client_for(settings.redis_url, health_check_interval=30)
+    return connect_url(settings.redis_url)
 
 
 def connect_url(url: str) -> Any:

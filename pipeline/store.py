@@ -40,12 +40,6 @@ CALL_MS = 10_000
 STARTUP_WAIT_S = 30.0
 
 
-def connect(url: str) -> redis.Redis:
-    """A client for the state database at ``url`` (``redis://`` or ``redis+sentinel://``), for tools
-    and tests; the processes use ``redisconn.connect(settings)``, which also knows Cluster."""
-    return redisconn.connect_url(url)
-
-
 def open_store(settings: Settings, *, check: bool = True, wait_s: float = STARTUP_WAIT_S) -> Store:
     """A process's store: its client (one server, Sentinel or Cluster, ``redisconn.connect``), the
     scripts with the settings' durability, and the shard count, checked against the one the state

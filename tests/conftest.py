@@ -23,8 +23,9 @@ from redis.cluster import RedisCluster
 
 from pipeline import keys
 from pipeline.providers import sim as simulated
+from pipeline.redisconn import connect_url
 from pipeline.settings import Settings
-from pipeline.store import Store, connect
+from pipeline.store import Store
 from pipeline.tenants import create_key, create_tenant
 from tests import cluster
 
@@ -123,7 +124,7 @@ def redis_client(request: pytest.FixtureRequest, backend: str, shards: int, redi
         client = request.getfixturevalue("redis_cluster").client()
         client.flushall(target_nodes=RedisCluster.PRIMARIES)
     else:
-        client = connect(redis_server)
+        client = connect_url(redis_server)
         client.flushall()
     yield client
     client.close()

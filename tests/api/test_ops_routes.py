@@ -9,7 +9,8 @@ from falcon import testing
 from api.app import create_app
 from pipeline import keys
 from pipeline.keys import TenantKeys
-from pipeline.store import Store, connect
+from pipeline.redisconn import connect_url
+from pipeline.store import Store
 from tests.conftest import free_port
 
 from .conftest import auth, job_body
@@ -82,7 +83,7 @@ def test_a_scrape_costs_the_same_commands_with_one_tenant_or_three_hundred(clien
 
 
 def test_unreachable_state_is_a_503_problem(settings) -> None:
-    down = Store(connect(f"redis://127.0.0.1:{free_port()}/0"))
+    down = Store(connect_url(f"redis://127.0.0.1:{free_port()}/0"))
     client = testing.TestClient(create_app(settings, store=down, publish=lambda job_id, priority: None))
     resp = client.simulate_get("/v1/usage", headers={"Authorization": "Bearer rk_x"})
     assert (resp.status_code, resp.json["type"], resp.headers["Retry-After"]) == (

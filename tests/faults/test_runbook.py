@@ -35,8 +35,9 @@ from pipeline import keys
 from pipeline.broker import Publisher, build_broker
 from pipeline.jobs import Admitter
 from pipeline.keys import TenantKeys
+from pipeline.redisconn import connect_url
 from pipeline.settings import Settings
-from pipeline.store import Store, connect
+from pipeline.store import Store
 from pipeline.tenants import create_key, create_tenant
 from tests.conftest import REDIS_PORT, free_port, wait_until
 from tests.faults.conftest import BIN, ROOT, Stack
@@ -302,7 +303,7 @@ def completed_and_dead(live: Live) -> None:
     letters = {row["id"]: row["error"]["reason"] for row in rb.json("reckon dlq list")}
     assert letters[dead] == "policy_rejected" and len(letters) == 3  # and the two resolved reviews above
     ids = rb.lines("redis-cli -p 6390 -n 1 ZRANGE dramatiq:reckon-interactive.XQ 0 -1")
-    with connect(stack.env["RECKON_BROKER_URL"]) as dramatiq_db:
+    with connect_url(stack.env["RECKON_BROKER_URL"]) as dramatiq_db:
         messages = dramatiq_db.hmget("dramatiq:reckon-interactive.XQ.msgs", ids)
     assert [orjson.loads(message)["args"] for message in messages] == [[dead]]
     assert rb.json("reckon dlq replay JOB_ID", JOB_ID=dead) == {"id": dead, "state": "queued"}

@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from pipeline.errors import CancelRequested, IncompleteOutputs, InsufficientAllowance, NotAllowed, StaleLease
+from pipeline.redisconn import connect_url
 from pipeline.scripts import Code
 from pipeline.status import audit
-from pipeline.store import Claim, Store, connect
+from pipeline.store import Claim, Store
 from pipeline.tenants import create_tenant
 
 PRICE, ALLOWANCE, FAR = 10, 300, 10**13
@@ -42,7 +43,7 @@ class Jobs(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.store = Store(connect(self.redis_url))
+        self.store = Store(connect_url(self.redis_url))
         self.store.redis.flushall()
         create_tenant(self.store.redis, "acme", ALLOWANCE)
         self.model: dict[str, dict] = {}
