@@ -1,185 +1,202 @@
 #!/usr/bin/env python3
-"""Benchmark reckon on this machine: admission through gunicorn, end-to-end jobs, Redis commands per job.
+"""reckon's full-guarantee pipeline against a bare Dramatiq no-op, side by side, in one run.
 
-Run: ``make bench`` (or ``.venv/bin/python ops/bench.py --jobs 400 --concurrency 16``).
-Starts a private redis-server (ops/redis.conf: AOF, fsync always), gunicorn, a Dramatiq
-worker, the watcher and the simulated provider (zero delay), all on 127.0.0.1 free ports, and stops them.
+Run: ``make bench`` (``.venv/bin/python ops/bench.py --jobs 10000``).
+On 127.0.0.1 free ports it starts one redis-server (ops/redis.conf with AOF off: database 0 the
+state, database 1 the broker, as deployed), and for each side in turn:
+
+- admission in process: the baseline sends N messages to a no-op actor (``ops/bench_noop.py``);
+  reckon admits N jobs through ``Admitter.submit`` (idempotency, reservation, publication);
+- drain: a worker (``-p``/``-t``, the same budget for both) starts on the backlog; timed from its
+  first fetch until every message is acked (baseline) or every job completed and settled (reckon:
+  claim, submit mark, a null provider that completes at once, one output of ``--output-bytes``
+  stored with its sha256 in ``RECKON_BLOB_DIR``, charge, finish).
+
+Figures per job: Redis CPU (INFO cpu, the server's own), machine CPU (the measuring process or the
+worker's process group, plus Redis) and rates; each reckon figure is followed by its ratio to the
+baseline measured in the same run. Compare ratios, not absolute figures: the machine is shared.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import http.client
 import os
-import signal
-import socket
-import statistics
-import subprocess
+import resource
 import sys
 import tempfile
-import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable
 
-import orjson
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.keys import TenantKeys  # noqa: E402
-from pipeline.redisconn import connect_url  # noqa: E402
-from pipeline.store import Store  # noqa: E402
-from pipeline.tenants import create_key, create_tenant  # noqa: E402
+from ops.benchlib import Stack, free_port, group_cpu, redis_cpu, wait_for  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@dataclass
+class Phase:
+    """One measured phase: jobs, wall seconds, Redis CPU seconds, other CPU seconds."""
+
+    jobs: int
+    seconds: float
+    redis_s: float
+    cpu_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+    @property
+    def redis_us(self) -> float:
+        return self.redis_s / self.jobs * 1e6
+
+    @property
+    def machine_us(self) -> float:
+        return (self.redis_s + self.cpu_s) / self.jobs * 1e6
 
 
-def wait_for(check, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (OSError, redis.RedisError):
-            pass
-        time.sleep(0.05)
-    raise SystemExit("bench: a process did not come up")
+def self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
-@contextlib.contextmanager
-def private_store() -> Iterator[Store]:
-    """A Store over a private redis-server (AOF off) on a free loopback port, stopped on exit."""
-    port = free_port()
-    with tempfile.TemporaryDirectory() as workdir:
-        server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
-                                   "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        try:
-            store = Store(connect_url(f"redis://127.0.0.1:{port}/0"))
-            wait_for(lambda: store.redis.ping())
-            yield store
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
+def timed(client: redis.Redis, jobs: int, cpu: Callable[[], float], body: Callable[[], None]) -> Phase:
+    """Run ``body`` and measure it."""
+    cpu0, redis0, t0 = cpu(), redis_cpu(client), time.perf_counter()
+    body()
+    seconds = time.perf_counter() - t0
+    return Phase(jobs, seconds, redis_cpu(client) - redis0, cpu() - cpu0)
 
 
-def post_jobs(port: int, api_key: str, keys: list[str], concurrency: int) -> list[float]:
-    """POST one job per key over keep-alive connections; returns each request's latency (s)."""
-    latencies: list[float] = []
-    lock = threading.Lock()
-    body = orjson.dumps({"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 1})
+def drain(client: redis.Redis, stack: Stack, name: str, queue: str, jobs: int, done: Callable[[], bool]) -> Phase:
+    """Time the worker ``name`` from its first fetch from ``queue`` (a list of ``jobs`` messages)
+    until ``done``; its process group's CPU and Redis's over the same span."""
+    pgid = stack.procs[name].pid
+    wait_for(lambda: client.llen(queue) < jobs, timeout=120)
+    cpu0, redis0, t0 = group_cpu(pgid), redis_cpu(client), time.perf_counter()
+    while not done():
+        time.sleep(0.005)
+    seconds = time.perf_counter() - t0
+    return Phase(jobs, seconds, redis_cpu(client) - redis0, group_cpu(pgid) - cpu0)
 
-    def run(share: list[str]) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        mine = []
-        for key in share:
-            start = time.perf_counter()
-            conn.request("POST", "/v1/jobs", body, {"Authorization": f"Bearer {api_key}", "Idempotency-Key": key,
-                                                     "Content-Type": "application/json"})
-            resp = conn.getresponse()
-            resp.read()
-            if resp.status != 202:
-                raise SystemExit(f"bench: admission answered {resp.status}")
-            mine.append(time.perf_counter() - start)
-        conn.close()
-        with lock:
-            latencies.extend(mine)
 
-    threads = [threading.Thread(target=run, args=(keys[i::concurrency],)) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return latencies
+def baseline(args: argparse.Namespace, stack: Stack, url: str) -> tuple[Phase, Phase]:
+    """The bare Dramatiq no-op: send, then drain."""
+    os.environ["BENCH_BROKER_URL"] = stack.env["BENCH_BROKER_URL"] = url
+    from ops import bench_noop
+
+    client = redis.Redis.from_url(url)
+    send = timed(client, args.jobs, self_cpu, lambda: [bench_noop.noop.send(f"job-{i}") for i in range(args.jobs)])
+    stack.start("bare", str(BIN / "dramatiq"), "-p", str(args.processes), "-t", str(args.threads), "ops.bench_noop")
+    queue = f"bare:{bench_noop.QUEUE}"
+    run = drain(client, stack, "bare", queue, args.jobs,
+                lambda: client.llen(queue) == 0 and client.hlen(f"{queue}.msgs") == 0)
+    stack.stop("bare")
+    bench_noop.broker.close()
+    return send, run
+
+
+def reckon(args: argparse.Namespace, stack: Stack, env: dict[str, str]) -> tuple[Phase, Phase, dict[str, int]]:
+    """reckon: admit in process, then drain with the null provider; and the books after."""
+    from pipeline.broker import Publisher, build_broker
+    from pipeline.jobs import Admitter
+    from pipeline.keys import TenantKeys
+    from pipeline.settings import Settings
+    from pipeline.store import open_store
+    from pipeline.tenants import create_tenant
+
+    settings = Settings.from_env(env)
+    store = open_store(settings)
+    tenants = [f"t{n}" for n in range(args.tenants)]
+    for tenant in tenants:
+        create_tenant(store.redis, tenant, 10**12)
+    admitter = Admitter(store, Publisher(build_broker(settings)), settings)
+    body = {"kind": "image", "outputs": 1,
+            "workflow": {"3": {"class_type": "KSampler", "inputs": {"text": "x" * args.workflow_bytes}}}}
+
+    def admit() -> None:
+        for i in range(args.jobs):
+            admitter.submit(tenants[i % len(tenants)], f"intent-{i}", body)
+
+    def completed() -> int:
+        pipe = store.redis.pipeline(transaction=False)
+        for tenant in tenants:
+            pipe.hget(TenantKeys(tenant).counts, "completed")
+        return sum(int(n or 0) for n in pipe.execute())
+
+    state = store.redis
+    admission = timed(state, args.jobs, self_cpu, admit)
+    stack.start("worker", str(BIN / "python"), "-m", "pipeline.worker", "pipeline.actors",
+                "-p", str(args.processes), "-t", str(args.threads))
+    run = drain(state, stack, "worker", "dramatiq:reckon-interactive", args.jobs,
+                lambda: completed() == args.jobs)
+    stack.stop("worker")
+    books = {"completed": completed(), "settled": 0, "reserved": 0}
+    for tenant in tenants:
+        ledger = state.hgetall(TenantKeys(tenant).ledger)
+        books["settled"] += int(ledger["settled"])
+        books["reserved"] += int(ledger["reserved"])
+    books["blobs"] = sum(1 for path in Path(env["RECKON_BLOB_DIR"]).glob("*/*/*") if not path.name.startswith("."))
+    return admission, run, books
+
+
+def report(rows: list[tuple[str, float, float, bool]]) -> None:
+    """(measure, baseline, reckon, higher is better) -> a table with reckon's ratio to the baseline."""
+    print(f"{'measure':<44} {'bare Dramatiq':>14} {'reckon':>10} {'ratio':>7}")
+    for name, bare, ours, _ in rows:
+        print(f"{name:<44} {bare:>14,.0f} {ours:>10,.0f} {ours / bare:>6.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=400, help="jobs per phase")
-    parser.add_argument("--concurrency", type=int, default=16, help="client connections")
-    parser.add_argument("--cap", type=int, default=8, help="RECKON_PROVIDER_CAP: prompts in flight at the provider")
+    parser.add_argument("--jobs", type=int, default=10_000, help="backlog per side")
+    parser.add_argument("--processes", type=int, default=2, help="worker processes, both sides")
+    parser.add_argument("--threads", type=int, default=8, help="threads per worker process, both sides")
+    parser.add_argument("--tenants", type=int, default=10, help="reckon's jobs go round-robin to these tenants")
+    parser.add_argument("--workflow-bytes", type=int, default=1024, help="size of each job's workflow")
+    parser.add_argument("--output-bytes", type=int, default=1024, help="size of each job's one output")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="reckon-bench-"))
-    rport, wport, sport = free_port(), free_port(), free_port()
-    env = os.environ | {
-        "RECKON_REDIS_URL": f"redis://127.0.0.1:{rport}/0", "RECKON_BROKER_URL": f"redis://127.0.0.1:{rport}/1",
-        "RECKON_PROVIDER_URL": f"http://127.0.0.1:{sport}", "RECKON_BLOB_DIR": str(work / "blobs"),
-        "RECKON_POLL_INTERVAL_SECONDS": "0.01", "PORT": str(wport), "RECKON_PROVIDER_CAP": str(args.cap),
-        "RECKON_WATCH_POLL_SECONDS": "0.1",
-    }
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(*argv: str) -> None:
-        procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True))
-
-    client = redis.Redis(port=rport, decode_responses=True)
-    try:
-        start("redis-server", "ops/redis.conf", "--port", str(rport), "--dir", str(work))
-        wait_for(client.ping)
-        start(str(BIN / "python"), "-m", "pipeline.providers.sim", "--port", str(sport), "--delay", "0")
-        start(str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "api.app:create_app()")
-        wait_for(lambda: http_ok(wport, "/readyz"))
-        create_tenant(client, "bench", 10**12)
-        api_key = create_key(client, "bench")
-
-        # 1. Admission alone (no workers running): requests per second and latency.
-        started = time.perf_counter()
-        latencies = post_jobs(wport, api_key, [f"adm-{i}" for i in range(args.jobs)], args.concurrency)
-        elapsed = time.perf_counter() - started
-        q = statistics.quantiles(latencies, n=100)
-        print(f"admission: {args.jobs} requests, concurrency {args.concurrency}: {args.jobs / elapsed:.0f} req/s, "
-              f"p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms")
-
-        # 2. End to end: drain the admitted backlog with one Dramatiq worker process, then count commands.
-        client.config_resetstat()
-        started = time.perf_counter()
-        start(str(BIN / "python"), "-m", "pipeline.watcher")
-        start(str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1", "--threads", "8")
-        wait_for(lambda: finished(client) == args.jobs, timeout=600)
-        elapsed = time.perf_counter() - started
-        stats = client.info("commandstats")
-        calls = sum(v["calls"] for v in stats.values())
-        print(f"end to end: {args.jobs} jobs in {elapsed:.1f} s: {args.jobs / elapsed:.1f} jobs/s "
-              "(1 worker process, 8 threads, provider delay 0; includes worker start-up)")
-        top = sorted(stats.items(), key=lambda kv: -kv[1]["calls"])[:6]
-        print(f"redis commands per job (worker + broker, admission excluded): {calls / args.jobs:.1f} (top: "
-              + ", ".join(f"{name.removeprefix('cmdstat_')} {v['calls'] / args.jobs:.1f}" for name, v in top) + ")")
-        ledger = client.hgetall(TenantKeys("bench").ledger)
-        counts = client.hgetall(TenantKeys("bench").counts)
-        print(f"jobs: {counts.get('completed', 0)} completed, {counts.get('failed', 0)} failed; "
-              f"ledger: settled {ledger['settled']}, reserved {ledger['reserved']}")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
-def finished(client: redis.Redis) -> int:
-    counts = client.hgetall(TenantKeys("bench").counts)
-    return int(counts.get("completed", 0)) + int(counts.get("failed", 0))
-
-
-def http_ok(port: int, path: str) -> bool:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        conn.request("GET", path)
-        return conn.getresponse().status == 200
-    finally:
-        conn.close()
+    with tempfile.TemporaryDirectory(prefix="reckon-bench-") as tmp:
+        work = Path(tmp)
+        port = free_port()
+        env = os.environ | {
+            "RECKON_REDIS_URL": f"redis://127.0.0.1:{port}/0", "RECKON_BROKER_URL": f"redis://127.0.0.1:{port}/1",
+            "RECKON_PROVIDER_URL": f"null://?bytes={args.output_bytes}", "RECKON_WATCH": "0",
+            "RECKON_BLOB_DIR": str(work / "blobs"), "RECKON_PROVIDER_CAP": str(args.processes * args.threads),
+            "RECKON_QUEUE_CAP_INTERACTIVE": str(10 * args.jobs), "RECKON_INTERACTIVE_TARGET_SECONDS": str(10**6),
+        }
+        stack = Stack(env)
+        try:
+            stack.start("redis", "redis-server", "ops/redis.conf", "--port", str(port), "--dir", str(work),
+                        "--appendonly", "no", "--save", "")
+            client = redis.Redis(port=port)
+            wait_for(client.ping)
+            send, bare = baseline(args, stack, f"redis://127.0.0.1:{port}/1")
+            client.flushall()
+            admission, run, books = reckon(args, stack, env)
+        finally:
+            stack.stop()
+    print(f"{args.jobs} jobs per side; workers -p {args.processes} -t {args.threads}; reckon: {args.tenants} tenants, "
+          f"{args.workflow_bytes} B workflow, one {args.output_bytes} B output; Redis 7, AOF off")
+    print(f"reckon's books: {books['completed']} completed, {books['settled']} settled, {books['reserved']} "
+          f"still reserved, {books['blobs']} blobs stored")
+    report([
+        ("drain, jobs/s", bare.rate, run.rate, True),
+        ("Redis CPU per job, drain, µs", bare.redis_us, run.redis_us, False),
+        ("Redis CPU per job, admission, µs", send.redis_us, admission.redis_us, False),
+        ("Redis CPU per job, admission to settled, µs", send.redis_us + bare.redis_us,
+         admission.redis_us + run.redis_us, False),
+        ("machine CPU per job, drain, µs", bare.machine_us, run.machine_us, False),
+        ("machine CPU per job, admission to settled, µs", send.machine_us + bare.machine_us,
+         admission.machine_us + run.machine_us, False),
+        ("admission calls/s, in process", send.rate, admission.rate, True),
+    ])
 
 
 if __name__ == "__main__":

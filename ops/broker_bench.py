@@ -32,7 +32,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.bench import free_port, wait_for  # noqa: E402
+from ops.benchlib import free_port, wait_for  # noqa: E402
 from pipeline.broker import build_broker  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 

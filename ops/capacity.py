@@ -24,7 +24,6 @@ import collections
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,29 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-from ops.bench import finished, free_port, http_ok, post_jobs, wait_for  # noqa: E402
+from ops.benchlib import Stack, calls, finished, free_port, http_ok, post_jobs, redis_cpu, wait_for  # noqa: E402
 from pipeline.keys import TenantKeys  # noqa: E402
 from pipeline.tenants import create_key, create_tenant  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def group_cpu(pgid: int) -> float:
-    """CPU seconds (user + system) of the live processes in process group ``pgid``."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / TICK
-
-
-def redis_cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def key_bytes(client: redis.Redis) -> int:
@@ -98,36 +77,6 @@ def monitor(client: redis.Redis, path: Path) -> Iterator[collections.Counter[tup
         proc.wait(timeout=10)
         with open(path) as lines:
             counted.update(m.groups() for m in map(DISPATCH.search, lines) if m)
-
-
-def calls(client: redis.Redis) -> dict[str, int]:
-    return {name.removeprefix("cmdstat_"): v["calls"] for name, v in client.info("commandstats").items()}
-
-
-class Stack:
-    """The processes, each leading its own process group, stopped by PID on exit."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *argv: str) -> None:
-        self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL, start_new_session=True)
-
-    def cpu(self) -> dict[str, float]:
-        return {name: group_cpu(proc.pid) for name, proc in self.procs.items()}
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def main() -> None:

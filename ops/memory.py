@@ -24,7 +24,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.bench import free_port, wait_for  # noqa: E402
+from ops.benchlib import free_port, wait_for  # noqa: E402
 from pipeline.jobs import Admitter  # noqa: E402
 from pipeline.redisconn import connect_url  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
@@ -57,7 +57,8 @@ def measure(jobs: int, workflow_bytes: int, tenants: int) -> dict[str, float]:
         try:
             store = Store(connect_url(f"redis://127.0.0.1:{port}/0"))
             wait_for(lambda: store.redis.ping())
-            settings = dataclasses.replace(Settings(), retention_seconds=3600, idempotency_ttl_seconds=3600)
+            settings = dataclasses.replace(Settings(), retention_seconds=3600, idempotency_ttl_seconds=3600,
+                                           queue_cap_interactive=10**9, interactive_target_seconds=10**9)
             for t in range(tenants):
                 create_tenant(store.redis, f"t{t}", 10**12)
             admitter = Admitter(store, lambda job_id, priority: None, settings)

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from api.metrics import Metrics  # noqa: E402
-from ops.bench import private_store  # noqa: E402
+from ops.benchlib import private_store  # noqa: E402
 from pipeline.jobs import Admitter  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.status import snapshot  # noqa: E402

@@ -21,7 +21,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.bench import private_store  # noqa: E402
+from ops.benchlib import private_store  # noqa: E402
 from pipeline.jobs import Admitter  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.store import Store  # noqa: E402

@@ -13,8 +13,10 @@ from .errors import AttemptFailed, StaleLease
 from .executor import Executor
 from .fleet import Fleet, Server
 from .logs import configure_dramatiq_worker
+from .providers.base import Provider
 from .providers.comfyui import ComfyUI
 from .providers.http import HttpTransport
+from .providers.null import NullProvider
 from .routing import FailureRouter, Router, Unpark
 from .settings import Settings
 from .store import open_store
@@ -37,7 +39,11 @@ def use(executor: Executor | None, router: Router | None = None) -> None:
     _executor, _router = executor, router
 
 
-def adapter(server: Server) -> ComfyUI:
+def adapter(server: Server) -> Provider:
+    """The server's adapter: ComfyUI's HTTP API, or for a ``null://`` URL the provider that runs
+    nothing (benchmarks: pipeline/providers/null.py)."""
+    if server.url.startswith("null:"):
+        return NullProvider(server.url, price_per_output=server.price_per_output)
     return ComfyUI(HttpTransport(server.url), price_per_output=server.price_per_output)
 
 

@@ -1,0 +1,52 @@
+"""A provider that runs nothing: every prompt is completed the moment it is sent, with outputs of
+fixed size. For benchmarks and capacity planning (``RECKON_PROVIDER_URL=null://?bytes=1024``): the
+figures of ``ops/bench.py`` are reckon's own cost, with no provider time in them.
+
+An output's bytes are distinct per operation id and index (a content-addressed store deduplicates
+equal bytes, which would make the store's cost vanish from the figures). It keeps no record: a
+reconciliation finds no operation (``unknown``), as after a restart, under a fixed epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from .base import OperationStatus, OutputRef
+
+DEFAULT_OUTPUT_BYTES = 1024
+
+
+class NullProvider:
+    name = "null"
+    client_id = ""
+
+    def __init__(self, url: str = "null://", *, price_per_output: int = 10) -> None:
+        query = parse_qs(urlsplit(url).query)
+        self.output_bytes = int(query.get("bytes", [DEFAULT_OUTPUT_BYTES])[0])
+        self.price_per_output = price_per_output
+        self._submitted: dict[str, list[int]] = {}
+
+    def submit(self, operation_id: str, workflow: dict[str, Any], indices: list[int], *,
+               front: bool = False) -> dict[str, str] | None:
+        self._submitted[operation_id] = indices
+        return None
+
+    def cancel(self, operation_id: str) -> None:
+        self._submitted.pop(operation_id, None)
+
+    def status(self, operation_id: str) -> OperationStatus:
+        indices = self._submitted.pop(operation_id, None)
+        if indices is None:
+            return OperationStatus("unknown")
+        refs = [OutputRef(index, f"{operation_id}:{index}", content_type="application/octet-stream")
+                for index in indices]
+        return OperationStatus("completed", refs, produced=len(refs))
+
+    def fetch(self, ref: OutputRef) -> bytes:
+        seed = hashlib.sha256(ref.filename.encode()).digest()
+        return (seed * (self.output_bytes // len(seed) + 1))[: self.output_bytes]
+
+    def epoch(self) -> str:
+        return "null"
