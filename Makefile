@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench redis-server test-deps clean
+.PHONY: run test bench redis-server test-deps bench-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,14 +20,18 @@ redis-server:
 test-deps:
 	@bash ops/system-deps.sh test
 
+bench-deps:
+	@bash ops/system-deps.sh bench
+
 run: $(STAMP) redis-server
 	@bash ops/run.sh
 
 test: $(STAMP) test-deps
 	$(BIN)/pytest -q && bash ops/check_alerts.sh
 
-bench: $(STAMP) redis-server
-	$(BIN)/python ops/bench.py
+# ops/bench.py --help: phases, sizes, --growth (long), --json PATH
+bench: $(STAMP) bench-deps
+	$(BIN)/python ops/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var

@@ -1,28 +1,32 @@
 """Helpers the benchmark scripts share: free loopback ports, waiting for a process, a private
-redis-server, posting jobs through the API."""
+redis-server, posting jobs through the API, and what the phases of ops/bench.py share (``Bench``)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import orjson
 import redis
 
-from pipeline.keys import TenantKeys
+from pipeline.keys import ShardKeys, TenantKeys
 from pipeline.redisconn import connect_url
 from pipeline.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -55,8 +59,9 @@ class Stack:
         self.env = env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, *argv: str) -> None:
-        self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL,
+    def start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> None:
+        """Start ``argv`` as ``name`` in its own session, with the stack's environment plus ``env``."""
+        self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env | (env or {}), stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL, start_new_session=True)
 
     def cpu(self) -> dict[str, float]:
@@ -82,7 +87,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(check, timeout: float = 30.0) -> None:
+def wait_for(check, timeout: float = 30.0, what: str = "bench: a process did not come up") -> None:
+    """Until ``check()`` is true (a connection refused or a Redis error counts as false); else exit with ``what``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -91,7 +97,7 @@ def wait_for(check, timeout: float = 30.0) -> None:
         except (OSError, redis.RedisError):
             pass
         time.sleep(0.05)
-    raise SystemExit("bench: a process did not come up")
+    raise SystemExit(what)
 
 
 @contextlib.contextmanager
@@ -140,6 +146,20 @@ def post_jobs(port: int, api_key: str, keys: list[str], concurrency: int) -> lis
     return latencies
 
 
+def shard_totals(client: redis.Redis, shards: int, *fields: str) -> list[int]:
+    """Each of ``fields`` of the shards' figures (their ``stats`` hashes), summed over the shards."""
+    pipe = client.pipeline(transaction=False)
+    for n in range(shards):
+        pipe.hmget(ShardKeys(n).stats, *fields)
+    return [sum(int(values[i] or 0) for values in pipe.execute()) for i in range(len(fields))]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
 def finished(client: redis.Redis) -> int:
     counts = client.hgetall(TenantKeys("bench").counts)
     return int(counts.get("completed", 0)) + int(counts.get("failed", 0))
@@ -152,3 +172,33 @@ def http_ok(port: int, path: str) -> bool:
         return conn.getresponse().status == 200
     finally:
         conn.close()
+
+
+@dataclass
+class Bench:
+    """What the phases of ops/bench.py share: the options, the processes, reckon's environment, the
+    private redis-server (database 0 reckon's state, database 1 the broker) and a scratch directory."""
+
+    args: argparse.Namespace
+    stack: Stack
+    env: dict[str, str]
+    port: int
+    work: Path
+
+    @property
+    def shards(self) -> int:
+        return int(self.env.get("RECKON_SHARDS", "1"))
+
+    def url(self, db: int) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def client(self, db: int = 0) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, db=db)
+
+    def start_web(self, name: str, app: str) -> int:
+        """gunicorn with ops/gunicorn.conf.py (its default workers and threads) serving ``app`` on a free
+        loopback port, once it answers ``/healthz``; the port."""
+        port = free_port()
+        self.stack.start(name, str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", app, env={"PORT": str(port)})
+        wait_for(lambda: http_ok(port, "/healthz"))
+        return port

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Debian packages reckon needs, installed when missing (make run: redis-server; make test: all):
+# Debian packages reckon needs, installed when missing (make run: redis-server; make bench: redis-server
+# and wrk; make test: the rest):
 #   redis-server  Redis 7, state and broker
 #   faketime      a worker whose clock is off, in the fault tests
 #   chromium      the status page's browser test (tests/api/test_ui.py)
 #   promtool      from the prometheus package: ops/check_alerts.sh checks and unit-tests the alert rules
+#   wrk           make bench only: the HTTP load generator of ops/bench.py (its own processes, not the server's)
 #   rabbitmq-server  the broker seam's test runs reckon on Dramatiq's RabbitMQ broker (a private node on
 #                 loopback, ops/rabbitmq.py; it starts in about 6 s); its start script is not on a user's PATH,
 #                 and the policy-rc.d below also stops its postinst starting a node on 0.0.0.0:5672
@@ -13,9 +15,11 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
 want=${1:-test}
-declare -A package=([redis-server]=redis-server [faketime]=faketime [chromium]=chromium [promtool]=prometheus)
+declare -A package=([redis-server]=redis-server [faketime]=faketime [chromium]=chromium [promtool]=prometheus
+                    [wrk]=wrk)
 commands=(redis-server)
 if [ "$want" = test ]; then commands+=(faketime chromium promtool); fi
+if [ "$want" = bench ]; then commands+=(wrk); fi
 missing=()
 for cmd in "${commands[@]}"; do command -v "$cmd" >/dev/null || missing+=("${package[$cmd]}"); done
 if [ "$want" = test ] && [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then missing+=(rabbitmq-server); fi
