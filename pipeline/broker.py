@@ -9,12 +9,20 @@ carries only a job id and reckon's state never lives in the broker, so nothing e
 
 from __future__ import annotations
 
+import logging
+import time
+from typing import Any
+
 import dramatiq
-from dramatiq.brokers.redis import RedisBroker
+import redis
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.common import compute_backoff
 from dramatiq.middleware import Retries
 
 from .redisconn import broker_client
 from .settings import Settings
+
+log = logging.getLogger(__name__)
 
 #: priority (or "reconcile") -> (queue, actor name). Workers take interactive work first.
 ROUTES = {
@@ -33,11 +41,86 @@ def build_broker(settings: Settings) -> dramatiq.Broker:
         broker = rabbitmq_broker(settings.broker_url)
     else:
         # one server or, for a redis+sentinel:// URL, the master Sentinel names now (pipeline/redisconn.py)
-        broker = RedisBroker(client=broker_client(settings), namespace="dramatiq")
+        broker = WakingRedisBroker(client=broker_client(settings), namespace="dramatiq")
     for middleware in list(broker.middleware):
         if isinstance(middleware, Retries):
             broker.middleware.remove(middleware)
     return broker
+
+
+class WakingRedisBroker(RedisBroker):
+    """Dramatiq's Redis broker whose idle consumers wake as soon as a message arrives.
+
+    Dramatiq's Redis consumer polls an empty queue with a back-off that grows to the worker timeout
+    (1 s), so a job admitted to an idle stack waited up to a second for its claim. Here an idle
+    consumer waits instead on the queue's keyspace event (``notify-keyspace-events`` with ``K``
+    and ``l``: Redis publishes each RPUSH onto the list itself, so publishing costs no extra round
+    trip), for at most the same back-off; without the events it polls exactly as Dramatiq does."""
+
+    _checked = False
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> dramatiq.Consumer:
+        if not self._checked:
+            self._checked = True
+            self._check_events()
+        return WakingConsumer(self, queue_name, prefetch, timeout)
+
+    def _check_events(self) -> None:
+        """Say so once when Redis does not publish the events an idle consumer waits for."""
+        try:
+            flags = self.client.config_get("notify-keyspace-events").get("notify-keyspace-events", "")
+        except redis.RedisError:  # CONFIG refused (a managed Redis): it may still publish them
+            return
+        flags = flags.decode() if isinstance(flags, bytes) else flags
+        if "K" not in flags or not ({"l", "A"} & set(flags)):
+            log.warning("Redis does not publish list keyspace events (notify-keyspace-events Kl): "
+                        "idle workers poll their queues and may take up to a second to pick a job up")
+
+
+class WakingConsumer(_RedisConsumer):
+    """A Redis consumer that waits for its queue's keyspace event while the queue is empty."""
+
+    def __init__(self, broker: RedisBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        super().__init__(broker, queue_name, prefetch, 0)  # 0: its own idle sleep is ours to do
+        self.idle_ms = timeout
+        db = broker.client.connection_pool.connection_kwargs.get("db", 0)
+        self.channel = f"__keyspace@{db}__:{broker.namespace}:{queue_name}"
+        self.events: Any = None
+
+    def __next__(self) -> Any:
+        message = super().__next__()
+        if message is None:
+            _, wait_ms = compute_backoff(max(0, self.misses - 1), max_backoff=self.idle_ms)
+            if self.outstanding_message_count < self.prefetch:  # the queue was empty
+                self._wait(wait_ms / 1000)
+            else:  # as many messages taken as allowed: their acks come through the worker, not Redis
+                time.sleep(wait_ms / 1000)
+        return message
+
+    def _wait(self, seconds: float) -> None:
+        """Until the queue's list is pushed to, or ``seconds``."""
+        deadline = time.monotonic() + seconds
+        try:
+            if self.events is None:
+                self.events = self.broker.client.pubsub(ignore_subscribe_messages=True)
+                self.events.subscribe(self.channel)
+            while (left := deadline - time.monotonic()) > 0:
+                if self.events.get_message(timeout=left) is not None:
+                    while self.events.get_message(timeout=0) is not None:  # one fetch takes them all
+                        pass
+                    return
+        except redis.RedisError:  # e.g. a failover: poll, and subscribe again next time
+            log.debug("keyspace events of %s unavailable; polling", self.queue_name)
+            self.close()
+            time.sleep(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        if self.events is not None:
+            try:
+                self.events.close()
+            except redis.RedisError:
+                pass
+            self.events = None
 
 
 def rabbitmq_broker(url: str) -> dramatiq.Broker:

@@ -17,8 +17,6 @@ import uuid
 from dataclasses import replace
 from typing import Any, Callable, TypeVar
 
-import redis
-
 from . import faultpoints
 from .blobs import Blobs
 from .errors import (
@@ -40,6 +38,7 @@ from .errors import (
     Unreachable,
 )
 from .fleet import Fleet
+from .leases import Held, Keeper
 from .providers.base import OperationStatus, OutputRef, Provider
 from .providers.media import describe
 from .scripts import ReplicationTimeout
@@ -63,41 +62,6 @@ def worker_name() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{threading.get_ident()}"
 
 
-class Heartbeat:
-    """Renews a claim's lease every third of its length until stopped or fenced out.
-
-    The lease lives on Redis's clock; this thread only says "still here".
-    """
-
-    def __init__(self, store: Store, claim: Claim, *, lease_ms: int) -> None:
-        self.store, self.claim, self.lease_ms = store, claim, lease_ms
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{claim.job_id}", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def check(self) -> None:
-        if self.lost.is_set():
-            raise StaleLease("lease lost while running")
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.lease_ms / 3000):
-            try:
-                self.store.heartbeat(self.claim, lease_ms=self.lease_ms)
-            except StaleLease:
-                self.lost.set()
-                return
-            except redis.RedisError:
-                log.warning("heartbeat failed for %s; retrying", self.claim.job_id)
-
-
 class Executor:
     def __init__(
         self, store: Store, fleet: Fleet, blobs: Blobs, settings: Settings, *,
@@ -108,6 +72,8 @@ class Executor:
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.min_attempt_ms = int(settings.min_attempt_seconds * 1000)
         self.new_operation_id, self.sleep = new_operation_id, sleep
+        self.keeper = Keeper(store, lease_ms=self.lease_ms, refund=lambda successes: store.budget(
+            BUDGET, "refund", successes * settings.retry_refund_tokens, settings.retry_budget_tokens))
 
     # -- attempts ---------------------------------------------------------------------
 
@@ -122,7 +88,7 @@ class Executor:
         if claim is None:
             return False
         provider = self.fleet[claim.server]
-        with Heartbeat(self.store, claim, lease_ms=self.lease_ms) as heartbeat:
+        with self.keeper.hold(claim) as heartbeat:
             try:
                 status = self._attempt(claim, provider, heartbeat)
                 if status is not None:
@@ -144,11 +110,12 @@ class Executor:
                 raise AttemptFailed(claim, exc) from exc
         return True
 
-    def _attempt(self, claim: Claim, provider: Provider, heartbeat: Heartbeat) -> OperationStatus | None:
+    def _attempt(self, claim: Claim, provider: Provider, heartbeat: Held) -> OperationStatus | None:
         """Ask the server for every missing output. Returns the prompt's final status, or None
         when the server's watcher follows the prompt from here (the thread is free again)."""
-        job, stored, workflow = self.store.attempt_inputs(claim.job_id)  # all read before the mark
-        missing = [index for index in range(int(job["outputs_requested"])) if index not in stored]
+        inputs = claim.inputs  # read by the claim: nothing waits on Redis between the mark and the send
+        assert inputs is not None, "an attempt's claim carries its inputs"
+        missing = [index for index in range(inputs.outputs_requested) if index not in inputs.stored]
         if not missing:
             return OperationStatus("completed")
         epoch = provider.epoch()
@@ -160,12 +127,12 @@ class Executor:
             raise SubmitUnconfirmed(claim.job_id) from exc
         if (time.monotonic() - marked) * 1000 >= self.lease_ms / 2:  # frozen since: the lease may be gone
             raise UnknownOutcome("submission_window_passed")
-        refused = provider.submit(claim.operation_id, workflow, missing, front=job["priority"] == "interactive")
+        refused = provider.submit(claim.operation_id, inputs.workflow, missing, front=inputs.priority == "interactive")
         faultpoints.reached("after_submit")
         if self.settings.watch:
             self.store.await_provider(claim, lease_ms=self.lease_ms, refused=refused)
             return None
-        deadline = time.monotonic() + (int(job["deadline"]) - claim.claimed_ms) / 1000
+        deadline = time.monotonic() + (inputs.deadline_ms - claim.claimed_ms) / 1000
         status = self._submitted(lambda: self._wait(claim, provider, heartbeat, deadline))
         return replace(status, detail=status.detail or refused)
 
@@ -180,7 +147,7 @@ class Executor:
         if claim.server not in self.fleet:
             raise AttemptFailed(claim, UnknownOutcome("server_not_configured"))
         provider = self.fleet[claim.server]
-        with Heartbeat(self.store, claim, lease_ms=self.lease_ms) as heartbeat:
+        with self.keeper.hold(claim) as heartbeat:
             try:
                 status = self._submitted(lambda: provider.status(claim.operation_id))
                 if status.state in ("pending", "running") and taken.cancel_requested:
@@ -233,13 +200,16 @@ class Executor:
         except ProviderError as exc:
             raise UnknownOutcome(f"read_failed_{exc.reason}") from exc
 
-    def _complete(self, claim: Claim, provider: Provider, status: OperationStatus, heartbeat: Heartbeat) -> None:
-        """Book, store and finish what an ended prompt produced."""
+    def _complete(self, claim: Claim, provider: Provider, status: OperationStatus, heartbeat: Held) -> None:
+        """Book, store and finish what an ended prompt produced: its cost first (the evidence that it
+        ran outlives this worker), then its outputs; a completed prompt's last output is recorded
+        by the finishing step itself."""
         if status.state == "unknown":
             raise UnknownOutcome("operation_not_found")
         made = max(len(status.outputs), status.produced or 0)  # a whole run, up to what was reserved
         self.store.charge(claim, made * provider.price_per_output)
-        self._submitted(lambda: self._store_outputs(claim, provider, status.outputs, heartbeat))
+        last = self._submitted(lambda: self._store_outputs(claim, provider, status.outputs, heartbeat,
+                                                         keep_last=status.state == "completed"))
         faultpoints.reached("after_outputs")
         if status.state == "interrupted":  # stopped at the server (an operator): honoured as a cancel
             self.store.finish(claim, "cancelled", reason="provider_interrupted")
@@ -248,12 +218,12 @@ class Executor:
                 status.error or "provider_execution_error", detail=status.detail)
         else:
             try:
-                self.store.finish(claim, "completed")
+                self.store.finish(claim, "completed", output=last)
             except IncompleteOutputs:  # the same graph makes the same count: retrying cannot help
                 refused = status.detail or self.store.refusal(claim.job_id)  # output nodes refused at submit
                 reason = "provider_refused_output_nodes" if refused else "provider_outputs_missing"
                 raise ExecutionFailed(reason, detail=refused) from None
-            self.store.budget(BUDGET, "refund", self.settings.retry_refund_tokens, self.settings.retry_budget_tokens)
+            self.keeper.refund()
 
     def _server_down(self, claim: Claim, exc: ProviderError) -> None:
         """The server refused before anything was sent: mark it (the watcher probes it and puts it
@@ -263,7 +233,7 @@ class Executor:
         self.store.block_provider(claim.server, "provider_unreachable")
         self.store.retry(claim, delay_ms=0, error_class=exc.reason, free=True)
 
-    def _wait(self, claim: Claim, provider: Provider, heartbeat: Heartbeat, deadline: float) -> OperationStatus:
+    def _wait(self, claim: Claim, provider: Provider, heartbeat: Held, deadline: float) -> OperationStatus:
         while True:
             heartbeat.check()
             status = provider.status(claim.operation_id)
@@ -273,13 +243,23 @@ class Executor:
                 raise UnknownOutcome("deadline_passed_while_running")
             self.sleep(self.settings.poll_interval_seconds)
 
-    def _store_outputs(self, claim: Claim, provider: Provider, refs: list[OutputRef], heartbeat: Heartbeat) -> None:
+    def _store_outputs(self, claim: Claim, provider: Provider, refs: list[OutputRef], heartbeat: Held, *,
+                       keep_last: bool = False) -> tuple[int, dict[str, Any]] | None:
+        """Copy each output into the blob store and record it on the job, one by one (what is stored
+        stays for a retry); with ``keep_last``, the last one's (index, record) is returned unrecorded,
+        for the finishing step to record."""
+        last = None
         for ref in refs:
             heartbeat.check()
+            if last is not None:  # recorded before the next fetch, which may fail
+                self.store.store_output(claim, *last)
             data, content_type = describe(provider.fetch(ref), ref.filename)  # never the embedded workflow
             digest = self.blobs.put(data)
-            record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": content_type}
-            self.store.store_output(claim, ref.index, record)
+            last = (ref.index, {"sha256": digest, "bytes": len(data), "content_type": content_type})
+        if last is not None and not keep_last:
+            self.store.store_output(claim, *last)
+            return None
+        return last
 
     # -- reconciliation ---------------------------------------------------------------
 
@@ -291,7 +271,7 @@ class Executor:
         if rec.claims > MAX_RECONCILE_CLAIMS and self._too_old(rec):
             self._review(rec.claim, "reconcile_timed_out")  # every try died before it could end
             return True
-        with Heartbeat(self.store, rec.claim, lease_ms=self.lease_ms) as heartbeat:
+        with self.keeper.hold(rec.claim) as heartbeat:
             try:
                 self._reconcile(rec, heartbeat)
             except (AttemptFailed, StaleLease):
@@ -301,7 +281,7 @@ class Executor:
                 self._later(rec)
         return True
 
-    def _reconcile(self, rec: Reconcile, heartbeat: Heartbeat) -> None:
+    def _reconcile(self, rec: Reconcile, heartbeat: Held) -> None:
         """Ask the server that received the prompt, never another. Every provider error here
         means "ask again later" (never "pay again"), until the reconciliation is older than its
         limit: then an operator decides."""

@@ -37,16 +37,6 @@ class Reads:
         pairs = zip(replies[::2], replies[1::2], strict=True)
         return [(record, _outputs(outputs)) for record, outputs in pairs if record]
 
-    def attempt_inputs(self, job_id: str) -> tuple[dict[str, str], dict[int, dict[str, Any]], Any]:
-        """(record, outputs, workflow) of a job about to be attempted, in one round trip."""
-        j = JobKeys(job_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(j.record)
-        pipe.hgetall(j.outputs)
-        pipe.get(j.workflow)
-        record, outputs, workflow = pipe.execute()
-        return record, _outputs(outputs), None if workflow is None else orjson.loads(workflow)
-
     def workflow(self, job_id: str) -> Any:
         """The job's workflow (decoded); None once the job has ended (it is dropped then)."""
         raw = self.redis.get(JobKeys(job_id).workflow)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import orjson
@@ -88,6 +88,20 @@ class FleetLimits:
 
 
 @dataclass(frozen=True)
+class Inputs:
+    """What an attempt needs, read by its claim in the same step."""
+
+    outputs_requested: int
+    priority: str
+    #: The job's deadline on Redis's clock (ms).
+    deadline_ms: int
+    #: The workflow, decoded.
+    workflow: Any
+    #: Indices of the outputs stored by earlier attempts (they are not asked for again).
+    stored: frozenset[int]
+
+
+@dataclass(frozen=True)
 class Claim:
     """What a worker holds while it runs one attempt of a job (or reconciles it)."""
 
@@ -99,6 +113,8 @@ class Claim:
     claimed_ms: int = 0
     #: The fleet server the attempt runs on (its slot is taken by the claim).
     server: str = ""
+    #: What the attempt needs, when the claim is an attempt's (``Store.claim``).
+    inputs: Inputs | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -227,13 +243,15 @@ class Store(Reads):
         reply = self.scripts(
             "claim",
             [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
-             j.workflow, t.shard.wake, t.shard.fleet, t.shard.parked, t.shard.called, *t.shard.globals],
+             j.workflow, t.shard.wake, t.shard.fleet, t.shard.parked, t.shard.called, *t.shard.globals, j.outputs],
             [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms, job_id,
              *[item for pair in servers.items() for item in pair]],
         )
         if Code(reply[0]) is not Code.OK:
             return None
-        return Claim(job_id, int(reply[1]), int(reply[2]), operation_id, int(reply[3]), reply[4])
+        inputs = Inputs(int(reply[5]), reply[6], int(reply[7]), orjson.loads(reply[8]) if reply[8] else None,
+                        frozenset(map(int, reply[9:])))
+        return Claim(job_id, int(reply[1]), int(reply[2]), operation_id, int(reply[3]), reply[4], inputs)
 
     def await_provider(self, claim: Claim, *, lease_ms: int, refused: dict[str, str] | None = None,
                        now_ms: int | None = None) -> Claim:
@@ -301,10 +319,13 @@ class Store(Reads):
 
     def finish(
         self, claim: Claim, outcome: str, *, error_class: str = "", reason: str = "",
-        detail: dict[str, str] | None = None, now_ms: int | None = None,
+        detail: dict[str, str] | None = None, output: tuple[int, dict[str, Any]] | None = None,
+        now_ms: int | None = None,
     ) -> None:
         """End the job (completed | failed | cancelled) and settle it. Completing a job whose
-        cancel was requested ends it cancelled, with its outputs."""
+        cancel was requested ends it cancelled, with its outputs. ``output`` (index, record) is
+        recorded first, in the same step, as ``store_output`` does; IncompleteOutputs (after that)
+        if outputs are missing."""
         j = JobKeys(claim.job_id)
         t = j.tenant
         self._fenced(
@@ -312,7 +333,8 @@ class Store(Reads):
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
              j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals],
             [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome,
-             orjson.dumps(detail) if detail else ""],
+             orjson.dumps(detail) if detail else "",
+             *(("", "") if output is None else (output[0], orjson.dumps(output[1])))],
             durable=True,
         )
 

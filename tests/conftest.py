@@ -71,7 +71,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen(
         [exe, "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
+         "--dir", str(workdir), "--notify-keyspace-events", "Kl"],
         stdout=subprocess.DEVNULL,
     )
     client = redis.Redis(port=REDIS_PORT)

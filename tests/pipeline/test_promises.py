@@ -316,23 +316,34 @@ def test_a_submission_time_missing_from_the_record_is_not_taken_as_long_ago(stor
     assert units(sim) == []
 
 
-def test_the_workflow_is_read_before_the_submission_is_marked(store, settings, admit, make_executor, sim) -> None:
+def test_the_claim_hands_over_the_workflow_so_nothing_is_read_after_the_mark(store, settings, admit, make_executor,
+                                                                              sim) -> None:
     calls: list[str] = []
 
     class Recording(Store):
-        def attempt_inputs(self, job_id):
-            calls.append("inputs")
-            return super().attempt_inputs(job_id)
+        def claim(self, *args, **kwargs):
+            claim = super().claim(*args, **kwargs)
+            calls.append(f"claim {claim.inputs.workflow == WORKFLOW} {claim.inputs.outputs_requested}")
+            return claim
 
         def mark_submit(self, *args, **kwargs):
             calls.append("mark_submit")
             return super().mark_submit(*args, **kwargs)
 
-    job_id = admit()
+        def job(self, job_id):
+            calls.append("job")
+            return super().job(job_id)
+
+        def workflow(self, job_id):
+            calls.append("workflow")
+            return super().workflow(job_id)
+
+    job_id = admit(outputs=2)
     executor = make_executor(sim)
     executor.store = Recording(store.redis)
     assert executor.run(job_id) is True
-    assert calls == ["inputs", "mark_submit"]  # the workflow is read first: nothing waits on Redis after the mark
+    assert calls == ["claim True 2", "mark_submit"]  # no read between the mark and the submission
+    assert store.job(job_id)["state"] == "completed" and sorted(store.outputs(job_id)) == [0, 1]
 
 
 def test_one_tenant_whose_visit_fails_does_not_hold_up_the_others(store, settings, tenant, monkeypatch) -> None:

@@ -17,6 +17,8 @@
 -- not take a slot that better-ranked parked jobs are waiting for (as many slots as
 -- are free go to the best parked, and slots promised to called jobs are theirs), so a
 -- parked job is not overtaken by newcomers.
+-- A claim hands back what the attempt needs (the workflow, the outputs still to make), read in
+-- the same step, before the submission is marked.
 --
 -- KEYS[1] job record (hash)          KEYS[7]  tenant ledger (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[8]  tenant's dead letters (zset)
@@ -29,6 +31,7 @@
 --
 -- KEYS[15] global stats (hash), KEYS[16] queue (zset), KEYS[17] due (zset):
 --   see use_globals in _lib.lua
+-- KEYS[18] job's outputs (hash: index -> record)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)   ARGV[4] provider operation id
 -- ARGV[2] worker id                      ARGV[5] provider kind (e.g. comfyui)
@@ -36,7 +39,8 @@
 -- ARGV[7] job id
 -- ARGV[8], ARGV[9], ... server name, its cap (prompts in flight), for each server
 --
--- Returns {0 OK, generation, attempt number, now (ms), server} | {7 NOT_FOUND}
+-- Returns {0 OK, generation, attempt number, now (ms), server, outputs requested, priority, deadline (ms),
+--   workflow (JSON text), index of each output already stored ...} | {7 NOT_FOUND}
 --   | {8 NOT_CLAIMABLE, state} | {14 EXPIRED} | {15 NO_CAPACITY} | {16 PAUSED} (parked too)
 
 use_globals(15)
@@ -97,4 +101,6 @@ redis.call('HSET', KEYS[4], n, cjson.encode({
   operation_id = ARGV[4], state = 'running', started_at = now,
   submitted_at = cjson.null, ended_at = cjson.null, error_class = cjson.null}))
 move(job, KEYS[6], KEYS[5], now, 'queued', 'running', 'claimed')
-return {0, gen, n, now, server}
+local inputs = redis.call('HMGET', job, 'outputs_requested', 'priority', 'deadline')
+return {0, gen, n, now, server, inputs[1], inputs[2], inputs[3], redis.call('GET', KEYS[10]) or '',
+  unpack(redis.call('HKEYS', KEYS[18]))}

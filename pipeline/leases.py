@@ -1,0 +1,120 @@
+"""One thread per worker process keeps the leases of every attempt the process runs, and sends the
+retry-budget refunds of its successes in batches.
+
+A lease is renewed every third of its length (``Store.heartbeat``, on Redis's clock) until its
+attempt ends or it is fenced out. One thread for all of a process's claims, not one per claim: a
+thread per job cost a start and a join on every job, for a renewal that a job shorter than a third
+of the lease never needs.
+
+A success refunds ``retry_refund_tokens`` to the shared retry budget. While other claims run, the
+refunds of one pass (at most ``FLUSH_S``) go out as one call; the last claim to end sends what is
+left. The bucket is capped, so adding n refunds at once leaves it where n single refunds would. A
+process that dies loses its unsent refunds (at most one pass's): the budget is then a little more
+careful, never less.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Callable, Iterator
+
+import redis
+
+from .errors import StaleLease
+from .store import Claim, Store
+
+log = logging.getLogger(__name__)
+#: How often (s) at most the keeper's thread wakes while it holds claims or unsent refunds.
+FLUSH_S = 1.0
+
+
+class Held:
+    """A claim the keeper renews; ``check`` raises StaleLease once it was fenced out."""
+
+    def __init__(self, claim: Claim, due: float) -> None:
+        self.claim, self.due = claim, due
+        self.lost = threading.Event()
+
+    def check(self) -> None:
+        if self.lost.is_set():
+            raise StaleLease("lease lost while running")
+
+
+class Keeper:
+    """Renews the leases this process holds and sends its refunds, from one thread that runs
+    while there is something to do."""
+
+    def __init__(self, store: Store, *, lease_ms: int, refund: Callable[[int], object],
+                 flush_s: float = FLUSH_S) -> None:
+        """``refund(n)`` gives back the retry budget of n successes; the thread wakes at least every
+        ``flush_s`` while it holds claims."""
+        self.store, self.lease_ms, self._refund, self.flush_s = store, lease_ms, refund, flush_s
+        self._held: set[Held] = set()
+        self._refunds = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def hold(self, claim: Claim) -> Iterator[Held]:
+        """Keep the claim's lease while the block runs."""
+        held = Held(claim, time.monotonic() + self.lease_ms / 3000)
+        with self._lock:
+            self._held.add(held)
+            self._running()
+        try:
+            yield held
+        finally:
+            with self._lock:
+                self._held.discard(held)
+                refunds = 0 if self._held else self._refunds
+                self._refunds -= refunds
+            if refunds:
+                self._send(refunds)
+
+    def refund(self) -> None:
+        """A success, inside ``hold``: its refund goes out with the thread's next pass, or as the
+        last claim ends."""
+        with self._lock:
+            self._refunds += 1
+
+    def _running(self) -> None:
+        """Start the thread if it is not running (called under the lock)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._held and not self._refunds:
+                    self._thread = None
+                    return
+                now = time.monotonic()
+                due = [held for held in self._held if held.due <= now and not held.lost.is_set()]
+                refunds, self._refunds = self._refunds, 0
+                wake = min([held.due for held in self._held] + [now + self.flush_s])
+            for held in due:
+                self._renew(held)
+            if refunds:
+                self._send(refunds)
+            time.sleep(max(0.0, wake - time.monotonic()))
+
+    def _renew(self, held: Held) -> None:
+        held.due = time.monotonic() + self.lease_ms / 3000
+        try:
+            self.store.heartbeat(held.claim, lease_ms=self.lease_ms)
+        except StaleLease:
+            held.lost.set()
+        except redis.RedisError:
+            log.warning("heartbeat failed for %s; retrying", held.claim.job_id)
+
+    def _send(self, refunds: int) -> None:
+        try:
+            self._refund(refunds)
+        except redis.RedisError:
+            log.warning("retry budget refund of %d successes failed; sent with the next pass", refunds)
+            with self._lock:
+                self._refunds += refunds

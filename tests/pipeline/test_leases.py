@@ -1,0 +1,74 @@
+"""The lease keeper: one thread per worker process renews every claim it holds, and sends refunds."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import StaleLease
+from pipeline.keys import JobKeys, ProviderKeys
+from pipeline.leases import Keeper
+from pipeline.store import Store
+from tests.conftest import wait_until
+
+
+def claimed(store: Store, admit, key: str, lease_ms: int):
+    claim = store.claim(admit(key), worker="w", lease_ms=lease_ms, operation_id=f"op-{key}", servers={"sim": 10})
+    assert claim is not None
+    return claim
+
+
+def expiry(store: Store, job_id: str) -> int:
+    return int(store.redis.hget(JobKeys(job_id).record, "lease_expires"))
+
+
+def test_one_thread_renews_every_held_lease_and_stops_with_the_last(store, admit) -> None:
+    keeper = Keeper(store, lease_ms=600, refund=lambda n: None)
+    first, second = claimed(store, admit, "a", 600), claimed(store, admit, "b", 600)
+    before = expiry(store, first.job_id), expiry(store, second.job_id)
+    with keeper.hold(first), keeper.hold(second):
+        thread = keeper._thread
+        # renewed (every 200 ms) well past the first expiry
+        wait_until(lambda: min(expiry(store, first.job_id) - before[0], expiry(store, second.job_id) - before[1]) > 400,
+                   timeout=10)
+    assert thread is not None and keeper._thread in (None, thread)
+    wait_until(lambda: keeper._thread is None and not thread.is_alive(), timeout=5)
+
+
+def test_a_fenced_out_claim_is_lost_and_its_check_raises(store, admit) -> None:
+    keeper = Keeper(store, lease_ms=300, refund=lambda n: None)
+    claim = claimed(store, admit, "a", 300)
+    with keeper.hold(claim) as held:
+        held.check()  # still ours
+        store.redis.hincrby(JobKeys(claim.job_id).record, "lease_gen", 1)  # someone else took it
+        wait_until(held.lost.is_set, timeout=10)
+        with pytest.raises(StaleLease):
+            held.check()
+
+
+def test_refunds_go_out_together_when_the_last_claim_ends(store, admit) -> None:
+    sent: list[int] = []
+
+    def refund(successes: int) -> None:
+        sent.append(successes)
+        store.budget("comfyui", "refund", successes, 100)
+
+    store.budget("comfyui", "take", 10, 100)
+    keeper = Keeper(store, lease_ms=60_000, refund=refund, flush_s=3600)  # no pass of the thread in this test
+    first, second = claimed(store, admit, "a", 60_000), claimed(store, admit, "b", 60_000)
+    with keeper.hold(first):
+        with keeper.hold(second):
+            keeper.refund()
+        keeper.refund()
+        keeper.refund()
+        assert sent == []  # another claim still runs: left for the thread's next pass
+    assert sent == [3]  # the last claim to end sent them, as one call
+    assert store.redis.hget(ProviderKeys("comfyui").budget, "tokens") == "93"
+
+
+def test_the_thread_sends_refunds_while_claims_run(store, admit) -> None:
+    sent: list[int] = []
+    keeper = Keeper(store, lease_ms=60_000, refund=sent.append, flush_s=0.05)
+    with keeper.hold(claimed(store, admit, "a", 60_000)):
+        keeper.refund()
+        keeper.refund()
+        wait_until(lambda: sum(sent) == 2, timeout=10)
