@@ -105,8 +105,13 @@ class BlobStore:
 
     @staticmethod
     def _write(target: Path, data: bytes) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        except FileNotFoundError:  # the first blob under this prefix: its directories, made durable once
+            target.parent.mkdir(parents=True, exist_ok=True)
+            for made in (target.parent.parent, target.parent.parent.parent):
+                _fsync_dir(made)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
@@ -116,11 +121,7 @@ class BlobStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _fsync_dir(target.parent)  # the new name itself
 
     def collect(self, keep: Iterable[str], *, min_age_s: float, now: float | None = None) -> tuple[int, int]:
         """Delete every stored blob not in ``keep`` and older than ``min_age_s`` (a blob just
@@ -149,3 +150,12 @@ class BlobStore:
         except OSError as exc:
             raise BlobUnreadable(f"stored output bytes cannot be read ({type(exc).__name__})") from None
         return verified(data, digest)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

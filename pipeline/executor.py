@@ -58,8 +58,12 @@ LOST = (OutputLost, OutputMalformed)
 UNCONFIRMED_RETRY_MS = 1_000
 
 
+#: This host's name, looked up once.
+HOST = socket.gethostname()
+
+
 def worker_name() -> str:
-    return f"{socket.gethostname()}/{os.getpid()}/{threading.get_ident()}"
+    return f"{HOST}/{os.getpid()}/{threading.get_ident()}"
 
 
 class Executor:

@@ -147,9 +147,10 @@ class FailureRouter(Middleware):
 
 
 class Unpark(Middleware):
-    """After every message, publishes parked jobs again while the fleet has free slots (a
-    finished, retried or reviewed job just gave one back). A job taken from the parked set
-    and not published (this process died) is still queued: the sweeper redelivers it."""
+    """After a message whose job gave its dispatch slot back (finished, retried or reviewed) while
+    jobs were parked in its shard, publishes parked jobs again while the fleet has free slots. A
+    job taken from the parked set and not published (this process died) is still queued: the
+    sweeper redelivers it."""
 
     def __init__(self, executor: Callable[[], Executor], publish: Callable[[str, str], None]):
         self.executor, self.publish = executor, publish
@@ -158,6 +159,8 @@ class Unpark(Middleware):
                               exception: BaseException | None = None) -> None:
         try:
             current = self.executor()  # its fleet: the servers its claims take slots on
+            if not current.store.freed():  # no slot given back, or no job waiting for one
+                return
             shard = keys.JobKeys(message.args[0]).shard  # the shard whose slot the message may have freed
             for job_id in current.store.unpark(shard, current.fleet.caps()):
                 self.publish(job_id, "unparked")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
@@ -159,8 +160,18 @@ class Store(Reads):
         self.redis: Any = client
         self.scripts = scripts or Scripts(client)
         self._shards_checked = False
+        #: Per thread: the parked jobs the last step that gave a dispatch slot back saw (``freed``).
+        self._freed = threading.local()
         if shards is not None:
             keys.use_shards(shards)
+
+    def freed(self) -> int | None:
+        """Jobs parked in its shard, as seen by the last finish, retry or review this thread made
+        since it last asked (each gives back a dispatch slot); None when it made none. Cleared by
+        asking: a worker asks after each message, to publish parked jobs only when a slot freed
+        while some waited."""
+        parked, self._freed.parked = getattr(self._freed, "parked", None), None
+        return parked
 
     def check_shards(self) -> None:
         """Record the shard count on first use; refuse (WrongShards) a count other than the recorded
@@ -328,15 +339,16 @@ class Store(Reads):
         if outputs are missing."""
         j = JobKeys(claim.job_id)
         t = j.tenant
-        self._fenced(
+        reply = self._fenced(
             "finish", j,
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
-             j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals],
+             j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals, t.shard.parked],
             [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome,
              orjson.dumps(detail) if detail else "",
              *(("", "") if output is None else (output[0], orjson.dumps(output[1])))],
             durable=True,
         )
+        self._freed.parked = int(reply[2])
 
     def retry(self, claim: Claim, *, delay_ms: int, error_class: str, free: bool = False,
               now_ms: int | None = None) -> int:
@@ -346,9 +358,10 @@ class Store(Reads):
         reply = self._fenced(
             "retry", j,
             [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, t.shard.wake, t.shard.fleet,
-             *t.shard.globals],
+             *t.shard.globals, t.shard.parked],
             [claim.generation, _at(now_ms), delay_ms, error_class, int(free)],
         )
+        self._freed.parked = int(reply[2])
         return int(reply[1])
 
     def begin_reconcile(self, job_id: str, *, reason: str, delay_ms: int = 0, claim: Claim | None = None,
@@ -391,9 +404,10 @@ class Store(Reads):
     def send_to_review(self, claim: Claim, *, expires_in_ms: int, reason: str, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
         t = j.tenant
-        self._fenced("review", j, [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, t.shard.wake,
-                                   t.shard.fleet, *t.shard.globals],
-                     [claim.generation, _at(now_ms), expires_in_ms, reason])
+        reply = self._fenced("review", j, [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, t.shard.wake,
+                                           t.shard.fleet, *t.shard.globals, t.shard.parked],
+                             [claim.generation, _at(now_ms), expires_in_ms, reason])
+        self._freed.parked = int(reply[1])
 
     def resolve_review(self, job_id: str, decision: str, *, reason: str, now_ms: int | None = None) -> str:
         j = JobKeys(job_id)

@@ -430,3 +430,32 @@ def test_a_pause_after_the_claim_sends_nothing_and_gives_the_attempt_back(store,
     job = store.job(job_id)
     assert (job["state"], job["error_class"], job["attempts_allowed"]) == ("retry_wait", "dispatch_paused", "4")
     assert sim.sim.charges == [] and store.fleet({"a": 2})["a"]["busy"] == 0
+
+
+def test_parked_jobs_are_published_after_a_message_that_freed_a_slot_and_only_then(store, settings, admit) -> None:
+    from pipeline.routing import Unpark
+
+    executor = Executor(store, Fleet([Server("sim", "http://sim", 1)], lambda s: None), BlobStore(settings.blob_dir),
+                        settings)
+    published: list[tuple[str, str]] = []
+    unpark = Unpark(lambda: executor, lambda job_id, route: published.append((job_id, route)))
+    asked: list[str] = []
+    store.unpark = lambda shard, servers: asked.append(shard.wake) or type(store).unpark(store, shard, servers)
+
+    def after(job_id: str) -> None:
+        unpark.after_process_message(actors.broker, dramatiq.Message(
+            queue_name="q", actor_name="a", args=(job_id,), kwargs={}, options={}))
+
+    first, waiting = admit("a"), admit("b")
+    held = store.claim(first, worker="w", lease_ms=60_000, operation_id="op-a", servers={"sim": 1})
+    assert held is not None
+    assert store.claim(waiting, worker="w", lease_ms=60_000, operation_id="op-b", servers={"sim": 1}) is None
+    after(waiting)  # parked, no slot freed
+    assert published == [] and store.freed() is None
+    store.retry(held, delay_ms=60_000, error_class="transient", free=True)  # gives the slot back
+    after(first)
+    assert published == [(waiting, "unparked")] and len(asked) == 1
+    store.finish(store.claim(waiting, worker="w", lease_ms=60_000, operation_id="op-b2", servers={"sim": 1}),
+                 "cancelled", reason="cancelled")  # frees the slot with nothing parked
+    after(waiting)
+    assert published == [(waiting, "unparked")] and len(asked) == 1  # asked only after the retry

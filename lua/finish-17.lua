@@ -20,6 +20,7 @@
 --
 -- KEYS[14] global stats (hash), KEYS[15] queue (zset), KEYS[16] due (zset):
 --   see use_globals in _lib.lua
+-- KEYS[17] fleet's parked jobs (zset): the caller publishes them if this freed their slot
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -29,7 +30,7 @@
 -- ARGV[6] JSON safe summary of the failure (node id, class type, error type, message), or ''
 -- ARGV[7] output index, ARGV[8] its record (JSON) ('' for none)
 --
--- Returns {0 OK, outcome} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
+-- Returns {0 OK, outcome, jobs parked in the shard} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
 
 use_globals(14)
 -- The class's service-time estimate (ms a job holds a dispatch slot, claim to completion)
@@ -69,4 +70,4 @@ redis.call('ZREM', KEYS[8], job_id)
 redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[5], 'error_detail', ARGV[6])
 if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end
 move(job, KEYS[7], KEYS[5], now, from, outcome, ARGV[5])
-return {0, outcome}
+return {0, outcome, redis.call('ZCARD', KEYS[17])}

@@ -13,13 +13,14 @@
 --
 -- KEYS[9] global stats (hash), KEYS[10] queue (zset), KEYS[11] due (zset):
 --   see use_globals in _lib.lua
+-- KEYS[12] fleet's parked jobs (zset): the caller publishes them if this freed their slot
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] time until the review expires (ms)
 -- ARGV[4] reason
 --
--- Returns {0 OK} | {9 STALE_LEASE}
+-- Returns {0 OK, jobs parked in the shard} | {9 STALE_LEASE}
 
 use_globals(9)
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
@@ -32,4 +33,4 @@ redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), job_id)
 wake(KEYS[7], KEYS[1], now + tonumber(ARGV[3]))
 move(KEYS[1], KEYS[6], KEYS[5], now, 'reconciling', 'needs_review', ARGV[4])
-return {0}
+return {0, redis.call('ZCARD', KEYS[12])}

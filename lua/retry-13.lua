@@ -14,6 +14,7 @@
 --
 -- KEYS[10] global stats (hash), KEYS[11] queue (zset), KEYS[12] due (zset):
 --   see use_globals in _lib.lua
+-- KEYS[13] fleet's parked jobs (zset): the caller publishes them if this freed their slot
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -21,7 +22,7 @@
 -- ARGV[4] error class
 -- ARGV[5] 1 when the failed attempt does not count against the job (our fault), else 0
 --
--- Returns {0 OK, due (ms)} | {9 STALE_LEASE}
+-- Returns {0 OK, due (ms), jobs parked in the shard} | {9 STALE_LEASE}
 
 use_globals(10)
 local job, now = KEYS[1], clock(ARGV[2])
@@ -39,4 +40,4 @@ wake(KEYS[8], job, due)
 redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[4], 'retry_at', due)
 redis.call('HINCRBY', G.stats, 'retries:' .. ARGV[4], 1)
 move(job, KEYS[5], KEYS[4], now, from, 'retry_wait', ARGV[4])
-return {0, due}
+return {0, due, redis.call('ZCARD', KEYS[13])}
