@@ -100,6 +100,7 @@ def parse_args() -> argparse.Namespace:
     add("--memory-jobs", type=int, default=5000, help="memory: jobs")
     add("--growth-tenants", type=int, default=10_000, help="growth: tenants present")
     add("--growth-jobs", type=numbers(int, 2), default=[1000, 100_000], help="growth: SMALL,LARGE backlogs")
+    add("--growth-warmup", type=int, default=200, help="growth: jobs of each backlog left out of the drain's timing")
     args = parser.parse_args()
     args.phases = list(dict.fromkeys(args.phases + (["growth"] if args.growth else [])))
     unknown = set(args.phases) - set(PHASES)

@@ -60,13 +60,17 @@ def timed(client: redis.Redis, jobs: int, cpu: Callable[[], float], body: Callab
     return Phase(jobs, seconds, redis_cpu(client) - redis0, cpu() - cpu0)
 
 
-def drain(bench: Bench, name: str, queue: str, jobs: int, finished: Callable[[], int]) -> Phase:
+def drain(bench: Bench, name: str, queue: str, jobs: int, finished: Callable[[], int], skip: int = 0) -> Phase:
     """Time the worker ``name`` from its first fetch from the broker's ``queue`` (a list of ``jobs``
-    messages) until ``finished()`` reaches ``jobs``; its process group's CPU and Redis's over the span."""
+    messages), or from when ``skip`` jobs have finished (its warm-up left out), until ``finished()``
+    reaches ``jobs``; its process group's CPU and Redis's over the span, for the jobs in it."""
     broker, pgid = bench.client(1), bench.stack.procs[name].pid
-    wait_for(lambda: broker.llen(queue) < jobs, timeout=120)
+    wait_for(lambda: broker.llen(queue) < jobs, timeout=120, what=f"bench: {name} took nothing in 120 s",
+             interval=0.002)
+    if skip:
+        wait_for(lambda: finished() >= skip, timeout=STALL_SECONDS, what=f"bench: {name} stalled", interval=0.005)
     cpu0, redis0, t0 = group_cpu(pgid), redis_cpu(broker), time.perf_counter()
-    done, progress_at = 0, t0
+    done, progress_at = finished(), t0
     while done < jobs:
         time.sleep(0.005)
         now, count = time.perf_counter(), finished()
@@ -75,7 +79,7 @@ def drain(bench: Bench, name: str, queue: str, jobs: int, finished: Callable[[],
         elif now - progress_at > STALL_SECONDS:
             raise SystemExit(f"bench: {name} finished {done} of {jobs} and nothing more in {STALL_SECONDS} s")
     seconds = time.perf_counter() - t0
-    return Phase(jobs, seconds, redis_cpu(broker) - redis0, group_cpu(pgid) - cpu0)
+    return Phase(jobs - skip, seconds, redis_cpu(broker) - redis0, group_cpu(pgid) - cpu0)
 
 
 def baseline(bench: Bench) -> tuple[Phase, Phase]:
@@ -129,13 +133,14 @@ class Reckon:
                                          "jobs:interactive:failed")
         return {"completed": completed, "failed": failed}
 
-    def drain(self, jobs: int) -> Phase:
-        """Start a worker on the backlog of ``jobs`` jobs, time it until all have finished, stop it."""
+    def drain(self, jobs: int, skip: int = 0) -> Phase:
+        """Start a worker on the backlog of ``jobs`` jobs, time it until all have finished (leaving
+        out the first ``skip``), stop it."""
         args, before = self.bench.args, sum(self.finished().values())
         self.bench.stack.start("worker", str(BIN / "python"), "-m", "pipeline.worker", "pipeline.actors",
                                "-p", str(args.processes), "-t", str(args.threads))
         run = drain(self.bench, "worker", "dramatiq:reckon-interactive", jobs,
-                    lambda: sum(self.finished().values()) - before)
+                    lambda: sum(self.finished().values()) - before, skip)
         self.bench.stack.stop("worker")
         return run
 

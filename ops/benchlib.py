@@ -87,8 +87,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(check, timeout: float = 30.0, what: str = "bench: a process did not come up") -> None:
-    """Until ``check()`` is true (a connection refused or a Redis error counts as false); else exit with ``what``."""
+def wait_for(check, timeout: float = 30.0, what: str = "bench: a process did not come up",
+             interval: float = 0.05) -> None:
+    """Until ``check()`` is true (a connection refused or a Redis error counts as false), asked every
+    ``interval`` seconds; else exit with ``what``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -96,7 +98,7 @@ def wait_for(check, timeout: float = 30.0, what: str = "bench: a process did not
                 return
         except (OSError, redis.RedisError):
             pass
-        time.sleep(0.05)
+        time.sleep(interval)
     raise SystemExit(what)
 
 
