@@ -7,8 +7,6 @@
 -- released. A completed run updates its class's service-time estimate. A failed job gets a dead-letter entry; a cancelled one records
 -- whether a provider execution happened (external_effect). The job's dispatch
 -- slot on its server is given back.
--- A completing worker passes the record of the attempt's last output, recorded in the same step
--- as `store-output` does, before the check that every requested output is there.
 --
 -- KEYS[1] job record (hash)          KEYS[7]  tenant's per-state counts (hash)
 -- KEYS[2] tenant ledger (hash)       KEYS[8]  tenant's reconcile index (zset)
@@ -28,7 +26,6 @@
 -- ARGV[4] error class ('' when completed)
 -- ARGV[5] safe reason (an identifier, never provider text)
 -- ARGV[6] JSON safe summary of the failure (node id, class type, error type, message), or ''
--- ARGV[7] output index, ARGV[8] its record (JSON) ('' for none)
 --
 -- Returns {0 OK, outcome, jobs parked in the shard} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
 
@@ -47,7 +44,6 @@ end
 
 local job, now, outcome = KEYS[1], clock(ARGV[2]), ARGV[3]
 if not holds_lease(job, ARGV[1]) then return {9} end
-if ARGV[7] ~= '' then redis.call('HSETNX', KEYS[6], ARGV[7], ARGV[8]) end
 if outcome == 'completed' then
   local stored = redis.call('HLEN', KEYS[6])
   local requested = tonumber(redis.call('HGET', job, 'outputs_requested'))

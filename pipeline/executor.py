@@ -206,14 +206,12 @@ class Executor:
 
     def _complete(self, claim: Claim, provider: Provider, status: OperationStatus, heartbeat: Held) -> None:
         """Book, store and finish what an ended prompt produced: its cost first (the evidence that it
-        ran outlives this worker), then its outputs; a completed prompt's last output is recorded
-        by the finishing step itself."""
+        ran outlives this worker), then each output as it is copied."""
         if status.state == "unknown":
             raise UnknownOutcome("operation_not_found")
         made = max(len(status.outputs), status.produced or 0)  # a whole run, up to what was reserved
         self.store.charge(claim, made * provider.price_per_output)
-        last = self._submitted(lambda: self._store_outputs(claim, provider, status.outputs, heartbeat,
-                                                         keep_last=status.state == "completed"))
+        self._submitted(lambda: self._store_outputs(claim, provider, status.outputs, heartbeat))
         faultpoints.reached("after_outputs")
         if status.state == "interrupted":  # stopped at the server (an operator): honoured as a cancel
             self.store.finish(claim, "cancelled", reason="provider_interrupted")
@@ -222,7 +220,7 @@ class Executor:
                 status.error or "provider_execution_error", detail=status.detail)
         else:
             try:
-                self.store.finish(claim, "completed", output=last)
+                self.store.finish(claim, "completed")
             except IncompleteOutputs:  # the same graph makes the same count: retrying cannot help
                 refused = status.detail or self.store.refusal(claim.job_id)  # output nodes refused at submit
                 reason = "provider_refused_output_nodes" if refused else "provider_outputs_missing"
@@ -247,23 +245,15 @@ class Executor:
                 raise UnknownOutcome("deadline_passed_while_running")
             self.sleep(self.settings.poll_interval_seconds)
 
-    def _store_outputs(self, claim: Claim, provider: Provider, refs: list[OutputRef], heartbeat: Held, *,
-                       keep_last: bool = False) -> tuple[int, dict[str, Any]] | None:
-        """Copy each output into the blob store and record it on the job, one by one (what is stored
-        stays for a retry); with ``keep_last``, the last one's (index, record) is returned unrecorded,
-        for the finishing step to record."""
-        last = None
+    def _store_outputs(self, claim: Claim, provider: Provider, refs: list[OutputRef], heartbeat: Held) -> None:
+        """Copy each output into the blob store and record it on the job at once: a stored blob is
+        never left unrecorded by a worker that dies before the job finishes."""
         for ref in refs:
             heartbeat.check()
-            if last is not None:  # recorded before the next fetch, which may fail
-                self.store.store_output(claim, *last)
             data, content_type = describe(provider.fetch(ref), ref.filename)  # never the embedded workflow
             digest = self.blobs.put(data)
-            last = (ref.index, {"sha256": digest, "bytes": len(data), "content_type": content_type})
-        if last is not None and not keep_last:
-            self.store.store_output(claim, *last)
-            return None
-        return last
+            record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": content_type}
+            self.store.store_output(claim, ref.index, record)
 
     # -- reconciliation ---------------------------------------------------------------
 

@@ -330,13 +330,10 @@ class Store(Reads):
 
     def finish(
         self, claim: Claim, outcome: str, *, error_class: str = "", reason: str = "",
-        detail: dict[str, str] | None = None, output: tuple[int, dict[str, Any]] | None = None,
-        now_ms: int | None = None,
+        detail: dict[str, str] | None = None, now_ms: int | None = None,
     ) -> None:
         """End the job (completed | failed | cancelled) and settle it. Completing a job whose
-        cancel was requested ends it cancelled, with its outputs. ``output`` (index, record) is
-        recorded first, in the same step, as ``store_output`` does; IncompleteOutputs (after that)
-        if outputs are missing."""
+        cancel was requested ends it cancelled, with its outputs."""
         j = JobKeys(claim.job_id)
         t = j.tenant
         reply = self._fenced(
@@ -344,8 +341,7 @@ class Store(Reads):
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
              j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals, t.shard.parked],
             [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome,
-             orjson.dumps(detail) if detail else "",
-             *(("", "") if output is None else (output[0], orjson.dumps(output[1])))],
+             orjson.dumps(detail) if detail else ""],
             durable=True,
         )
         self._freed.parked = int(reply[2])
