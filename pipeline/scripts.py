@@ -1,17 +1,21 @@
-"""Loads the Lua scripts in ``lua/`` and names their return codes.
+"""Loads the Lua scripts in ``lua/`` as one Redis Functions library and names their return codes.
 
-A script is ``lua/<verb>-<nkeys>.lua``; ``lua/_lib.lua`` is prepended to each and its body
-runs as a function whose reply travels beside the state changes it made, which the caller
-logs (logger ``reckon.state``, one line per change). redis-py's ``Script`` runs them with
-EVALSHA and reloads on NOSCRIPT.
+A script is ``lua/<verb>-<nkeys>.lua``. All of them, behind ``lua/_lib.lua`` (their shared helpers),
+make one library (``FUNCTION LOAD``), named after a hash of its source so that two versions of
+reckon never replace each other's: the helpers are defined once when the library loads, not on
+every call as a prepended EVAL script's would be. Each script's body runs as a function whose reply
+travels beside the state changes it made, which the caller logs (logger ``reckon.state``, one line
+per change). A server without the library (a restart without persistence, ``FUNCTION FLUSH``, a new
+Cluster node) gets it on the first call that finds it missing, which then runs again.
 
 A durable call (``durable=True``, for the writes that must survive a failover: README "Failover
-(Sentinel)") sends ``WAIT <replicas> <timeout>`` right after its EVALSHA, in one pipeline on one
+(Sentinel)") sends ``WAIT <replicas> <timeout>`` right after its FCALL, in one pipeline on one
 connection to the server that holds the keys: WAIT covers only the writes of its own connection.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from enum import IntEnum
@@ -26,10 +30,23 @@ from .settings import DEFAULT_ACK_TIMEOUT_MS, Settings
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 _NAME_RE = re.compile(r"([a-z-]+)-([0-9]+)\.lua")  # fullmatch; \d would take "١" too
-#: A script's body runs as a function; ``MOVES`` (lua/_lib.lua) holds the state changes it made.
-#: An error reply (``redis.error_reply``) passes through as it is: redis-py raises it.
-_BODY = ("local function main()\n{body}\nend\nlocal reply = main()\n"
-         "if type(reply) == 'table' and reply.err then return reply end\nreturn {{MOVES, reply}}\n")
+#: The library: the helpers once, then each script's body registered as a function. A call sets
+#: KEYS and ARGV (which scripts read as EVAL's globals) and a fresh ``MOVES`` (lua/_lib.lua: the
+#: state changes it made, returned beside its reply). An error reply (``redis.error_reply``)
+#: passes through as it is: redis-py raises it.
+_LIBRARY = """#!lua name={name}
+local KEYS, ARGV = {{}}, {{}}
+{prelude}
+local function run(body)
+  return function(keys, args)
+    KEYS, ARGV, MOVES, HELD = keys, args, {{}}, {{}}
+    local reply = body()
+    if type(reply) == 'table' and reply.err then return reply end
+    return {{MOVES, reply}}
+  end
+end
+"""
+_FUNCTION = "redis.register_function('{function}', run(function()\n{body}\nend))\n"
 #: One field of each state change in ``MOVES``, in order.
 _MOVE_FIELDS = ("job", "from", "to", "reason", "attempt", "generation", "error_class")
 
@@ -101,26 +118,32 @@ class Scripts:
         #: A durable call waits until this many replicas have its write (0: no WAIT), at most
         #: ``ack_timeout_ms``.
         self.replicas, self.ack_timeout_ms = replicas, ack_timeout_ms
+        self.client = client
         prelude = (lua_dir / "_lib.lua").read_text()
-        self._scripts: dict[str, tuple[int, Any]] = {}
+        bodies: dict[str, tuple[int, str]] = {}
         for path in sorted(lua_dir.glob("*.lua")):
             match = _NAME_RE.fullmatch(path.name)
             if not match:
                 continue
-            verb = match.group(1)
-            if verb in self._scripts:
-                raise ScriptError(f"two scripts for {verb}")
-            source = prelude + "\n" + _BODY.format(body=path.read_text())
-            self._scripts[verb] = (int(match.group(2)), client.register_script(source))
+            if match.group(1) in bodies:
+                raise ScriptError(f"two scripts for {match.group(1)}")
+            bodies[match.group(1)] = (int(match.group(2)), path.read_text())
+        digest = hashlib.sha1(repr((prelude, sorted(bodies.items()))).encode()).hexdigest()[:12]
+        #: The library's name: ``reckon_`` and a hash of its source.
+        self.library = f"reckon_{digest}"
+        #: verb -> (key count, the name of its function)
+        self._scripts = {verb: (nkeys, f"{self.library}_{verb.replace('-', '_')}")
+                         for verb, (nkeys, _) in bodies.items()}
+        self.source = _LIBRARY.format(name=self.library, prelude=prelude) + "".join(
+            _FUNCTION.format(function=self._scripts[verb][1], body=body) for verb, (_, body) in bodies.items())
 
     @property
     def verbs(self) -> list[str]:
         return sorted(self._scripts)
 
-    def load(self) -> None:
-        """Load every script now (readiness: the server has them cached)."""
-        for _, script in self._scripts.values():
-            script.registered_client.script_load(script.script)
+    def load(self, client: Any = None) -> None:
+        """Load the library now (readiness; a server that lacks it): on every primary of a Cluster."""
+        (client or self.client).function_load(self.source, replace=True)
 
     @classmethod
     def of(cls, client: redis.Redis, settings: Settings) -> Scripts:
@@ -130,14 +153,14 @@ class Scripts:
     def __call__(self, verb: str, keys: Sequence[str], args: Sequence[Any], *, durable: bool = False) -> list[Any]:
         """Run the script; ``durable``: its write must reach ``replicas`` replicas, else
         ReplicationTimeout (after the state changes are logged: they happened)."""
-        nkeys, script = self._scripts[verb]
+        nkeys, function = self._scripts[verb]
         if len(keys) != nkeys:
             raise ScriptError(f"{verb} takes {nkeys} keys, got {len(keys)}")
         acked = self.replicas
         if durable and self.replicas > 0:
-            (moves, *reply), acked = self._run_and_wait(script, list(keys), list(args))
+            (moves, *reply), acked = self._run_and_wait(function, list(keys), list(args))
         else:
-            moves, *reply = script(keys=list(keys), args=list(args))
+            moves, *reply = self._run(function, keys, args)
         for move in moves:
             change = dict(zip(_MOVE_FIELDS, map(_text, move), strict=True))
             change["attempt"], change["generation"] = int(change["attempt"]), int(change["generation"])
@@ -147,8 +170,17 @@ class Scripts:
             raise ReplicationTimeout(verb, acked, self.replicas, result)
         return result
 
-    def _run_and_wait(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, int]:
-        """EVALSHA then WAIT in one pipeline (not a transaction: WAIT cannot run inside MULTI) on one
+    def _run(self, function: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return self.client.fcall(function, len(keys), *keys, *args)
+        except redis.ResponseError as exc:
+            if not _missing(exc):
+                raise
+        self.load()  # a server without the library (restarted empty, flushed, new): load it, run again
+        return self.client.fcall(function, len(keys), *keys, *args)
+
+    def _run_and_wait(self, function: str, keys: list[str], args: list[Any]) -> tuple[Any, int]:
+        """FCALL then WAIT in one pipeline (not a transaction: WAIT cannot run inside MULTI) on one
         connection of the server holding ``keys[0]``; (the script's reply, replicas that confirmed).
 
         WAIT waits for the connection's last write. A script that wrote nothing (a replay of an
@@ -161,19 +193,24 @@ class Scripts:
         def run(client: Any) -> tuple[Any, int]:
             for _ in range(2):
                 with client.pipeline(transaction=False) as pipe:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    pipe.execute_command("FCALL", function, len(keys), *keys, *args)
                     pipe.set(marker, "", px=ACK_KEY_MS)
                     pipe.execute_command("WAIT", self.replicas, self.ack_timeout_ms)
                     reply, _, acked = pipe.execute(raise_on_error=False)
-                if not isinstance(reply, redis.exceptions.NoScriptError):
+                if not (isinstance(reply, redis.ResponseError) and _missing(reply)):
                     break
-                client.script_load(script.script)  # a promoted replica or a new node: load, then run once more
+                self.load(client)  # a server without the library: load it there, then run once more
             for item in (reply, acked):
                 if isinstance(item, Exception):
                     raise item
             return reply, int(acked)
 
-        return on_node(script.registered_client, keys[0], run)
+        return on_node(self.client, keys[0], run)
+
+
+def _missing(error: redis.ResponseError) -> bool:
+    """Whether the server said it has no such function (its library is not loaded there)."""
+    return str(error).startswith("Function not found")
 
 
 def _text(item: Any) -> Any:

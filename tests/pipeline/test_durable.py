@@ -153,7 +153,7 @@ def test_a_durable_call_loads_a_script_the_server_lost(procs: RedisProcs) -> Non
     primary = procs.server()
     procs.server(replica_of=primary)
     store = durable_store(primary, replicas=1, timeout_ms=5000)
-    store.redis.script_flush()  # as on a promoted replica that never had the script loaded
+    store.redis.function_flush()  # as on a server restarted empty
     assert store.scripts("budget", ["reckon:test:budget"], ["take", 1, 10], durable=True) == [0, 9]
 
 

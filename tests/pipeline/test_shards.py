@@ -63,17 +63,20 @@ def test_the_cli_and_the_worker_refuse_another_shard_count(store: Store, backend
 
 
 def test_a_primary_without_the_scripts_gets_them_again(store: Store) -> None:
-    """As after a failover to a replica whose script cache is empty, or a resharding onto a new node."""
+    """As after a restart without persistence, or a resharding onto a new node."""
     create_tenant(store.redis, "acme", 100)
     shard = keys.TenantKeys("acme").shard
-    sha = store.scripts._scripts["take-due"][1].sha
     node = store.redis.get_node_from_key(shard.wake).redis_connection if hasattr(store.redis, "get_node_from_key") \
         else store.redis
-    assert store.take_due(shard, limit=10, hold_ms=1000)[1] == [] and node.script_exists(sha) == [True]
-    store.redis.script_flush()  # every primary
-    assert node.script_exists(sha) == [False]
-    assert store.take_due(shard, limit=10, hold_ms=1000)[1] == []  # NOSCRIPT: loaded again, run again
-    assert node.script_exists(sha) == [True]
+
+    def libraries() -> list[str]:
+        return [dict(zip(entry[::2], entry[1::2], strict=True))["library_name"] for entry in node.function_list()]
+
+    assert store.take_due(shard, limit=10, hold_ms=1000)[1] == [] and store.scripts.library in libraries()
+    store.redis.function_flush()  # every primary
+    assert libraries() == []
+    assert store.take_due(shard, limit=10, hold_ms=1000)[1] == []  # not found: loaded again, run again
+    assert libraries() == [store.scripts.library]
 
 
 def test_each_shard_is_judged_by_the_clock_of_its_own_primary(redis_cluster: cluster.Cluster) -> None:

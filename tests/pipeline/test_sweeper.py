@@ -70,8 +70,8 @@ def test_an_idle_pass_costs_the_same_round_trips_whatever_the_number_of_tenants(
     before_ms = store.server_ms()
     before = commands(store)
     assert sweeper(store, settings).sweep_once() == {}
-    # three round trips: the heartbeat (HSET), unpark (EVALSHA, ZCARD of the parked set) and take-due
-    # (EVALSHA and its one range query), plus the INFO read here
+    # three round trips: the heartbeat (HSET), unpark (FCALL, ZCARD of the parked set) and take-due
+    # (FCALL and its one range query), plus the INFO read here
     assert commands(store) - before == 6
     assert int(store.redis.hget(keys.SWEEPER, "at")) >= before_ms
 
