@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import redis
+from redis.cluster import RedisCluster
 
 from .errors import IncompleteOutputs, NotAllowed, ReckonError, ScriptError, StaleLease
 from .redisconn import on_node
@@ -142,8 +143,17 @@ class Scripts:
         return sorted(self._scripts)
 
     def load(self, client: Any = None) -> None:
-        """Load the library now (readiness; a server that lacks it): on every primary of a Cluster."""
-        (client or self.client).function_load(self.source, replace=True)
+        """Load the library where it is missing (readiness; a server that lacks it): on every primary
+        of a Cluster. A server that has it answers at once, without compiling it again."""
+        client = client or self.client
+        nodes = [node.redis_connection for node in client.get_primaries()] if isinstance(client, RedisCluster) \
+            else [client]
+        for node in nodes:
+            try:
+                node.function_load(self.source)
+            except redis.ResponseError as exc:
+                if "already exists" not in str(exc):
+                    raise
 
     @classmethod
     def of(cls, client: redis.Redis, settings: Settings) -> Scripts:
