@@ -83,14 +83,27 @@ def client_for(url: str, *, decode: bool = True, **options: Any) -> Any:
                                **options)
 
 
+class Cluster(RedisCluster):
+    """redis-py's Cluster client, routing ``FCALL`` by its first key as it routes ``EVALSHA``.
+
+    redis-py asks a node (``COMMAND GETKEYS``) where each FCALL's keys are: a round trip more per
+    call, to a node that may be the one just gone. reckon's scripts keep all their keys in one slot
+    (one hash tag), so the first key decides."""
+
+    def determine_slot(self, *args: Any) -> Any:
+        if str(args[0]).upper() in ("FCALL", "FCALL_RO") and len(args) > 3 and int(args[2]) > 0:
+            return self.keyslot(args[3])
+        return super().determine_slot(*args)
+
+
 def connect(settings: Settings) -> Any:
     """The state-store client: text replies, at most ``SOCKET_TIMEOUT_S`` per call.
 
     Typed Any: redis.Redis and RedisCluster share no base class that names the commands."""
     if settings.redis_cluster:
         nodes = [ClusterNode(host, port) for host, port in parse_addresses(settings.redis_cluster)]
-        return RedisCluster(startup_nodes=nodes, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S,
-                            socket_connect_timeout=SOCKET_TIMEOUT_S)
+        return Cluster(startup_nodes=nodes, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S,
+                       socket_connect_timeout=SOCKET_TIMEOUT_S)
     return connect_url(settings.redis_url)
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from redis.cluster import ClusterNode, RedisCluster
 
+from pipeline import redisconn
+
 #: Shards the state is split into on the test cluster: tags {s0}..{s3} fall on all three primaries.
 SHARDS = 4
 
@@ -43,8 +45,8 @@ class Cluster:
         return ",".join(f"127.0.0.1:{port}" for port in self.ports)
 
     def client(self) -> RedisCluster:
-        return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", port) for port in self.ports],
-                            decode_responses=True)
+        return redisconn.Cluster(startup_nodes=[ClusterNode("127.0.0.1", port) for port in self.ports],
+                                 decode_responses=True)
 
     def node(self, port: int) -> subprocess.Popen[bytes]:
         return self.procs[self.ports.index(port)]

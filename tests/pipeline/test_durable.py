@@ -207,3 +207,28 @@ def test_an_ack_timeout_that_the_socket_timeout_could_cut_is_refused() -> None:
     for bad in ("0", "5001", "20000"):
         with pytest.raises(ValueError, match="RECKON_ACK_TIMEOUT_MS must be between 1 and 5000"):
             Settings.from_env({"RECKON_ACK_TIMEOUT_MS": bad})
+
+
+def test_on_a_cluster_a_script_goes_straight_to_the_node_of_its_keys(redis_cluster) -> None:
+    """redis-py would ask a node where an FCALL's keys are (COMMAND GETKEYS) before every call."""
+    client = redis_cluster.client()
+    try:
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+        scripts = Scripts(client)
+        key = "reckon:{s2}:test:budget"
+        owner = client.get_node_from_key(key).port
+
+        def calls(command: str) -> dict[int, int]:
+            stats = {port: RedisProcs.client(port).info("commandstats") for port in redis_cluster.ports}
+            return {port: int(s.get(f"cmdstat_{command}", {}).get("calls", 0)) for port, s in stats.items()}
+
+        scripts("budget", [key], ["take", 1, 10])  # loads the library where it is missing
+        getkeys, fcalls = calls("command|getkeys"), calls("fcall")
+        for _ in range(5):
+            scripts("budget", [key], ["take", 1, 10])
+        assert client.hget(key, "tokens") == "4"
+        assert calls("command|getkeys") == getkeys
+        assert {port: n - fcalls[port] for port, n in calls("fcall").items()} == {
+            port: 5 * (port == owner) for port in redis_cluster.ports}
+    finally:
+        client.close()
