@@ -8,11 +8,13 @@ no error names a location (an output's location stays out of logs and responses)
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
@@ -81,17 +83,50 @@ def open_blobs(settings: Settings) -> Blobs:
     return S3BlobStore(s3_client(settings.s3_endpoint), url.netloc, url.path)
 
 
+class GroupSync:
+    """Group commit on one filesystem: ``sync`` returns once a ``syncfs(2)`` that began after the call
+    has finished, so every write its caller made before calling is durable (data, names, new
+    directories). One syncfs serves every caller that arrived while the one before it ran: with many
+    writers each pays for a fraction of one, where an fsync of each file and of its directory cost
+    every job two journal commits (on this machine ~1.3 ms of kernel CPU a job)."""
+
+    def __init__(self, path: Path, syncfs: Callable[[Path], None] | None = None) -> None:
+        self.path, self._syncfs = path, syncfs or _syncfs
+        self._cond = threading.Condition()
+        self._asked = self._done = 0
+        self._syncing = False
+
+    def sync(self) -> None:
+        with self._cond:
+            self._asked += 1
+            ticket = self._asked
+            while self._done < ticket:
+                if self._syncing:  # the running sync may have begun before our writes: wait for the next
+                    self._cond.wait()
+                    continue
+                self._syncing, covered = True, self._asked
+                self._cond.release()
+                try:
+                    self._syncfs(self.path)
+                finally:
+                    self._cond.acquire()
+                    self._syncing = False
+                    self._cond.notify_all()  # on an error a waiter syncs again
+                self._done = covered
+
+
 class BlobStore:
-    """Blobs in a local directory: fsync'd files, one per sha256."""
+    """Blobs in a local directory: one file per sha256, its bytes durable before its name appears."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self._synced = GroupSync(self.root)
 
     def path(self, digest: str) -> Path:
         return self.root / layout(digest)
 
     def put(self, data: bytes) -> str:
-        """Store ``data`` durably (temp file, fsync, rename, fsync dir); return its sha256."""
+        """Store ``data`` durably (temp file, sync, rename, sync); return its sha256."""
         digest = hashlib.sha256(data).hexdigest()
         target = self.path(digest)
         try:
@@ -103,25 +138,21 @@ class BlobStore:
             raise BlobUnwritable(f"output bytes cannot be stored ({type(exc).__name__})") from None
         return digest
 
-    @staticmethod
-    def _write(target: Path, data: bytes) -> None:
+    def _write(self, target: Path, data: bytes) -> None:
         try:
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        except FileNotFoundError:  # the first blob under this prefix: its directories, made durable once
+        except FileNotFoundError:  # the first blob under this prefix (its directories go with the next sync)
             target.parent.mkdir(parents=True, exist_ok=True)
-            for made in (target.parent.parent, target.parent.parent.parent):
-                _fsync_dir(made)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+            self._synced.sync()  # the bytes are durable before the name appears: never a name with lost bytes
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        _fsync_dir(target.parent)  # the new name itself
+        self._synced.sync()  # and the name
 
     def collect(self, keep: Iterable[str], *, min_age_s: float, now: float | None = None) -> tuple[int, int]:
         """Delete every stored blob not in ``keep`` and older than ``min_age_s`` (a blob just
@@ -152,10 +183,20 @@ class BlobStore:
         return verified(data, digest)
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make the entries of directory ``path`` durable."""
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _syncfs(path: Path) -> None:
+    """Make everything written to the filesystem holding ``path`` durable (``syncfs(2)``; where the C
+    library has none, ``sync(2)``: every filesystem)."""
+    syncfs = getattr(_libc, "syncfs", None)
+    if syncfs is None:
+        os.sync()
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        if syncfs(fd) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error))
     finally:
         os.close(fd)

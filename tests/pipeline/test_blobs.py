@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import orjson
 import pytest
 
 from pipeline import cli
-from pipeline.blobs import Blobs, BlobStore, BlobUnwritable, open_blobs
+from pipeline.blobs import Blobs, BlobStore, BlobUnwritable, GroupSync, open_blobs
 from pipeline.errors import BlobMissing, BlobUnreadable
 from pipeline.s3blobs import S3BlobStore
 from tests.conftest import free_port
@@ -233,3 +234,51 @@ def test_s3_gc_that_fails_names_no_bucket(store, s3: S3Server, monkeypatch, caps
     assert cli.main(["blobs", "gc"], store=store) == 1
     err = capsys.readouterr().err
     assert err == "reckon: stored outputs cannot be listed or removed (NoSuchBucket)\n"
+
+
+def test_one_filesystem_sync_serves_every_writer_that_waited_for_it(tmp_path: Path) -> None:
+    first_running, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def syncfs(path: Path) -> None:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            first_running.set()
+            assert release.wait(10)
+
+    synced = GroupSync(tmp_path, syncfs)
+    leader = threading.Thread(target=synced.sync)
+    leader.start()
+    assert first_running.wait(10)
+    followers = [threading.Thread(target=synced.sync) for _ in range(5)]
+    for follower in followers:
+        follower.start()
+    time.sleep(0.2)  # they wait: the running sync began before their writes
+    assert calls == [0] and all(f.is_alive() for f in followers)
+    release.set()
+    for thread in [leader, *followers]:
+        thread.join(10)
+    assert calls == [0, 1]  # one more sync, for all five
+
+
+def test_a_failed_sync_fails_its_caller_and_the_next_caller_syncs_again(tmp_path: Path) -> None:
+    results = iter([OSError(5, "Input/output error"), None])
+
+    def syncfs(path: Path) -> None:
+        result = next(results)
+        if result:
+            raise result
+
+    synced = GroupSync(tmp_path, syncfs)
+    with pytest.raises(OSError):
+        synced.sync()
+    synced.sync()  # succeeds: a sync that began after this call
+    with pytest.raises(StopIteration):
+        next(results)
+
+
+def test_the_real_filesystem_sync_runs(tmp_path: Path) -> None:
+    blobs = BlobStore(tmp_path / "blobs")
+    digest = blobs.put(b"durable bytes")
+    assert blobs.read(digest) == b"durable bytes"
+    assert sorted(p.name for p in blobs.path(digest).parent.iterdir()) == [digest]  # no temporary file left
