@@ -21,8 +21,6 @@ import threading
 import time
 from typing import Callable, Iterator
 
-import redis
-
 from .errors import StaleLease
 from .store import Claim, Store
 
@@ -103,18 +101,21 @@ class Keeper:
             time.sleep(max(0.0, wake - time.monotonic()))
 
     def _renew(self, held: Held) -> None:
+        """Any error but a fence is retried at the next renewal: the thread must outlive it, or every
+        lease of the process would run out."""
         held.due = time.monotonic() + self.lease_ms / 3000
         try:
             self.store.heartbeat(held.claim, lease_ms=self.lease_ms)
         except StaleLease:
             held.lost.set()
-        except redis.RedisError:
-            log.warning("heartbeat failed for %s; retrying", held.claim.job_id)
+        except Exception:
+            log.warning("heartbeat failed for %s; retrying", held.claim.job_id, exc_info=True)
 
     def _send(self, refunds: int) -> None:
         try:
             self._refund(refunds)
-        except redis.RedisError:
-            log.warning("retry budget refund of %d successes failed; sent with the next pass", refunds)
+        except Exception:
+            log.warning("retry budget refund of %d successes failed; sent with the next pass", refunds,
+                        exc_info=True)
             with self._lock:
                 self._refunds += refunds
