@@ -65,8 +65,10 @@ def router() -> Router:
     return _router
 
 
-broker.add_middleware(FailureRouter(router))
+# Dramatiq runs after-message hooks in reverse order: Unpark, added first, runs after the routing
+# has retried or dead-lettered the job, which gives its slot back.
 broker.add_middleware(Unpark(executor, Publisher(broker)))
+broker.add_middleware(FailureRouter(router))
 
 
 def run_job(job_id: str) -> None:

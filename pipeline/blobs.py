@@ -72,7 +72,7 @@ def open_blobs(settings: Settings) -> Blobs:
     """The blob store the settings name: ``blob_url`` ``s3://bucket/prefix`` (an S3-compatible
     service at ``s3_endpoint``, AWS's when empty), else the local directory ``blob_dir``."""
     if not settings.blob_url:
-        return BlobStore(settings.blob_dir)
+        return BlobStore(settings.blob_dir, sync=settings.blob_sync)
     url = urlsplit(settings.blob_url)
     if "@" in url.netloc:  # never echoed: it may hold a secret
         raise ValueError("RECKON_BLOB_URL holds credentials; boto3 reads them from AWS_* variables")
@@ -118,9 +118,10 @@ class GroupSync:
 class BlobStore:
     """Blobs in a local directory: one file per sha256, its bytes durable before its name appears."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, sync: str = "group") -> None:
+        """``sync``: ``group`` (shared syncfs) or ``file`` (fsync of each file and directory)."""
         self.root = Path(root)
-        self._synced = GroupSync(self.root)
+        self._synced = GroupSync(self.root) if sync == "group" else None
 
     def path(self, digest: str) -> Path:
         return self.root / layout(digest)
@@ -147,12 +148,23 @@ class BlobStore:
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
-            self._synced.sync()  # the bytes are durable before the name appears: never a name with lost bytes
+                handle.flush()
+                self._durable(handle.fileno())  # the bytes before the name appears: never a name with lost bytes
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        self._synced.sync()  # and the name
+        self._durable(target.parent)  # and the name, and any directory made for it
+
+    def _durable(self, written: int | Path) -> None:
+        """Make durable a file just written (its descriptor) or the entries of a directory and its parents."""
+        if self._synced is not None:
+            self._synced.sync()
+        elif isinstance(written, int):
+            os.fsync(written)
+        else:
+            for made in (written, written.parent, self.root):
+                _fsync_dir(made)
 
     def collect(self, keep: Iterable[str], *, min_age_s: float, now: float | None = None) -> tuple[int, int]:
         """Delete every stored blob not in ``keep`` and older than ``min_age_s`` (a blob just
@@ -198,5 +210,13 @@ def _syncfs(path: Path) -> None:
         if syncfs(fd) != 0:
             error = ctypes.get_errno()
             raise OSError(error, os.strerror(error))
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)

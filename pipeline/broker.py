@@ -77,18 +77,30 @@ class WakingRedisBroker(RedisBroker):
                         "idle workers poll their queues and may take up to a second to pick a job up")
 
 
+#: The list events that mean a message arrived (Dramatiq's enqueue and requeue push; fetches pop).
+PUSHES = frozenset({"rpush", "lpush", b"rpush", b"lpush"})
+
+
 class WakingConsumer(_RedisConsumer):
-    """A Redis consumer that waits for its queue's keyspace event while the queue is empty."""
+    """A Redis consumer that waits for its queue's keyspace event while the queue is empty.
+
+    It listens only while idle: subscribed when its queue is found empty, unsubscribed as soon as it
+    takes a message, so a busy consumer's events never pile up in Redis (to be read through on its
+    next wait), and only a push wakes it (another consumer's fetch does not)."""
 
     def __init__(self, broker: RedisBroker, queue_name: str, prefetch: int, timeout: int) -> None:
         super().__init__(broker, queue_name, prefetch, 0)  # 0: its own idle sleep is ours to do
         self.idle_ms = timeout
         db = broker.client.connection_pool.connection_kwargs.get("db", 0)
-        self.channel = f"__keyspace@{db}__:{broker.namespace}:{queue_name}"
+        self.queue_key = f"{broker.namespace}:{queue_name}"
+        self.channel = f"__keyspace@{db}__:{self.queue_key}"
         self.events: Any = None
+        self.listening = False
 
     def __next__(self) -> Any:
         message = super().__next__()
+        if message is not None and self.listening:
+            self._guard(self._unlisten)
         if message is None:
             _, wait_ms = compute_backoff(max(0, self.misses - 1), max_backoff=self.idle_ms)
             if self.outstanding_message_count < self.prefetch:  # the queue was empty
@@ -98,23 +110,50 @@ class WakingConsumer(_RedisConsumer):
         return message
 
     def _wait(self, seconds: float) -> None:
-        """Until the queue's list is pushed to, or ``seconds``."""
+        """Until a message is pushed onto the queue's list, or ``seconds``."""
         deadline = time.monotonic() + seconds
-        try:
-            if self.events is None:
-                self.events = self.broker.client.pubsub(ignore_subscribe_messages=True)
-                self.events.subscribe(self.channel)
-            while (left := deadline - time.monotonic()) > 0:
-                if self.events.get_message(timeout=left) is not None:
-                    while self.events.get_message(timeout=0) is not None:  # one fetch takes them all
-                        pass
-                    return
-        except redis.RedisError:  # e.g. a failover: poll, and subscribe again next time
-            log.debug("keyspace events of %s unavailable; polling", self.queue_name)
-            self.close()
+        if not self._guard(lambda: self._until_pushed(deadline)):
             time.sleep(max(0.0, deadline - time.monotonic()))
 
+    def _until_pushed(self, deadline: float) -> None:
+        if not self.listening:
+            if not self._listen(deadline):
+                return
+            if self.broker.client.llen(self.queue_key):  # pushed between the fetch and the subscription
+                return self._unlisten()
+        while (left := deadline - time.monotonic()) > 0:
+            event = self.events.get_message(timeout=left)
+            if event is not None and event["type"] == "message" and event["data"] in PUSHES:
+                return self._unlisten()
+
+    def _listen(self, deadline: float) -> bool:
+        """Subscribe, and wait for Redis to confirm it (events from then on reach us)."""
+        if self.events is None:
+            self.events = self.broker.client.pubsub()
+        self.events.subscribe(self.channel)
+        while (left := deadline - time.monotonic()) > 0:
+            event = self.events.get_message(timeout=left)
+            if event is not None and event["type"] == "subscribe":
+                self.listening = True
+                return True
+        return False
+
+    def _unlisten(self) -> None:
+        self.listening = False
+        self.events.unsubscribe(self.channel)
+
+    def _guard(self, call: Any) -> bool:
+        """``call``; False if Redis failed it (a failover): then poll, and subscribe anew next time."""
+        try:
+            call()
+            return True
+        except redis.RedisError:
+            log.debug("keyspace events of %s unavailable; polling", self.queue_name)
+            self.close()
+            return False
+
     def close(self) -> None:
+        self.listening = False
         if self.events is not None:
             try:
                 self.events.close()

@@ -4,13 +4,14 @@ retry-budget refunds of its successes in batches.
 A lease is renewed every third of its length (``Store.heartbeat``, on Redis's clock) until its
 attempt ends or it is fenced out. One thread for all of a process's claims, not one per claim: a
 thread per job cost a start and a join on every job, for a renewal that a job shorter than a third
-of the lease never needs.
+of the lease never needs. Each renewal that falls due runs in a thread of its own, so one that
+hangs (its Cluster primary stopped) does not hold up the others.
 
 A success refunds ``retry_refund_tokens`` to the shared retry budget. While other claims run, the
 refunds of one pass (at most ``FLUSH_S``) go out as one call; the last claim to end sends what is
 left. The bucket is capped, so adding n refunds at once leaves it where n single refunds would. A
-process that dies loses its unsent refunds (at most one pass's): the budget is then a little more
-careful, never less.
+refund call that fails is not sent again (it may have been applied), and a process that dies loses
+its unsent refunds (at most one pass's): the budget is then a little more careful, never less.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Held:
     def __init__(self, claim: Claim, due: float) -> None:
         self.claim, self.due = claim, due
         self.lost = threading.Event()
+        #: A renewal of it is under way (in its own thread).
+        self.renewing = False
 
     def check(self) -> None:
         if self.lost.is_set():
@@ -91,31 +94,31 @@ class Keeper:
                     self._thread = None
                     return
                 now = time.monotonic()
-                due = [held for held in self._held if held.due <= now and not held.lost.is_set()]
+                live = [held for held in self._held if not held.lost.is_set()]
+                due = [held for held in live if held.due <= now and not held.renewing]
+                for held in due:
+                    held.renewing, held.due = True, now + self.lease_ms / 3000
                 refunds, self._refunds = self._refunds, 0
-                wake = min([held.due for held in self._held] + [now + self.flush_s])
+                wake = min([held.due for held in live] + [now + self.flush_s])
             for held in due:
-                self._renew(held)
+                threading.Thread(target=self._renew, args=(held,), name="lease-renewal", daemon=True).start()
             if refunds:
-                self._send(refunds)
+                threading.Thread(target=self._send, args=(refunds,), name="refunds", daemon=True).start()
             time.sleep(max(0.0, wake - time.monotonic()))
 
     def _renew(self, held: Held) -> None:
-        """Any error but a fence is retried at the next renewal: the thread must outlive it, or every
-        lease of the process would run out."""
-        held.due = time.monotonic() + self.lease_ms / 3000
+        """Any error but a fence is retried at the next renewal."""
         try:
             self.store.heartbeat(held.claim, lease_ms=self.lease_ms)
         except StaleLease:
             held.lost.set()
         except Exception:
             log.warning("heartbeat failed for %s; retrying", held.claim.job_id, exc_info=True)
+        finally:
+            held.renewing = False
 
     def _send(self, refunds: int) -> None:
         try:
             self._refund(refunds)
         except Exception:
-            log.warning("retry budget refund of %d successes failed; sent with the next pass", refunds,
-                        exc_info=True)
-            with self._lock:
-                self._refunds += refunds
+            log.warning("retry budget refund of %d successes failed; not sent again", refunds, exc_info=True)

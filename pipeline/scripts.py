@@ -32,15 +32,16 @@ from .settings import DEFAULT_ACK_TIMEOUT_MS, Settings
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 _NAME_RE = re.compile(r"([a-z-]+)-([0-9]+)\.lua")  # fullmatch; \d would take "١" too
 #: The library: the helpers once, then each script's body registered as a function. A call sets
-#: KEYS and ARGV (which scripts read as EVAL's globals) and a fresh ``MOVES`` (lua/_lib.lua: the
-#: state changes it made, returned beside its reply). An error reply (``redis.error_reply``)
-#: passes through as it is: redis-py raises it.
+#: KEYS and ARGV (which scripts read as EVAL's globals), a fresh ``MOVES`` (lua/_lib.lua: the
+#: state changes it made, returned beside its reply) and ``HELD``, and clears ``G`` (a script that
+#: forgot ``use_globals`` fails instead of writing to the shard of the call before). An error reply
+#: (``redis.error_reply``) passes through as it is: redis-py raises it.
 _LIBRARY = """#!lua name={name}
 local KEYS, ARGV = {{}}, {{}}
 {prelude}
 local function run(body)
   return function(keys, args)
-    KEYS, ARGV, MOVES, HELD = keys, args, {{}}, {{}}
+    KEYS, ARGV, MOVES, HELD, G = keys, args, {{}}, {{}}, nil
     local reply = body()
     if type(reply) == 'table' and reply.err then return reply end
     return {{MOVES, reply}}
@@ -129,14 +130,15 @@ class Scripts:
             if match.group(1) in bodies:
                 raise ScriptError(f"two scripts for {match.group(1)}")
             bodies[match.group(1)] = (int(match.group(2)), path.read_text())
-        digest = hashlib.sha1(repr((prelude, sorted(bodies.items()))).encode()).hexdigest()[:12]
-        #: The library's name: ``reckon_`` and a hash of its source.
-        self.library = f"reckon_{digest}"
+        source = _LIBRARY.format(name="{library}", prelude=prelude) + "".join(
+            _FUNCTION.format(function=f"{{library}}_{verb.replace('-', '_')}", body=body)
+            for verb, (_, body) in bodies.items())
+        #: The library's name: ``reckon_`` and a hash of its whole source.
+        self.library = f"reckon_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
+        self.source = source.replace("{library}", self.library)
         #: verb -> (key count, the name of its function)
         self._scripts = {verb: (nkeys, f"{self.library}_{verb.replace('-', '_')}")
                          for verb, (nkeys, _) in bodies.items()}
-        self.source = _LIBRARY.format(name=self.library, prelude=prelude) + "".join(
-            _FUNCTION.format(function=self._scripts[verb][1], body=body) for verb, (_, body) in bodies.items())
 
     @property
     def verbs(self) -> list[str]:
@@ -144,15 +146,18 @@ class Scripts:
 
     def load(self, client: Any = None) -> None:
         """Load the library where it is missing (readiness; a server that lacks it): on every primary
-        of a Cluster. A server that has it answers at once, without compiling it again."""
+        of a Cluster. Asked first, read-only: a server that has it (even one that is full and refuses
+        writes) is not asked to load it again."""
         client = client or self.client
         nodes = [node.redis_connection for node in client.get_primaries()] if isinstance(client, RedisCluster) \
             else [client]
         for node in nodes:
+            if node.function_list(library=self.library):
+                continue
             try:
                 node.function_load(self.source)
             except redis.ResponseError as exc:
-                if "already exists" not in str(exc):
+                if "already exists" not in str(exc):  # loaded meanwhile by another process
                     raise
 
     @classmethod

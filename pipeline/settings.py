@@ -23,6 +23,10 @@ DEFAULT_BLOB_DIR = "var/blobs"
 #: Where outputs are stored (README "Blob store"): empty for the local directory above, or
 #: ``s3://BUCKET[/PREFIX]`` for an S3-compatible bucket that every host reaches...
 DEFAULT_BLOB_URL = ""
+#: How a local blob store makes a put durable: ``group`` (a ``syncfs`` of its filesystem shared by
+#: every put waiting; the default) or ``file`` (an fsync of each file and of its directory: for a
+#: blob directory on a filesystem other heavy writers share, whose dirty data every syncfs waits for).
+DEFAULT_BLOB_SYNC = "group"
 #: ...at this endpoint (``http://host:port`` of MinIO, Ceph RGW...); empty: AWS S3 itself.
 DEFAULT_S3_ENDPOINT = ""
 #: Cost units charged per output image; must match the provider's real price.
@@ -121,6 +125,7 @@ class Settings:
     provider_cap: int = DEFAULT_PROVIDER_CAP
     blob_dir: str = DEFAULT_BLOB_DIR
     blob_url: str = DEFAULT_BLOB_URL
+    blob_sync: str = DEFAULT_BLOB_SYNC
     s3_endpoint: str = DEFAULT_S3_ENDPOINT
     price_per_output: int = DEFAULT_PRICE_PER_OUTPUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
@@ -185,6 +190,7 @@ class Settings:
             "provider_cap": ("RECKON_PROVIDER_CAP", int),
             "blob_dir": ("RECKON_BLOB_DIR", str),
             "blob_url": ("RECKON_BLOB_URL", str),
+            "blob_sync": ("RECKON_BLOB_SYNC", blob_sync),
             "s3_endpoint": ("RECKON_S3_ENDPOINT", str),
             "price_per_output": ("RECKON_PRICE_PER_OUTPUT", int),
             "max_attempts": ("RECKON_MAX_ATTEMPTS", int),
@@ -241,6 +247,12 @@ class Settings:
     def caps(self) -> dict[str, int]:
         """Server name -> dispatch cap, for the processes that unpark or report without a fleet."""
         return {server.name: server.cap for server in self.servers()}
+
+
+def blob_sync(value: str) -> str:
+    if value not in ("group", "file"):
+        raise ValueError(f"RECKON_BLOB_SYNC: group or file, not {value!r}")
+    return value
 
 
 def flag(value: str) -> bool:

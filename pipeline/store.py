@@ -25,7 +25,7 @@ from .errors import (
 )
 from .keys import SERVER_BLOCKS, JobKeys, ProviderKeys, TenantKeys
 from .reads import Reads
-from .scripts import Code, Scripts, raise_for
+from .scripts import Code, ReplicationTimeout, Scripts, raise_for
 from .settings import (
     DEFAULT_INTERACTIVE_TARGET_SECONDS,
     DEFAULT_PROVIDER_CAP,
@@ -336,7 +336,7 @@ class Store(Reads):
         cancel was requested ends it cancelled, with its outputs."""
         j = JobKeys(claim.job_id)
         t = j.tenant
-        reply = self._fenced(
+        self._freeing(
             "finish", j,
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
              j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals, t.shard.parked],
@@ -344,20 +344,18 @@ class Store(Reads):
              orjson.dumps(detail) if detail else ""],
             durable=True,
         )
-        self._freed.parked = int(reply[2])
 
     def retry(self, claim: Claim, *, delay_ms: int, error_class: str, free: bool = False,
               now_ms: int | None = None) -> int:
         """Park the job in retry_wait for ``delay_ms``; ``free`` gives the attempt back. Returns the due time."""
         j = JobKeys(claim.job_id)
         t = j.tenant
-        reply = self._fenced(
+        reply = self._freeing(
             "retry", j,
             [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, t.shard.wake, t.shard.fleet,
              *t.shard.globals, t.shard.parked],
             [claim.generation, _at(now_ms), delay_ms, error_class, int(free)],
         )
-        self._freed.parked = int(reply[2])
         return int(reply[1])
 
     def begin_reconcile(self, job_id: str, *, reason: str, delay_ms: int = 0, claim: Claim | None = None,
@@ -400,10 +398,9 @@ class Store(Reads):
     def send_to_review(self, claim: Claim, *, expires_in_ms: int, reason: str, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
         t = j.tenant
-        reply = self._fenced("review", j, [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, t.shard.wake,
-                                           t.shard.fleet, *t.shard.globals, t.shard.parked],
-                             [claim.generation, _at(now_ms), expires_in_ms, reason])
-        self._freed.parked = int(reply[1])
+        self._freeing("review", j, [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, t.shard.wake,
+                                    t.shard.fleet, *t.shard.globals, t.shard.parked],
+                      [claim.generation, _at(now_ms), expires_in_ms, reason])
 
     def resolve_review(self, job_id: str, decision: str, *, reason: str, now_ms: int | None = None) -> str:
         j = JobKeys(job_id)
@@ -535,3 +532,15 @@ class Store(Reads):
     def _fenced(self, verb: str, job: JobKeys, keys_: list[str], args: list[Any], *,
                 durable: bool = False) -> list[Any]:
         return self._check(self.scripts(verb, keys_, args, durable=durable), job)
+
+    def _freeing(self, verb: str, job: JobKeys, keys_: list[str], args: list[Any], *,
+                 durable: bool = False) -> list[Any]:
+        """A fenced step that gives the job's slot back and answers, last, the parked jobs of its
+        shard (``freed``); a write that stands without its replicas' confirmation counts too."""
+        try:
+            reply = self._fenced(verb, job, keys_, args, durable=durable)
+        except ReplicationTimeout as lagging:
+            self._freed.parked = int(lagging.reply[-1])
+            raise
+        self._freed.parked = int(reply[-1])
+        return reply

@@ -20,6 +20,7 @@ from pipeline import cli
 from pipeline.blobs import Blobs, BlobStore, BlobUnwritable, GroupSync, open_blobs
 from pipeline.errors import BlobMissing, BlobUnreadable
 from pipeline.s3blobs import S3BlobStore
+from pipeline.settings import Settings
 from tests.conftest import free_port
 from tests.s3server import CREDENTIALS, S3Server, client, running
 
@@ -282,3 +283,13 @@ def test_the_real_filesystem_sync_runs(tmp_path: Path) -> None:
     digest = blobs.put(b"durable bytes")
     assert blobs.read(digest) == b"durable bytes"
     assert sorted(p.name for p in blobs.path(digest).parent.iterdir()) == [digest]  # no temporary file left
+
+
+def test_file_by_file_sync_stores_the_same(tmp_path: Path) -> None:
+    blobs = BlobStore(tmp_path / "blobs", sync="file")  # RECKON_BLOB_SYNC=file
+    digest = blobs.put(b"durable bytes, one fsync at a time")
+    assert blobs.read(digest) == b"durable bytes, one fsync at a time"
+    assert sorted(p.name for p in blobs.path(digest).parent.iterdir()) == [digest]
+    assert open_blobs(Settings.from_env({"RECKON_BLOB_DIR": str(tmp_path), "RECKON_BLOB_SYNC": "file"}))._synced is None
+    with pytest.raises(ValueError):
+        Settings.from_env({"RECKON_BLOB_SYNC": "sometimes"})
