@@ -232,3 +232,50 @@ def test_on_a_cluster_a_script_goes_straight_to_the_node_of_its_keys(redis_clust
             port: 5 * (port == owner) for port in redis_cluster.ports}
     finally:
         client.close()
+
+
+def test_a_slot_freed_by_an_unconfirmed_finish_still_publishes_the_parked_job(procs: RedisProcs, settings) -> None:
+    import os
+    import signal
+
+    import dramatiq
+
+    from pipeline import actors
+    from pipeline.blobs import BlobStore
+    from pipeline.executor import Executor
+    from pipeline.fleet import Fleet, Server
+    from pipeline.jobs import Admitter
+    from pipeline.routing import Unpark
+
+    primary = procs.server()
+    replica = procs.server(replica_of=primary)
+    store = durable_store(primary, replicas=1, timeout_ms=300)
+    create_tenant(store.redis, "acme", 10_000)
+    admitter = Admitter(store, lambda job_id, priority: None, settings)
+    first, waiting = (admitter.submit("acme", key, {"kind": "image", "workflow": {"1": {}}, "outputs": 1}).job_id
+                      for key in ("a", "b"))
+    held = store.claim(first, worker="w", lease_ms=60_000, operation_id="op-a", servers={"sim": 1})
+    assert store.claim(waiting, worker="w", lease_ms=60_000, operation_id="op-b", servers={"sim": 1}) is None
+    executor = Executor(store, Fleet([Server("sim", "http://sim", 1)], lambda s: None), BlobStore(settings.blob_dir),
+                        settings)
+    published: list[str] = []
+    unpark = Unpark(lambda: executor, lambda job_id, route: published.append(job_id))
+    os.kill(procs.procs[replica].pid, signal.SIGSTOP)  # the replica lags: WAIT times out
+    try:
+        with pytest.raises(ReplicationTimeout):
+            store.finish(held, "cancelled", reason="cancelled")  # the write stands on the primary
+    finally:
+        os.kill(procs.procs[replica].pid, signal.SIGCONT)
+    unpark.after_process_message(actors.broker, dramatiq.Message(queue_name="q", actor_name="a", args=(first,),
+                                                                 kwargs={}, options={}))
+    assert published == [waiting]
+
+
+def test_unpark_runs_after_the_failure_routing() -> None:
+    """Dramatiq runs after-message hooks in reverse order of the middleware list: Unpark must come
+    before FailureRouter there, so it sees the slot the routing's retry or dead letter gave back."""
+    from pipeline import actors
+    from pipeline.routing import FailureRouter, Unpark
+
+    kinds = [type(m) for m in actors.broker.middleware]
+    assert kinds.index(Unpark) < kinds.index(FailureRouter)
