@@ -133,6 +133,7 @@ class BlobStore:
         try:
             if target.exists():
                 os.utime(target)  # written again now: ``collect`` must not take it before it is recorded
+                self._durable(target.parent)  # its name may be a concurrent put's, not yet durable
                 return digest
             self._write(target, data)
         except OSError as exc:
@@ -163,7 +164,7 @@ class BlobStore:
         elif isinstance(written, int):
             os.fsync(written)
         else:
-            for made in (written, written.parent, self.root):
+            for made in (written, written.parent, self.root, self.root.parent):
                 _fsync_dir(made)
 
     def collect(self, keep: Iterable[str], *, min_age_s: float, now: float | None = None) -> tuple[int, int]:

@@ -86,7 +86,8 @@ class WakingConsumer(_RedisConsumer):
 
     It listens only while idle: subscribed when its queue is found empty, unsubscribed as soon as it
     takes a message, so a busy consumer's events never pile up in Redis (to be read through on its
-    next wait), and only a push wakes it (another consumer's fetch does not)."""
+    next wait), and only a push wakes it (another consumer's fetch does not). A consumer that lost
+    the race for a message stays subscribed."""
 
     def __init__(self, broker: RedisBroker, queue_name: str, prefetch: int, timeout: int) -> None:
         super().__init__(broker, queue_name, prefetch, 0)  # 0: its own idle sleep is ours to do
@@ -95,11 +96,12 @@ class WakingConsumer(_RedisConsumer):
         self.queue_key = f"{broker.namespace}:{queue_name}"
         self.channel = f"__keyspace@{db}__:{self.queue_key}"
         self.events: Any = None
-        self.listening = False
+        #: A SUBSCRIBE is sent (``subscribed``), and Redis confirmed it (``listening``).
+        self.subscribed = self.listening = False
 
     def __next__(self) -> Any:
         message = super().__next__()
-        if message is not None and self.listening:
+        if message is not None and self.subscribed:
             self._guard(self._unlisten)
         if message is None:
             _, wait_ms = compute_backoff(max(0, self.misses - 1), max_backoff=self.idle_ms)
@@ -116,30 +118,24 @@ class WakingConsumer(_RedisConsumer):
             time.sleep(max(0.0, deadline - time.monotonic()))
 
     def _until_pushed(self, deadline: float) -> None:
-        if not self.listening:
-            if not self._listen(deadline):
-                return
-            if self.broker.client.llen(self.queue_key):  # pushed between the fetch and the subscription
-                return self._unlisten()
+        if not self.subscribed:
+            if self.events is None:
+                self.events = self.broker.client.pubsub()
+            self.events.subscribe(self.channel)
+            self.subscribed = True
         while (left := deadline - time.monotonic()) > 0:
             event = self.events.get_message(timeout=left)
-            if event is not None and event["type"] == "message" and event["data"] in PUSHES:
-                return self._unlisten()
-
-    def _listen(self, deadline: float) -> bool:
-        """Subscribe, and wait for Redis to confirm it (events from then on reach us)."""
-        if self.events is None:
-            self.events = self.broker.client.pubsub()
-        self.events.subscribe(self.channel)
-        while (left := deadline - time.monotonic()) > 0:
-            event = self.events.get_message(timeout=left)
-            if event is not None and event["type"] == "subscribe":
+            if event is None:
+                continue
+            if event["type"] == "subscribe":  # events reach us from here on
                 self.listening = True
-                return True
-        return False
+                if self.broker.client.llen(self.queue_key):  # pushed between the fetch and the subscription
+                    return
+            elif event["type"] == "message" and self.listening and event["data"] in PUSHES:
+                return
 
     def _unlisten(self) -> None:
-        self.listening = False
+        self.subscribed = self.listening = False
         self.events.unsubscribe(self.channel)
 
     def _guard(self, call: Any) -> bool:
@@ -153,7 +149,7 @@ class WakingConsumer(_RedisConsumer):
             return False
 
     def close(self) -> None:
-        self.listening = False
+        self.subscribed = self.listening = False
         if self.events is not None:
             try:
                 self.events.close()

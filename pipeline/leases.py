@@ -99,7 +99,8 @@ class Keeper:
                 for held in due:
                     held.renewing, held.due = True, now + self.lease_ms / 3000
                 refunds, self._refunds = self._refunds, 0
-                wake = min([held.due for held in live] + [now + self.flush_s])
+                # a renewal under way (perhaps hanging) is not due again until it ends: the next pass sees it
+                wake = min([held.due for held in live if not held.renewing] + [now + self.flush_s])
             for held in due:
                 threading.Thread(target=self._renew, args=(held,), name="lease-renewal", daemon=True).start()
             if refunds:
