@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from pipeline.errors import StaleLease
@@ -72,3 +75,22 @@ def test_the_thread_sends_refunds_while_claims_run(store, admit) -> None:
         keeper.refund()
         keeper.refund()
         wait_until(lambda: sum(sent) == 2, timeout=10)
+
+
+def test_a_hanging_renewal_does_not_make_the_thread_spin(store, admit) -> None:
+    """A renewal that hangs (its Redis stopped) runs in its own thread; the keeper's own thread sleeps."""
+    release = threading.Event()
+
+    class Hanging:
+        def heartbeat(self, claim, *, lease_ms):
+            release.wait(10)
+
+    claim = claimed(store, admit, "a", 300)
+    keeper = Keeper(Hanging(), lease_ms=300, refund=lambda n: None)  # due every 100 ms
+    with keeper.hold(claim):
+        time.sleep(0.3)  # the first renewal is under way, and hangs
+        before = time.process_time()
+        time.sleep(1.0)
+        busy = time.process_time() - before
+        release.set()
+    assert busy < 0.3  # a spinning thread takes the whole second
