@@ -130,14 +130,14 @@ class Scripts:
             if match.group(1) in bodies:
                 raise ScriptError(f"two scripts for {match.group(1)}")
             bodies[match.group(1)] = (int(match.group(2)), path.read_text())
+        functions = {verb: f"{{library}}_{verb.replace('-', '_')}" for verb in bodies}  # named once hashed
         source = _LIBRARY.format(name="{library}", prelude=prelude) + "".join(
-            _FUNCTION.format(function=f"{{library}}_{verb.replace('-', '_')}", body=body)
-            for verb, (_, body) in bodies.items())
+            _FUNCTION.format(function=functions[verb], body=body) for verb, (_, body) in bodies.items())
         #: The library's name: ``reckon_`` and a hash of its whole source.
         self.library = f"reckon_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
         self.source = source.replace("{library}", self.library)
         #: verb -> (key count, the name of its function)
-        self._scripts = {verb: (nkeys, f"{self.library}_{verb.replace('-', '_')}")
+        self._scripts = {verb: (nkeys, functions[verb].replace("{library}", self.library))
                          for verb, (nkeys, _) in bodies.items()}
 
     @property

@@ -293,3 +293,14 @@ def test_file_by_file_sync_stores_the_same(tmp_path: Path) -> None:
     assert open_blobs(Settings.from_env({"RECKON_BLOB_DIR": str(tmp_path), "RECKON_BLOB_SYNC": "file"}))._synced is None
     with pytest.raises(ValueError):
         Settings.from_env({"RECKON_BLOB_SYNC": "sometimes"})
+
+
+def test_a_put_of_bytes_already_stored_makes_their_name_durable_too(tmp_path: Path) -> None:
+    """Their name may be a concurrent put's, renamed but not synced yet, or one a crash left unsynced."""
+    syncs: list[Path] = []
+    blobs = BlobStore(tmp_path / "blobs")
+    blobs._synced = GroupSync(blobs.root, syncs.append)
+    digest = blobs.put(b"the same bytes")
+    assert len(syncs) == 2  # the bytes, then the name
+    assert blobs.put(b"the same bytes") == digest
+    assert len(syncs) == 3  # the name again, though nothing was written
