@@ -8,8 +8,8 @@ of the lease never needs. Each renewal that falls due runs in a thread of its ow
 hangs (its Cluster primary stopped) does not hold up the others.
 
 A success refunds ``retry_refund_tokens`` to the shared retry budget. While other claims run, the
-refunds of one pass (at most ``FLUSH_S``) go out as one call; the last claim to end sends what is
-left. The bucket is capped, so adding n refunds at once leaves it where n single refunds would. A
+thread sends them once ``FLUSH_S`` has passed since the first one still unsent, as one call; the
+last claim to end sends what is left. The bucket is capped, so adding n refunds at once leaves it where n single refunds would. A
 refund call that fails is not sent again (it may have been applied), and a process that dies loses
 its unsent refunds (at most one pass's): the budget is then a little more careful, never less.
 """
@@ -55,6 +55,8 @@ class Keeper:
         self.store, self.lease_ms, self._refund, self.flush_s = store, lease_ms, refund, flush_s
         self._held: set[Held] = set()
         self._refunds = 0
+        #: When the thread sends the unsent refunds (``flush_s`` after the first of them).
+        self._flush_at = 0.0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -79,6 +81,8 @@ class Keeper:
         """A success, inside ``hold``: its refund goes out with the thread's next pass, or as the
         last claim ends."""
         with self._lock:
+            if not self._refunds:
+                self._flush_at = time.monotonic() + self.flush_s
             self._refunds += 1
 
     def _running(self) -> None:
@@ -98,9 +102,11 @@ class Keeper:
                 due = [held for held in live if held.due <= now and not held.renewing]
                 for held in due:
                     held.renewing, held.due = True, now + self.lease_ms / 3000
-                refunds, self._refunds = self._refunds, 0
+                refunds = self._refunds if self._refunds and self._flush_at <= now else 0
+                self._refunds -= refunds
                 # a renewal under way (perhaps hanging) is not due again until it ends: the next pass sees it
-                wake = min([held.due for held in live if not held.renewing] + [now + self.flush_s])
+                flush = self._flush_at if self._refunds else now + self.flush_s
+                wake = min([held.due for held in live if not held.renewing] + [flush])
             for held in due:
                 threading.Thread(target=self._renew, args=(held,), name="lease-renewal", daemon=True).start()
             if refunds:

@@ -85,6 +85,11 @@ def start(workdir: Path, primaries: int = 3, *, replicas: int = 0) -> Cluster:
             _wait(lambda p=port: "cluster_state:ok" in _answers(cli, p, "CLUSTER", "INFO"))
             _wait(lambda p=port: "role:master" in (info := _answers(cli, p, "INFO", "replication"))
                   or "master_link_status:up" in info)
+        if replicas:  # each primary's replicas have confirmed a write (see replication.confirm_acks)
+            for port in cluster.ports:
+                if "role:master" in _answers(cli, port, "INFO", "replication"):
+                    _wait(lambda p=port: _answers(cli, p, "FLUSHALL") == "OK"
+                          and _answers(cli, p, "WAIT", str(replicas), "10000") == str(replicas))
     except BaseException:
         cluster.stop()
         raise

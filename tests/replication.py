@@ -14,6 +14,24 @@ import redis
 from tests.conftest import free_port, wait_until
 
 MASTER = "mymaster"
+#: A key the replica set-up writes and deletes at once (confirm_acks).
+ACK_PROBE = "reckon-test:ack-probe"
+
+
+def confirm_acks(primary: redis.Redis) -> None:
+    """Wait until every replica of ``primary`` has confirmed a write. A replica just put online
+    may leave the first WAIT unanswered until its periodic ACK (up to a second, one sync in three
+    here): a test that gives WAIT less than that would fail by chance on its first write. The
+    probe key is written and deleted, so the data set is as it was."""
+    try:
+        replicas = int(primary.info("replication")["connected_slaves"])
+        primary.set(ACK_PROBE, 1)
+        primary.delete(ACK_PROBE)
+        confirmed = primary.execute_command("WAIT", replicas, 10_000)
+        if confirmed < replicas:
+            raise AssertionError(f"{confirmed} of {replicas} replicas confirmed a write in 10 s")
+    finally:
+        primary.close()
 
 
 class RedisProcs:
@@ -40,6 +58,7 @@ class RedisProcs:
         if replica_of is not None:  # synced, and counted by the primary's WAIT (online, acking)
             wait_until(lambda: self.client(port).info("replication").get("master_link_status") == "up")
             wait_until(lambda: self._online(replica_of, port))
+            confirm_acks(self.client(replica_of))
         return port
 
     def sentinels(self, primary: int, count: int = 3, *, down_after_ms: int = 1000,

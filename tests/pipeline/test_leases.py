@@ -56,7 +56,7 @@ def test_refunds_go_out_together_when_the_last_claim_ends(store, admit) -> None:
         store.budget("comfyui", "refund", successes, 100)
 
     store.budget("comfyui", "take", 10, 100)
-    keeper = Keeper(store, lease_ms=60_000, refund=refund, flush_s=3600)  # no pass of the thread in this test
+    keeper = Keeper(store, lease_ms=60_000, refund=refund, flush_s=3600)  # the thread sends none for an hour
     first, second = claimed(store, admit, "a", 60_000), claimed(store, admit, "b", 60_000)
     with keeper.hold(first):
         with keeper.hold(second):
