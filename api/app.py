@@ -5,6 +5,7 @@ gunicorn serves ``api.app:create_app()`` (see ops/gunicorn.conf.py).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable
 
@@ -21,7 +22,10 @@ from pipeline.errors import (
     IdempotencyKeyReused,
     InsufficientAllowance,
     InvalidRequest,
+    JobNotFound,
+    NotAllowed,
     OverLimit,
+    ReckonError,
     UnknownTenant,
 )
 from pipeline.jobs import Admitter
@@ -34,6 +38,8 @@ from .auth import Authenticate
 from .metrics import Metrics
 from .openapi import document
 from .problems import Problem, serialize
+
+log = logging.getLogger(__name__)
 
 
 def create_app(
@@ -81,6 +87,11 @@ def _problem(build: Callable[[Any], Problem]) -> Callable[..., None]:
     return handler
 
 
+def _logged(exc: Exception, problem: Problem) -> Problem:
+    log.error("unhandled %s answered %d", type(exc).__name__, problem.status_code, exc_info=exc)
+    return problem
+
+
 #: Status, problem type, title and detail of each admission refusal for load.
 _OVER_LIMIT = {
     "rate": (429, "rate-limited", "Over the tenant's limit", "submissions faster than the tenant's rate"),
@@ -109,6 +120,9 @@ _ERROR_HANDLERS = {
         402, "insufficient-allowance", "Insufficient allowance", str(e),
         available=e.available, required=e.required)),
     UnknownTenant: _problem(lambda e: Problem(401, "unauthorized", "Authentication required")),
+    # the job was purged between a resource's read of it and its action
+    JobNotFound: _problem(lambda e: Problem(404, "job-not-found", "Job not found")),
+    NotAllowed: _problem(lambda e: Problem(409, "job-state-conflict", "Not allowed in the job's state", str(e))),
     ReplicationTimeout: _problem(lambda e: Problem(
         503, "replication-timeout", "Write not yet replicated",
         "the write reached the primary but no replica confirmed it in time; retry the same request (a "
@@ -118,5 +132,9 @@ _ERROR_HANDLERS = {
         503, "state-unavailable", "Service unavailable", "job state cannot be read or written now; nothing was changed",
         headers={"Retry-After": "1"})),
 }
+# Falcon picks the handler of the nearest class in an error's MRO: this one takes only what no
+# other does (a script's unexpected reply), so even a defect answers problem+json, logged.
+_ERROR_HANDLERS[ReckonError] = _problem(lambda e: _logged(e, Problem(
+    500, "internal-error", "Internal error", "the request could not be completed; retry later")))
 # A Redis Cluster none of whose nodes answers raises RedisClusterException, which is no RedisError.
 _ERROR_HANDLERS[RedisClusterException] = _ERROR_HANDLERS[redis.RedisError]

@@ -168,6 +168,8 @@ class EventStream:
         after = _resume_after(req)
         read = functools.partial(progress.snapshot, self.store.redis, job_id)
         state, events = read(after)
+        if state is None:  # purged since owned_job read it
+            raise Problem(404, "job-not-found", "Job not found")
         if state in progress.TERMINAL and not events:
             resp.status = falcon.HTTP_204  # an EventSource does not reconnect after a 204
             return

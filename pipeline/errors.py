@@ -55,6 +55,11 @@ class NotAllowed(ReckonError):
     """An operator or client action does not apply to the job in its current state."""
 
 
+class JobNotFound(NotAllowed):
+    """The job is not there: it never was, or the sweeper purged it past its retention (perhaps
+    between a caller's read of it and its action)."""
+
+
 class ProviderError(ReckonError):
     """A provider call failed; the subclass says what is known about its effect."""
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import redis
 from redis.cluster import RedisCluster
 
-from .errors import IncompleteOutputs, NotAllowed, ReckonError, ScriptError, StaleLease
+from .errors import IncompleteOutputs, JobNotFound, NotAllowed, ReckonError, ScriptError, StaleLease
 from .redisconn import on_node
 from .settings import DEFAULT_ACK_TIMEOUT_MS, Settings
 
@@ -108,7 +108,7 @@ def raise_for(code: Code, reply: Sequence[Any]) -> None:
     if code is Code.NOT_CLAIMABLE:
         raise NotAllowed(f"not allowed while the job is {reply[1] or 'absent'}")
     if code is Code.NOT_FOUND:
-        raise NotAllowed("no such job")
+        raise JobNotFound("no such job")
     raise ScriptError(f"unexpected script reply {code.name}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline.keys import JobKeys
 from pipeline.store import Store
 
 from .conftest import auth, job_body
@@ -55,3 +56,39 @@ def test_supersedes_cancels_the_older_queued_job(client, submit, tenant) -> None
     foreign = submit(tenant("globex"), key="g1").json["id"]
     refused = submit(key, key="v3", body=job_body(supersedes=foreign))
     assert (refused.status_code, refused.json["field"]) == (422, "supersedes")
+
+
+#: Each job route, and what it answers when the job is purged right after the resource first reads
+#: it: gone by the next read, so the route either answers from that first read or says 404.
+PURGED_MIDWAY = {
+    ("post", "/cancel"): (404, P + "job-not-found"),
+    ("get", ""): (200, None),
+    ("get", "/attempts"): (200, None),
+    ("get", "/events"): (200, None),
+    ("get", "/events/stream"): (404, P + "job-not-found"),
+    ("get", "/outputs/0"): (404, P + "output-not-found"),
+}
+
+
+def test_each_job_route_answers_a_job_purged_between_its_reads(client, submit, tenant, store: Store,
+                                                                 monkeypatch) -> None:
+    from api import resources
+
+    key = tenant()
+    read_then_purge = resources.owned_job
+
+    def owned_then_purged(store_: Store, tenant_: str, job_id: str) -> dict[str, str]:
+        record = read_then_purge(store_, tenant_, job_id)
+        assert store_.purge(job_id, retention_ms=0, now_ms=10**13)  # the sweeper, between the two reads
+        return record
+
+    monkeypatch.setattr(resources, "owned_job", owned_then_purged)
+    answers = {}
+    for number, (method, path) in enumerate(PURGED_MIDWAY):
+        job_id = submit(key, key=f"purged-{number}").json["id"]
+        claim = store.claim(job_id, worker="w", now_ms=1, lease_ms=10**13, operation_id="op", servers={"sim": 1000})
+        store.finish(claim, "failed", now_ms=2, error_class="policy_rejected")
+        resp = getattr(client, f"simulate_{method}")(f"/v1/jobs/{job_id}{path}", headers=auth(key))
+        answers[method, path] = (resp.status_code, resp.json.get("type") if resp.status_code >= 400 else None)
+        assert not store.redis.exists(JobKeys(job_id).record)
+    assert answers == PURGED_MIDWAY
