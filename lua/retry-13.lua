@@ -20,7 +20,9 @@
 -- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] delay (ms)
 -- ARGV[4] error class
--- ARGV[5] 1 when the failed attempt does not count against the job (our fault), else 0
+-- ARGV[5] 1 when nothing was sent (connection refused, paused, mark unconfirmed, credentials
+--         refused): the attempt ends `not_sent` and counts neither against the job's attempts
+--         nor in its view's attempt_count; else 0 (it ends `failed`)
 --
 -- Returns {0 OK, due (ms), jobs parked in the shard} | {9 STALE_LEASE}
 
@@ -30,8 +32,13 @@ if not holds_lease(job, ARGV[1]) then return {9} end
 local job_id = redis.call('HGET', job, 'id')
 local from = redis.call('HGET', job, 'state')
 local due = now + tonumber(ARGV[3])
-end_attempt(job, KEYS[3], now, 'failed', ARGV[4])
-if ARGV[5] == '1' then redis.call('HINCRBY', job, 'attempts_allowed', 1) end
+if ARGV[5] == '1' then  -- nothing reached a server that could run it: the attempt was never a submission
+  end_attempt(job, KEYS[3], now, 'not_sent', ARGV[4])
+  redis.call('HINCRBY', job, 'attempts_allowed', 1)
+  redis.call('HINCRBY', job, 'attempts_not_sent', 1)
+else
+  end_attempt(job, KEYS[3], now, 'failed', ARGV[4])
+end
 release(job, KEYS[2], job_id)
 free_slot(job, KEYS[9])
 redis.call('ZREM', KEYS[7], job_id)

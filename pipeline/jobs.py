@@ -256,7 +256,8 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
             {"index": index, **output, "href": f"/v1/jobs/{job_id}/outputs/{index}"}
             for index, output in sorted(outputs.items())
         ],
-        "attempt_count": int(record["attempt_count"]),
+        # submissions only: an attempt that sent nothing (not_sent) is listed but not counted
+        "attempt_count": int(record["attempt_count"]) - int(record.get("attempts_not_sent", 0)),
         "cost": {
             "ceiling": int(record["ceiling"]),
             "reserved": int(record["reserved"]) + int(record.get("charged", 0)),

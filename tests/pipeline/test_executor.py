@@ -124,7 +124,8 @@ def test_an_unreachable_server_is_marked_and_the_attempt_given_back(store, admit
     assert store.redis.hget(keys.ShardKeys(0).fleet, "busy:sim") == "0"  # its slot was given back
     assert store.redis.hgetall(ProviderKeys("comfyui").budget) == {}  # no retry token spent
     assert store.ledger("acme")["reserved"] == 30 and store.ledger("acme")["settled"] == 0
-    assert [(a["state"], a["server"]) for a in store.attempts(job_id)] == [("failed", "sim")]
+    assert [(a["state"], a["server"]) for a in store.attempts(job_id)] == [("not_sent", "sim")]
+    assert job["attempts_not_sent"] == "1"  # its view counts no submission
 
 
 def test_sweeper_publishes_what_admission_never_sent(store, settings, broker, tenant) -> None:

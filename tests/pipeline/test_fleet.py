@@ -19,6 +19,7 @@ from pipeline.broker import Publisher
 from pipeline.errors import AttemptFailed
 from pipeline.executor import Executor
 from pipeline.fleet import Fleet, Server
+from pipeline.jobs import job_view
 from pipeline.keys import JobKeys
 from pipeline.progress import events_after, record
 from pipeline.providers import sim as simulated
@@ -188,8 +189,11 @@ def test_an_unreachable_server_is_skipped_probed_and_put_back(store, settings, a
         wait_until(lambda: all(store.job(j)["state"] == "completed" for j in jobs), timeout=20)
         assert store.provider_block("a") == "provider_unreachable"
         refused = [a for j in jobs for a in store.attempts(j) if a["server"] == "a"]
-        assert refused and {(a["state"], a["error_class"]) for a in refused} == {("failed", "connect_failed")}
+        assert refused and {(a["state"], a["error_class"]) for a in refused} == {("not_sent", "connect_failed")}
         assert {store.job(j)["attempts_allowed"] for j in jobs} <= {"3", "4"}  # a refused attempt is given back
+        for j in jobs:  # listed, but the job's attempt_count counts submissions only: each ran once, on b
+            assert job_view(store.job(j), {})["attempt_count"] == 1
+            assert [a["server"] for a in store.attempts(j) if a["state"] != "not_sent"] == ["b"]
         back = simulated.start(port=port)
         try:
             wait_until(lambda: store.provider_block("a") is None, timeout=10)  # the watcher's probe answered
