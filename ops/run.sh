@@ -11,9 +11,21 @@ export RECKON_PROVIDER_URL="${RECKON_PROVIDER_URL:-http://127.0.0.1:$RECKON_PROV
 export RECKON_BLOB_DIR="${RECKON_BLOB_DIR:-$RECKON_VAR/blobs}"
 export PORT="${PORT:-8000}"
 mkdir -p "$RECKON_VAR/redis" "$RECKON_BLOB_DIR"
+# A development operator token for /ui, made once and kept in var/ (never committed: .gitignore),
+# unless the caller sets RECKON_OPERATOR_TOKEN.
+TOKEN_FILE="$RECKON_VAR/operator-token"
+if [ -z "${RECKON_OPERATOR_TOKEN:-}" ]; then
+  if [ ! -s "$TOKEN_FILE" ]; then
+    (umask 077 && python -c 'import secrets; print(secrets.token_urlsafe(32))' > "$TOKEN_FILE")
+  fi
+  RECKON_OPERATOR_TOKEN="$(cat "$TOKEN_FILE")"
+  export RECKON_OPERATOR_TOKEN
+fi
 
 cat <<MSG
 reckon API: http://127.0.0.1:$PORT   (spec: /openapi.json, metrics: /metrics)
+status page: http://127.0.0.1:$PORT/ui?token=$RECKON_OPERATOR_TOKEN
+  (the operator token; kept in $TOKEN_FILE unless RECKON_OPERATOR_TOKEN is set)
 
 In another shell, create a tenant and a key, then submit a job:
   .venv/bin/reckon tenant create demo --allowance 1000
