@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench redis-server test-deps bench-deps clean
+.PHONY: run test repeat bench redis-server test-deps bench-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ run: $(STAMP) redis-server
 
 test: $(STAMP) test-deps
 	$(BIN)/pytest -q && bash ops/check_alerts.sh
+
+# Each test of TESTS run COUNT times in a row (pytest-repeat): a test that fails by chance shows.
+COUNT ?= 20
+TESTS ?= tests/pipeline/test_leases.py
+repeat: $(STAMP) test-deps
+	$(BIN)/pytest -q -p no:cacheprovider --count $(COUNT) $(TESTS)
 
 # ops/bench.py --help: phases, sizes, --growth (long), --json PATH
 bench: $(STAMP) bench-deps
