@@ -96,6 +96,12 @@ class GroupSync:
         self._asked = self._done = 0
         self._syncing = False
 
+    @property
+    def asked(self) -> int:
+        """How many calls of ``sync`` have begun so far."""
+        with self._cond:
+            return self._asked
+
     def sync(self) -> None:
         with self._cond:
             self._asked += 1

@@ -150,16 +150,26 @@ def test_a_stream_of_a_job_that_keeps_running_closes_after_its_max_seconds(setti
     assert store.job(held.job_id)["state"] == "running"
 
 
-def test_a_process_serves_at_most_its_stream_slots(settings, store, running) -> None:
+def test_a_process_serves_at_most_its_stream_slots(settings, store, running, monkeypatch) -> None:
     held, key = running()
-    app = stream_app(settings, store, sse_max_seconds=1.0, sse_max_streams=1)
+    app = stream_app(settings, store, sse_max_seconds=30.0, sse_max_streams=1)
     path = f"/v1/jobs/{held.job_id}/events/stream"
+    opened, open_slot = threading.Event(), sse.StreamSlots.open
+
+    def open_and_tell(slots: sse.StreamSlots, chunks: Any) -> sse.Body | None:
+        body = open_slot(slots, chunks)
+        if body is not None:
+            opened.set()
+        return body
+
+    monkeypatch.setattr(sse.StreamSlots, "open", open_and_tell)
     first: list[testing.Result] = []
     holder = threading.Thread(target=lambda: first.append(app.simulate_get(path, headers=auth(key))))
     holder.start()
-    time.sleep(0.3)
+    assert opened.wait(10)  # the holder's stream has the only slot, and keeps it while the job runs
     refused = app.simulate_get(path, headers=auth(key))
-    holder.join()
+    store.finish(held, "failed", error_class="invalid_input")  # the holder's stream ends at its next poll
+    holder.join(10)
     assert (refused.status_code, refused.json["type"], refused.headers["retry-after"]) == (
         503, "urn:reckon:problem:too-many-streams", "1")
     assert first[0].status_code == 200

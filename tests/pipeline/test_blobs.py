@@ -21,7 +21,7 @@ from pipeline.blobs import Blobs, BlobStore, BlobUnwritable, GroupSync, open_blo
 from pipeline.errors import BlobMissing, BlobUnreadable
 from pipeline.s3blobs import S3BlobStore
 from pipeline.settings import Settings
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until
 from tests.s3server import CREDENTIALS, S3Server, client, running
 
 IMAGE = b"\x89PNG\r\n\x1a\n an output"
@@ -254,7 +254,7 @@ def test_one_filesystem_sync_serves_every_writer_that_waited_for_it(tmp_path: Pa
     followers = [threading.Thread(target=synced.sync) for _ in range(5)]
     for follower in followers:
         follower.start()
-    time.sleep(0.2)  # they wait: the running sync began before their writes
+    wait_until(lambda: synced.asked == 6)  # they wait: the running sync began before their writes
     assert calls == [0] and all(f.is_alive() for f in followers)
     release.set()
     for thread in [leader, *followers]:
