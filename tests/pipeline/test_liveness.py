@@ -8,13 +8,18 @@ renewal, a claim marked lost), never sleeping on the chance that a pass ran.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 
 import pytest
 
-from pipeline.errors import StaleLease
+from pipeline.errors import StaleLease, Transient
 from pipeline.keys import JobKeys
 from pipeline.leases import Held, Keeper
+from pipeline.providers import sim as simulated
+from pipeline.providers.base import OutputRef
+from pipeline.providers.comfyui import ComfyUI
+from pipeline.providers.http import HttpTransport
 from pipeline.store import Claim, Store
 from tests.conftest import wait_until
 from tests.pipeline.conftest import WORKFLOW
@@ -116,3 +121,19 @@ def test_a_claim_whose_thread_makes_no_progress_is_given_up(store, admit) -> Non
         with pytest.raises(StaleLease):
             held.check()
 
+
+
+def test_an_output_download_has_a_total_time_limit_however_steadily_its_bytes_come(sim) -> None:
+    """One byte every 0.1 s, each inside the 5 s read timeout: cut at the 0.5 s limit, a read that
+    failed (Transient, so the executor takes it for an unknown outcome); whole when it comes in time."""
+    sim.sim.files["out.png"] = simulated.png("out")
+    comfy = ComfyUI(HttpTransport(sim.url, timeout=5), price_per_output=10, fetch_seconds=0.5)
+    ref = OutputRef(0, "out.png")
+    sim.sim.faults = [{"kind": "trickle", "path": "/view", "seconds": 0.1, "times": 1}]
+    began = time.monotonic()
+    with pytest.raises(Transient) as caught:
+        comfy.fetch(ref)
+    assert caught.value.reason == "response_too_slow"
+    assert 0.5 <= time.monotonic() - began < 2.0  # not the 9 s the 92 bytes would take
+    sim.sim.faults = [{"kind": "trickle", "path": "/view", "seconds": 0.001, "times": 1}]
+    assert comfy.fetch(ref) == simulated.png("out")  # 92 bytes in about 0.1 s: inside the limit
