@@ -81,7 +81,7 @@ class HttpTransport:
         """The response, read a chunk at a time; past ``until`` the socket times out (an OSError)."""
         self._bound(conn, until)
         raw = conn.getresponse()
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             self._bound(conn, until)
             chunk = raw.read1(CHUNK)
