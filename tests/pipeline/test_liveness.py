@@ -20,6 +20,7 @@ from pipeline.providers import sim as simulated
 from pipeline.providers.base import OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
+from pipeline.settings import Settings
 from pipeline.store import Claim, Store
 from tests.conftest import wait_until
 from tests.pipeline.conftest import WORKFLOW
@@ -137,3 +138,13 @@ def test_an_output_download_has_a_total_time_limit_however_steadily_its_bytes_co
     assert 0.5 <= time.monotonic() - began < 2.0  # not the 9 s the 92 bytes would take
     sim.sim.faults = [{"kind": "trickle", "path": "/view", "seconds": 0.001, "times": 1}]
     assert comfy.fetch(ref) == simulated.png("out")  # 92 bytes in about 0.1 s: inside the limit
+
+
+def test_the_bounds_come_from_the_environment_and_a_stall_time_must_outlast_a_download() -> None:
+    settings = Settings.from_env({"RECKON_DEADLINE_GRACE_SECONDS": "7", "RECKON_STALL_SECONDS": "90",
+                                  "RECKON_OUTPUT_FETCH_SECONDS": "30"})
+    assert (settings.deadline_grace_seconds, settings.stall_seconds, settings.output_fetch_seconds) == (7, 90, 30)
+    assert (Settings().deadline_grace_seconds, Settings().stall_seconds, Settings().output_fetch_seconds) == (
+        120, 300, 60)
+    with pytest.raises(ValueError, match="RECKON_STALL_SECONDS must be more than RECKON_OUTPUT_FETCH_SECONDS"):
+        Settings.from_env({"RECKON_STALL_SECONDS": "60"})  # no more than the 60 s a download may take
