@@ -44,7 +44,8 @@ def adapter(server: Server) -> Provider:
     nothing (benchmarks: pipeline/providers/null.py)."""
     if server.url.startswith("null:"):
         return NullProvider(server.url, price_per_output=server.price_per_output)
-    return ComfyUI(HttpTransport(server.url), price_per_output=server.price_per_output)
+    return ComfyUI(HttpTransport(server.url), price_per_output=server.price_per_output,
+                   fetch_seconds=settings.output_fetch_seconds)
 
 
 def executor() -> Executor:

@@ -77,7 +77,8 @@ class Executor:
         self.min_attempt_ms = int(settings.min_attempt_seconds * 1000)
         self.new_operation_id, self.sleep = new_operation_id, sleep
         self.keeper = Keeper(store, lease_ms=self.lease_ms, refund=lambda successes: store.budget(
-            BUDGET, "refund", successes * settings.retry_refund_tokens, settings.retry_budget_tokens))
+            BUDGET, "refund", successes * settings.retry_refund_tokens, settings.retry_budget_tokens),
+            grace_s=settings.deadline_grace_seconds, stall_s=settings.stall_seconds)
 
     # -- attempts ---------------------------------------------------------------------
 
@@ -92,7 +93,7 @@ class Executor:
         if claim is None:
             return False
         provider = self.fleet[claim.server]
-        with self.keeper.hold(claim) as heartbeat:
+        with self.keeper.hold(claim, deadline_ms=claim.inputs.deadline_ms if claim.inputs else None) as heartbeat:
             try:
                 status = self._attempt(claim, provider, heartbeat)
                 if status is not None:
@@ -151,7 +152,7 @@ class Executor:
         if claim.server not in self.fleet:
             raise AttemptFailed(claim, UnknownOutcome("server_not_configured"))
         provider = self.fleet[claim.server]
-        with self.keeper.hold(claim) as heartbeat:
+        with self.keeper.hold(claim, deadline_ms=taken.deadline_ms) as heartbeat:
             try:
                 status = self._submitted(lambda: provider.status(claim.operation_id))
                 if status.state in ("pending", "running") and taken.cancel_requested:
@@ -239,6 +240,7 @@ class Executor:
         while True:
             heartbeat.check()
             status = provider.status(claim.operation_id)
+            heartbeat.progress()
             if status.state not in ("pending", "running"):
                 return status
             if time.monotonic() >= deadline:
@@ -253,7 +255,9 @@ class Executor:
             data, content_type = describe(provider.fetch(ref), ref.filename)  # never the embedded workflow
             digest = self.blobs.put(data)
             record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": content_type}
+            heartbeat.check()  # given up by the keeper while it fetched: the reconciler records it
             self.store.store_output(claim, ref.index, record)
+            heartbeat.progress()
 
     # -- reconciliation ---------------------------------------------------------------
 

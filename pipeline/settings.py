@@ -35,6 +35,14 @@ DEFAULT_PRICE_PER_OUTPUT = 10
 DEFAULT_MAX_ATTEMPTS = 3
 #: How long a claim lives without a heartbeat (heartbeats come every third of it).
 DEFAULT_LEASE_SECONDS = 30.0
+#: Liveness (README "Liveness"): the lease keeper stops renewing an attempt's claim this long past
+#: its job's deadline (time to collect a prompt that ended near it; reconciliation does the rest)...
+DEFAULT_DEADLINE_GRACE_SECONDS = 120.0
+#: ...or once its thread has made no progress (status answered, output stored) for this long: more
+#: than the slowest step, an output fetch (60 s) then its S3 put with retries (3 x 35 s) and a Redis write.
+DEFAULT_STALL_SECONDS = 300.0
+#: The longest one output's download from a server may take, however steadily its bytes come.
+DEFAULT_OUTPUT_FETCH_SECONDS = 60.0
 #: How long an idempotency record is kept; after that the key may create a new job.
 DEFAULT_IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 #: Largest request body accepted (413 above it) and largest workflow inside it (422).
@@ -130,6 +138,9 @@ class Settings:
     price_per_output: int = DEFAULT_PRICE_PER_OUTPUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     lease_seconds: float = DEFAULT_LEASE_SECONDS
+    deadline_grace_seconds: float = DEFAULT_DEADLINE_GRACE_SECONDS
+    stall_seconds: float = DEFAULT_STALL_SECONDS
+    output_fetch_seconds: float = DEFAULT_OUTPUT_FETCH_SECONDS
     idempotency_ttl_seconds: int = DEFAULT_IDEMPOTENCY_TTL_SECONDS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_workflow_bytes: int = DEFAULT_MAX_WORKFLOW_BYTES
@@ -175,6 +186,8 @@ class Settings:
             raise ValueError("RECKON_SHARDS must be at least 1")
         if not 0 < self.ack_timeout_ms <= MAX_ACK_TIMEOUT_MS:  # a WAIT cut by the socket timeout is sent again
             raise ValueError(f"RECKON_ACK_TIMEOUT_MS must be between 1 and {MAX_ACK_TIMEOUT_MS}")
+        if self.stall_seconds <= self.output_fetch_seconds:  # a slow but legal fetch would be given up
+            raise ValueError("RECKON_STALL_SECONDS must be more than RECKON_OUTPUT_FETCH_SECONDS")
         if self.sweep_hold_seconds <= 0:  # a hold of 0 would hand every due tenant to every sweeper
             raise ValueError("RECKON_SWEEP_HOLD_SECONDS must be more than 0")
 
@@ -195,6 +208,9 @@ class Settings:
             "price_per_output": ("RECKON_PRICE_PER_OUTPUT", int),
             "max_attempts": ("RECKON_MAX_ATTEMPTS", int),
             "lease_seconds": ("RECKON_LEASE_SECONDS", float),
+            "deadline_grace_seconds": ("RECKON_DEADLINE_GRACE_SECONDS", float),
+            "stall_seconds": ("RECKON_STALL_SECONDS", float),
+            "output_fetch_seconds": ("RECKON_OUTPUT_FETCH_SECONDS", float),
             "idempotency_ttl_seconds": ("RECKON_IDEMPOTENCY_TTL_SECONDS", int),
             "max_body_bytes": ("RECKON_MAX_BODY_BYTES", int),
             "max_workflow_bytes": ("RECKON_MAX_WORKFLOW_BYTES", int),

@@ -22,6 +22,7 @@ from urllib.parse import quote, urlencode
 import orjson
 
 from ..errors import InvalidInput, OutputLost, Transient, UnknownOutcome
+from ..settings import DEFAULT_OUTPUT_FETCH_SECONDS
 from .base import OperationStatus, OutputRef
 from .comfyui_answers import SAFE_REASON, from_history, node_error_detail, prompt_error_detail
 from .http import HttpTransport
@@ -34,10 +35,12 @@ class ComfyUI:
     name = "comfyui"
 
     def __init__(self, transport: HttpTransport, *, price_per_output: int,
-                 client_id: str = DEFAULT_CLIENT_ID) -> None:
+                 client_id: str = DEFAULT_CLIENT_ID, fetch_seconds: float = DEFAULT_OUTPUT_FETCH_SECONDS) -> None:
+        """``fetch_seconds``: the longest one output's download may take in all."""
         self.transport = transport
         self.price_per_output = price_per_output
         self.client_id = client_id
+        self.fetch_seconds = fetch_seconds
 
     def submit(self, operation_id: str, workflow: dict[str, Any], indices: list[int], *,
                front: bool = False) -> dict[str, str] | None:
@@ -111,7 +114,7 @@ class ComfyUI:
         A 404 means the history lists a file the server no longer has (its output folder was
         cleaned): OutputLost, a paid output gone, not the client's invalid input."""
         query = urlencode({"filename": ref.filename, "subfolder": ref.subfolder, "type": ref.folder_type})
-        response = self.transport.request("GET", f"/view?{query}", accept=(404,))
+        response = self.transport.request("GET", f"/view?{query}", accept=(404,), limit=self.fetch_seconds)
         if response.status == 404:
             raise OutputLost("provider_http_404")
         return response.body

@@ -27,6 +27,8 @@ from ..errors import (
 
 #: Seconds to wait for connect and for each read.
 DEFAULT_TIMEOUT = 10.0
+#: Bytes asked of the socket at a time while a response's body is read.
+CHUNK = 64 * 1024
 #: Retry-After delay-seconds: ASCII digits only (``str.isdigit`` also accepts "²", which float refuses).
 _SECONDS_RE = re.compile(r"[0-9]{1,9}")
 
@@ -47,11 +49,14 @@ class HttpTransport:
         self.timeout = timeout
 
     def request(self, method: str, path: str, body: bytes | None = None, *,
-                accept: Collection[int] = ()) -> Response:
+                accept: Collection[int] = (), limit: float | None = None) -> Response:
         """One request; raises a classified ProviderError for anything but a 2xx or a status in
-        ``accept`` (which the caller reads itself, e.g. ComfyUI's 400 explaining a refused graph)."""
+        ``accept`` (which the caller reads itself, e.g. ComfyUI's 400 explaining a refused graph).
+        ``limit``: seconds the whole exchange may take (every read is also cut at the timeout), so
+        a server that trickles its answer, each byte inside the timeout, cannot hold a thread."""
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         conn = cls(self.host, self.port, timeout=self.timeout)
+        until = None if limit is None else time.monotonic() + limit
         try:
             try:
                 conn.connect()
@@ -60,17 +65,41 @@ class HttpTransport:
             headers = {"Content-Type": "application/json"} if body is not None else {}
             try:
                 conn.request(method, path, body=body, headers=headers)
-                raw = conn.getresponse()
-                response = Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw.read())
+                response = self._read(conn, until)
             except (OSError, http.client.HTTPException) as exc:
+                reason = "response_too_slow" if until is not None and time.monotonic() >= until else "response_lost"
                 if method == "GET":
-                    raise Transient("response_lost") from exc
-                raise UnknownOutcome("response_lost") from exc
+                    raise Transient(reason) from exc
+                raise UnknownOutcome(reason) from exc
         finally:
             conn.close()
         if response.status not in accept:
             raise_for_status(method, response)
         return response
+
+    def _read(self, conn: http.client.HTTPConnection, until: float | None) -> Response:
+        """The response, read a chunk at a time; past ``until`` the socket times out (an OSError)."""
+        self._bound(conn, until)
+        raw = conn.getresponse()
+        chunks: list[bytes] = []
+        while True:
+            self._bound(conn, until)
+            chunk = raw.read1(CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        if raw.length:  # closed before Content-Length bytes came
+            raise http.client.IncompleteRead(b"".join(chunks), raw.length)
+        return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, b"".join(chunks))
+
+    def _bound(self, conn: http.client.HTTPConnection, until: float | None) -> None:
+        """The next read waits at most the timeout, and not past ``until``."""
+        if until is None or conn.sock is None:
+            return
+        left = until - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("response_too_slow")
+        conn.sock.settimeout(min(self.timeout, left))
 
 
 def raise_for_status(method: str, response: Response) -> None:

@@ -19,6 +19,8 @@ Faults are injected per run, for the next N prompts, with ``POST /sim/faults``
 - ``read_error`` (``path``, ``status``): a read (GET) whose path starts with ``path`` (``/history``,
   ``/queue``, ``/view``, ``/system_stats``) answers ``status`` (default 500; 0 closes the connection
   unanswered); nothing changes at the provider
+- ``trickle`` (``path``, ``seconds``): a read whose path starts with ``path`` sends its body one byte
+  every ``seconds`` (default 2), each inside any read timeout
 
 ``POST /queue {"delete": [id]}`` removes pending prompts; ``POST /interrupt {"prompt_id": id}`` stops
 that prompt if it is the one running (as ComfyUI v0.3.64 does): it ends ``execution_interrupted``,
@@ -253,13 +255,19 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - never log prompts
         pass
 
-    def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
+    def _send(self, status: int, body: Any, content_type: str = "application/json", every: float = 0.0) -> None:
+        """The answer; with ``every``, its body one byte every ``every`` seconds (the ``trickle`` fault)."""
         data = body if isinstance(body, bytes) else orjson.dumps(body)
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if not every:
+            self.wfile.write(data)
+            return
+        for offset in range(len(data)):  # until the client gives up (a broken pipe ends the handler)
+            time.sleep(every)
+            self.wfile.write(data[offset:offset + 1])
 
     def _delay(self) -> None:
         fault = self.server.sim.take_fault("latency")
@@ -301,8 +309,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {prompt_id: entry} if entry else {})
         if url.path == "/view":
             name = parse_qs(url.query).get("filename", [""])[0]
-            data = sim.files.get(name)
-            return self._send(200, data, "image/png") if data else self._send(404, {"error": "not_found"})
+            data, trickle = sim.files.get(name), sim.take_fault("trickle", path=url.path)
+            every = float(trickle.get("seconds", 2.0)) if trickle else 0.0
+            return self._send(200, data, "image/png", every) if data else self._send(404, {"error": "not_found"})
         if url.path == "/sim/charges":
             with sim.cond:
                 charges = list(sim.charges)
