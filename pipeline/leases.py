@@ -9,9 +9,10 @@ hangs (its Cluster primary stopped) does not hold up the others.
 
 A success refunds ``retry_refund_tokens`` to the shared retry budget. While other claims run, the
 thread sends them once ``FLUSH_S`` has passed since the first one still unsent, as one call; the
-last claim to end sends what is left. The bucket is capped, so adding n refunds at once leaves it where n single refunds would. A
-refund call that fails is not sent again (it may have been applied), and a process that dies loses
-its unsent refunds (at most one pass's): the budget is then a little more careful, never less.
+last claim to end sends what is left. The bucket is capped, so adding n refunds at once leaves it
+where n single refunds would. A refund call that fails is not sent again (it may have been
+applied), and a process that dies loses its unsent refunds (at most a second's): the budget is then
+a little more careful, never less.
 
 The keeper does not keep a claim forever (README "Liveness"): it stops renewing one whose job is
 past its deadline by more than ``grace_s``, or whose thread has reported no progress (an answered
@@ -105,7 +106,7 @@ class Keeper:
         last claim ends."""
         with self._lock:
             if not self._refunds:
-                self._flush_at = time.monotonic() + self.flush_s
+                self._flush_at = self.clock() + self.flush_s
             self._refunds += 1
 
     def _running(self) -> None:
