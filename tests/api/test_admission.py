@@ -27,7 +27,8 @@ def test_new_intent_is_accepted_with_its_reservation(client, submit, tenant, sto
     assert resp.headers["Location"] == f"/v1/jobs/{job['id']}"
     assert "Idempotent-Replayed" not in resp.headers
     assert (job["state"], job["outputs_requested"], job["attempt_count"], job["error"]) == ("queued", 2, 0, None)
-    assert job["cost"] == {"price": 10, "ceiling": 60, "reserved": 60, "uncertain": 0, "settled": 0}  # 2 outputs x 10 x 3 attempts
+    # 2 outputs x 10 x 3 attempts
+    assert job["cost"] == {"price": 10, "ceiling": 60, "reserved": 60, "uncertain": 0, "settled": 0}
     assert "workflow" not in job
     usage = client.simulate_get("/v1/usage", headers=auth(key)).json
     assert usage == {"allowance": 10_000, "reserved": 60, "uncertain": 0, "settled": 0, "available": 9_940}

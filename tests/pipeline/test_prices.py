@@ -234,9 +234,10 @@ def test_every_job_is_settled_what_its_servers_charged_whatever_the_prices(
     store.redis.flushall()
     names = tuple(f"s{i}" for i in range(len(prices)))
     scripts: list[list[str]] = [[] for _ in names]
-    providers = {name: Billed(price, scripts[i]) for i, (name, price) in enumerate(zip(names, prices))}
+    providers = {name: Billed(price, scripts[i]) for i, (name, price) in enumerate(zip(names, prices, strict=True))}
+    fleet = ",".join(f"{n}=http://127.0.0.1:9;price={p}" for n, p in zip(names, prices, strict=True))
     settings = dataclasses.replace(settings, price_per_output=default, retry_base_seconds=0.0, retry_cap_seconds=0.0,
-                                   providers=",".join(f"{n}=http://127.0.0.1:9;price={p}" for n, p in zip(names, prices)))
+                                   providers=fleet)
     executor = Executor(store, Fleet(settings.servers(), lambda s: providers[s.name]), BlobStore(settings.blob_dir),
                         settings)
     router = Router(store, settings, rng=lambda: 0.0)
