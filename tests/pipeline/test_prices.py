@@ -108,7 +108,7 @@ def test_a_two_server_fleet_books_each_run_at_the_price_of_its_server(store, set
     only(store, "b", ("a", "b"))
     assert attempt(executor, router, on_b) == "done"
     assert attempt(executor, router, capped) == "done"
-    inject(b, {"kind": "drop"})  # b runs the prompt and charges it; the answer is lost
+    inject(b, {"kind": "error_after"})  # b runs the prompt and charges it, then answers 500: unknown
     assert attempt(executor, router, dropped) == "reconcile"
     job = store.job(dropped)
     assert (job["state"], job["uncertain"], job["reserved"]) == ("reconciling", "24", "48")  # 2 missing x 12
