@@ -7,7 +7,8 @@
 -- report replaces the guess), so it can never be settled on top of the charge.
 -- The charge is booked in full, at the price of the server that ran the attempt (the
 -- caller's units). More than the job still holds is an invariant violation (admission
--- reserves at the fleet's highest price; only a fleet changed since can pass it): the
+-- reserves at the fleet's highest price; a fleet changed since, or a graph that makes
+-- more images than the job asked for, can pass it): the
 -- money was spent, so the excess is booked too (charged, the tenant's `reserved`, later
 -- settled), recorded on the job (`overrun`, units) and counted (`charge_overruns_total`
 -- in the global stats); the caller logs it as an error. Never silently cut.
