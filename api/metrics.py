@@ -107,6 +107,8 @@ class StateCollector:
             ("reckon_dead_letters", "dead_letters_total", "Jobs dead-lettered (moved to failed)."),
             ("reckon_leases_expired", "leases_expired_total", "Worker leases that expired (the job was reconciled)."),
             ("reckon_stale_writes_rejected", "stale_writes_rejected", "Writes refused for a stale lease generation."),
+            ("reckon_charge_overruns", "charge_overruns_total",
+             "Charges beyond what the job held (an invariant violation), booked in full."),
         ):
             counter = CounterMetricFamily(name, text)
             counter.add_metric([], f.number(field))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from pipeline.fleet import highest_price
 from pipeline.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_DEPTH, MAX_OUTPUTS, PRIORITIES
 from pipeline.keys import JOB_ID_RE
 from pipeline.settings import Settings
@@ -55,7 +56,7 @@ SPEC: dict[str, Any] = {
                     "workflow": {"type": "object", "minProperties": 1},
                     "outputs": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUTS},
                     "max_cost": {"type": "integer", "minimum": 1, "maximum": MAX_COST,
-                                 "description": "at least outputs x price per output, else 422"},
+                                 "description": "at least outputs x the fleet's highest price per output, else 422"},
                     "deadline_s": {"type": "integer", "minimum": 1, "maximum": MAX_DEADLINE_SECONDS},
                     "priority": {"enum": list(PRIORITIES)},
                     "supersedes": {"type": "string", "pattern": f"^{JOB_ID_RE.pattern}$",
@@ -76,9 +77,9 @@ SPEC: dict[str, Any] = {
                                        "bytes": {"type": "integer"}, "content_type": {"type": "string"},
                                        "href": {"type": "string"}}}},
                     "attempt_count": {"type": "integer"},
-                    "cost": {"type": "object", "required": ["ceiling", "reserved", "uncertain", "settled"],
+                    "cost": {"type": "object", "required": ["price", "ceiling", "reserved", "uncertain", "settled"],
                              "properties": {k: {"type": "integer"}
-                                            for k in ("ceiling", "reserved", "uncertain", "settled")}},
+                                            for k in ("price", "ceiling", "reserved", "uncertain", "settled")}},
                     "cancel_requested": {"type": "boolean"},
                     "obsolete": {"type": "boolean"},
                     "external_effect": {"enum": [None, "none", "possible", "occurred"]},
@@ -233,9 +234,10 @@ SPEC: dict[str, Any] = {
 
 def document(settings: Settings) -> dict[str, Any]:
     """SPEC plus the rules that depend on settings: max_cost, when given, covers one attempt
-    (outputs x price per output); below that the answer is 422 max-cost-too-low."""
+    (outputs x the price a job is reserved at, the fleet's highest); below that the answer is 422
+    max-cost-too-low."""
     spec = copy.deepcopy(SPEC)
-    price = settings.price_per_output
+    price = highest_price(settings.servers())
     spec["components"]["schemas"]["JobRequest"]["anyOf"] = [
         {"properties": {"max_cost": False}},
         *({"properties": {"outputs": {"const": n}, "max_cost": {"minimum": n * price}}}

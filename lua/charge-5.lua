@@ -5,6 +5,13 @@
 -- leaves no doubt about it; booked once per attempt. Whatever was held as
 -- uncertain for the attempt is resolved in the same step (the provider's own
 -- report replaces the guess), so it can never be settled on top of the charge.
+-- The charge is booked in full, at the price of the server that ran the attempt (the
+-- caller's units). More than the job still holds is an invariant violation (admission
+-- reserves at the fleet's highest price; a fleet changed since, or a graph that makes
+-- more images than the job asked for, can pass it): the
+-- money was spent, so the excess is booked too (charged, the tenant's `reserved`, later
+-- settled), recorded on the job (`overrun`, units) and counted (`charge_overruns_total`
+-- in the global stats); the caller logs it as an error. Never silently cut.
 --
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant ledger (hash)
@@ -13,13 +20,21 @@
 --   see use_globals in _lib.lua
 --
 -- ARGV[1] lease generation held by the caller
--- ARGV[2] cost units the provider charged for this attempt
+-- ARGV[2] cost units the provider charged for this attempt (outputs x its server's price)
 --
--- Returns {0 OK, units booked} | {9 STALE_LEASE}
+-- Returns {0 OK, units booked, units beyond what the job held (0: none)} | {9 STALE_LEASE}
 
 use_globals(3)
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
-if redis.call('HGET', KEYS[1], 'attempt_charged') == '1' then return {0, 0} end
+if redis.call('HGET', KEYS[1], 'attempt_charged') == '1' then return {0, 0, 0} end
 redis.call('HSET', KEYS[1], 'attempt_charged', 1)
 shift(KEYS[1], KEYS[2], 'uncertain', 'reserved', redis.call('HGET', KEYS[1], 'uncertain') or '0')
-return {0, shift(KEYS[1], KEYS[2], 'reserved', 'charged', ARGV[2])}
+local units = tonumber(ARGV[2])
+local over = units - shift(KEYS[1], KEYS[2], 'reserved', 'charged', units)
+if over > 0 then
+  redis.call('HINCRBY', KEYS[1], 'charged', over)
+  redis.call('HINCRBY', KEYS[1], 'overrun', over)
+  ledger_add(KEYS[2], 'reserved', over)
+  redis.call('HINCRBY', G.stats, 'charge_overruns_total', 1)
+end
+return {0, units, over}

@@ -17,6 +17,8 @@
 -- not take a slot that better-ranked parked jobs are waiting for (as many slots as
 -- are free go to the best parked, and slots promised to called jobs are theirs), so a
 -- parked job is not overtaken by newcomers.
+-- The claim records the price per output of the server it took (`attempt_price` on the job,
+-- `price` on the attempt): what an unknown outcome of this attempt holds as uncertain.
 -- A claim hands back what the attempt needs (the workflow, the outputs still to make), read in
 -- the same step, before the submission is marked.
 --
@@ -37,7 +39,8 @@
 -- ARGV[2] worker id                      ARGV[5] provider kind (e.g. comfyui)
 -- ARGV[3] lease length (ms)              ARGV[6] least time an attempt needs (ms)
 -- ARGV[7] job id
--- ARGV[8], ARGV[9], ... server name, its cap (prompts in flight), for each server
+-- ARGV[8], ARGV[9], ARGV[10], ... for each server: its name, its cap (prompts in flight), its price
+--   (cost units per output; '' = the job's own `price`, the one it was reserved at)
 --
 -- Returns {0 OK, generation, attempt number, now (ms), server, outputs requested, priority, deadline (ms),
 --   workflow (JSON text), index of each output already stored ...} | {7 NOT_FOUND}
@@ -61,8 +64,11 @@ if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
 end
 
 local job_id = f[2]
-local servers = {}
-for i = 8, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
+local servers, prices = {}, {}
+for i = 8, #ARGV, 3 do
+  servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])}
+  prices[ARGV[i]] = ARGV[i + 2]
+end
 -- rank: interactive before batch, then the oldest intent first
 local g = redis.call('HMGET', job, 'priority', 'created_at')
 local rank = (g[1] == 'batch' and tonumber(BATCH_RANK) or 0) + tonumber(g[2] or now)
@@ -87,17 +93,18 @@ if not server then
   return {15}
 end
 local expires = now + tonumber(ARGV[3])
+local price = tonumber(prices[server]) or tonumber(redis.call('HGET', job, 'price'))
 local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
 local n = redis.call('HINCRBY', job, 'attempt_count', 1)
 redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0,
   'operation_id', ARGV[4], 'provider', ARGV[5], 'submitted', 0, 'submit_epoch', '', 'submitted_at', 0,
-  'attempt_charged', 0, 'server', server, 'slot_held', 1)
+  'attempt_charged', 0, 'server', server, 'slot_held', 1, 'attempt_price', price)
 redis.call('ZADD', KEYS[2], expires, job_id)
 wake(KEYS[11], job, expires)
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZREM', KEYS[13], job_id)
 redis.call('HSET', KEYS[4], n, cjson.encode({
-  number = n, worker = ARGV[2], generation = gen, provider = ARGV[5], server = server,
+  number = n, worker = ARGV[2], generation = gen, provider = ARGV[5], server = server, price = price,
   operation_id = ARGV[4], state = 'running', started_at = now,
   submitted_at = cjson.null, ended_at = cjson.null, error_class = cjson.null}))
 move(job, KEYS[6], KEYS[5], now, 'queued', 'running', 'claimed')

@@ -6,7 +6,9 @@
 -- the provider stopped). Either way the lease ends and the generation goes up:
 -- the worker of the unknown attempt, stalled or not, can no longer write. If the
 -- attempt was submitted and its charge is not yet booked, the price of its
--- missing outputs moves from reserved to uncertain until reconciliation resolves it.
+-- missing outputs at its server's price (`attempt_price`, recorded by the claim; a job
+-- claimed before claims recorded it: its own `price`) moves from reserved to uncertain
+-- until reconciliation resolves it.
 -- The job keeps its dispatch slot (its prompt may still occupy the server) but
 -- leaves the watch list: reconciliation asks the server from now on.
 --
@@ -30,7 +32,7 @@
 use_globals(11)
 local job, now = KEYS[1], clock(ARGV[2])
 local f = redis.call('HMGET', job, 'state', 'lease_gen', 'lease_expires', 'id', 'submitted',
-  'outputs_requested', 'price', 'attempt_charged')
+  'outputs_requested', 'price', 'attempt_charged', 'attempt_price')
 if ARGV[1] ~= '' then
   if f[1] ~= 'running' or f[2] ~= ARGV[1] then return {9} end
 else
@@ -44,7 +46,7 @@ end
 local held = 0
 if f[5] == '1' and f[8] ~= '1' then
   local missing = tonumber(f[6]) - redis.call('HLEN', KEYS[8])
-  held = shift(job, KEYS[2], 'reserved', 'uncertain', missing * tonumber(f[7]))
+  held = shift(job, KEYS[2], 'reserved', 'uncertain', missing * tonumber(f[9] or f[7]))
 end
 end_attempt(job, KEYS[4], now, 'unknown', ARGV[4])
 release(job, KEYS[3], f[4])

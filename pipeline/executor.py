@@ -88,7 +88,7 @@ class Executor:
         faultpoints.reached("before_claim")
         claim = self.store.claim(
             job_id, worker=worker or worker_name(), lease_ms=self.lease_ms, operation_id=self.new_operation_id(),
-            servers=self.fleet.caps(), min_attempt_ms=self.min_attempt_ms,
+            servers=self.fleet.caps(), prices=self.fleet.prices(), min_attempt_ms=self.min_attempt_ms,
         )
         if claim is None:
             return False

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from .providers.base import Provider
 
@@ -54,6 +54,15 @@ def parse(spec: str, *, default_url: str, cap: int, price: int) -> list[Server]:
     return servers
 
 
+def highest_price(servers: Iterable[Server]) -> int:
+    """The price per output a job is reserved at: the highest of the servers it may run on.
+
+    A claim picks the least loaded server when the job is dispatched, so at admission any server
+    of the fleet may run any attempt: a reservation at a lower price would leave part of a run on
+    a dearer server paid and never booked."""
+    return max(server.price_per_output for server in servers)
+
+
 class Fleet:
     """The servers this process dispatches to, each with its adapter."""
 
@@ -73,3 +82,7 @@ class Fleet:
     def caps(self) -> dict[str, int]:
         """Server name -> dispatch cap, what a claim and an unpark take."""
         return {server.name: server.cap for server in self}
+
+    def prices(self) -> dict[str, int]:
+        """Server name -> price per output: a claim records its server's on the attempt."""
+        return {server.name: server.price_per_output for server in self}

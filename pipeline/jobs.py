@@ -13,6 +13,7 @@ import orjson
 
 from . import faultpoints, keys
 from .errors import IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest
+from .fleet import highest_price
 from .scripts import Code, ReplicationTimeout
 from .settings import Settings
 from .store import Admission, FleetLimits, Store
@@ -128,13 +129,14 @@ def fingerprint(body: Any) -> str:
     return hashlib.sha256(encoded).hexdigest()
 
 
-def cost_plan(request: JobRequest, settings: Settings) -> tuple[int, int, int]:
-    """(price of one attempt, attempts covered, ceiling) for a request.
+def cost_plan(request: JobRequest, settings: Settings, price: int) -> tuple[int, int, int]:
+    """(price of one attempt, attempts covered, ceiling) for a request, at ``price`` per output
+    (``fleet.highest_price``: the dearest server the job may run on).
 
     The ceiling pays for every permitted attempt; a client ``max_cost`` lowers
     it, and then only as many attempts as it covers are allowed.
     """
-    per_attempt = request.outputs * settings.price_per_output
+    per_attempt = request.outputs * price
     ceiling = per_attempt * settings.max_attempts
     if request.max_cost is not None:
         if request.max_cost < per_attempt:
@@ -166,17 +168,19 @@ class Admitter:
         self.settings = settings
         self.new_job_id = new_job_id
         self.limits = FleetLimits.of(settings)
+        #: The price per output every job is reserved at (README "Cost").
+        self.price = highest_price(settings.servers())
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
         request = parse_request(body, self.settings)
         if request.supersedes and keys.tenant_of(request.supersedes) != tenant:
             raise InvalidRequest("supersedes", "no such job")
-        per_attempt, attempts, ceiling = cost_plan(request, self.settings)
+        per_attempt, attempts, ceiling = cost_plan(request, self.settings, self.price)
         job_id = self.new_job_id(tenant)
         record = {
             "id": job_id, "tenant": tenant, "state": State.QUEUED.value, "kind": request.kind,
             "priority": request.priority,
-            "outputs_requested": request.outputs, "price": self.settings.price_per_output, "ceiling": ceiling,
+            "outputs_requested": request.outputs, "price": self.price, "ceiling": ceiling,
             "reserved": ceiling, "charged": 0, "uncertain": 0, "settled": 0, "per_attempt": per_attempt,
             "attempts_allowed": attempts, "attempt_count": 0, "lease_gen": 0, "deadline_s": request.deadline_s,
             "idem_key": idem_key, "supersedes": request.supersedes or "",
@@ -221,7 +225,7 @@ class Admitter:
 
 
 #: The fields of a job that never change after admission: enough to rebuild its first response.
-ADMISSION_FIELDS = ("id", "kind", "priority", "outputs_requested", "ceiling", "deadline_s", "created_at")
+ADMISSION_FIELDS = ("id", "kind", "priority", "outputs_requested", "price", "ceiling", "deadline_s", "created_at")
 
 
 def first_response(record: dict[str, Any]) -> bytes:
@@ -259,6 +263,7 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
         # submissions only: an attempt that sent nothing (not_sent) is listed but not counted
         "attempt_count": int(record["attempt_count"]) - int(record.get("attempts_not_sent", 0)),
         "cost": {
+            "price": int(record["price"]),
             "ceiling": int(record["ceiling"]),
             "reserved": int(record["reserved"]) + int(record.get("charged", 0)),
             "uncertain": int(record.get("uncertain", 0)),

@@ -22,6 +22,7 @@ from .errors import (
     UnknownOutcome,
 )
 from .executor import Executor
+from .fleet import highest_price
 from .scripts import ReplicationTimeout
 from .settings import Settings
 from .store import Claim, Store
@@ -46,6 +47,8 @@ class Router:
     def __init__(self, store: Store, settings: Settings, budget: str = "comfyui", *,
                  rng: Callable[[], float] = random.random) -> None:
         self.store, self.settings, self.budget, self.rng = store, settings, budget, rng
+        #: A retry may run on any server of the fleet: it is affordable at the dearest one's price.
+        self.price = highest_price(settings.servers())
 
     def route(self, failure: AttemptFailed, *, base: float | None = None, cap: float | None = None) -> str:
         claim, cause = failure.claim, failure.cause
@@ -80,7 +83,7 @@ class Router:
         if int(job["attempt_count"]) >= int(job["attempts_allowed"]):
             return "attempts_exhausted"
         missing = int(job["outputs_requested"]) - stored
-        if missing * int(job["price"]) > int(job["reserved"]):
+        if missing * self.price > int(job["reserved"]):
             return "reservation_exhausted"
         if now + (delay + self.settings.min_attempt_seconds) * 1000 >= int(job["deadline"]):
             return "deadline_exceeded"

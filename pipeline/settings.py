@@ -29,7 +29,8 @@ DEFAULT_BLOB_URL = ""
 DEFAULT_BLOB_SYNC = "group"
 #: ...at this endpoint (``http://host:port`` of MinIO, Ceph RGW...); empty: AWS S3 itself.
 DEFAULT_S3_ENDPOINT = ""
-#: Cost units charged per output image; must match the provider's real price.
+#: Cost units charged per output image by a server whose entry says no ``price=``; must match the
+#: provider's real price. A job is reserved at the highest price of the fleet (``fleet.highest_price``).
 DEFAULT_PRICE_PER_OUTPUT = 10
 #: Attempts a job may make; the reservation covers all of them unless max_cost lowers it.
 DEFAULT_MAX_ATTEMPTS = 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,8 @@ from .settings import (
     DEFAULT_QUEUE_CAP_INTERACTIVE,
     Settings,
 )
+
+log = logging.getLogger(__name__)
 
 #: How long an unparked job's slot waits for its claim (ms): its message crosses the broker in
 #: milliseconds; past this it is taken for lost (the sweeper's redelivery sends the job again).
@@ -243,12 +246,14 @@ class Store(Reads):
 
     def claim(
         self, job_id: str, *, worker: str, lease_ms: int, operation_id: str, servers: Mapping[str, int],
-        provider: str = "comfyui", min_attempt_ms: int = 0, now_ms: int | None = None,
+        prices: Mapping[str, int] | None = None, provider: str = "comfyui", min_attempt_ms: int = 0,
+        now_ms: int | None = None,
     ) -> Claim | None:
         """Claim a queued job and a slot on the least loaded of ``servers`` (name -> cap); None
         when it is not claimable (running, terminal, unknown), when no server has a free slot
         (then it waits, parked), or when too little time is left before its deadline (then it
-        has failed, settled)."""
+        has failed, settled). ``prices`` (name -> price per output; absent: the job's own) is
+        recorded for the server taken."""
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
@@ -256,7 +261,7 @@ class Store(Reads):
             [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
              j.workflow, t.shard.wake, t.shard.fleet, t.shard.parked, t.shard.called, *t.shard.globals, j.outputs],
             [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms, job_id,
-             *[item for pair in servers.items() for item in pair]],
+             *[item for name, cap in servers.items() for item in (name, cap, (prices or {}).get(name, ""))]],
         )
         if Code(reply[0]) is not Code.OK:
             return None
@@ -321,11 +326,15 @@ class Store(Reads):
         return bool(reply[1])
 
     def charge(self, claim: Claim, units: int) -> int:
-        """Book what the provider charged for this attempt (once per attempt); whatever the
-        attempt held as uncertain is resolved in the same step."""
+        """Book what the provider charged for this attempt (once per attempt), in full; whatever
+        the attempt held as uncertain is resolved in the same step. More than the job held is
+        logged as an error and counted (``charge_overruns_total``). Returns the units booked."""
         j = JobKeys(claim.job_id)
         reply = self._fenced("charge", j, [j.record, j.tenant.ledger, *j.shard.globals], [claim.generation, units],
                              durable=True)
+        if int(reply[2]):  # booked in full all the same: the money was spent
+            log.error("charge overrun: job %s attempt %d on server %s charged %d units, %d more than it held",
+                      claim.job_id, claim.attempt, claim.server, units, int(reply[2]))
         return int(reply[1])
 
     def finish(

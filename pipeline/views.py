@@ -15,7 +15,7 @@ from .keys import JobKeys
 #: Every record field ``pipeline.jobs.job_view`` reads (a test keeps the two in step).
 VIEW_FIELDS = (
     "id", "state", "kind", "priority", "outputs_requested", "attempt_count", "attempts_not_sent",
-    "ceiling", "reserved", "charged", "uncertain", "settled",
+    "price", "ceiling", "reserved", "charged", "uncertain", "settled",
     "cancel_requested", "obsolete", "external_effect",
     "deadline", "created_at", "updated_at", "error_class", "error_reason", "error_detail",
 )

@@ -27,7 +27,8 @@ def test_new_intent_is_accepted_with_its_reservation(client, submit, tenant, sto
     assert resp.headers["Location"] == f"/v1/jobs/{job['id']}"
     assert "Idempotent-Replayed" not in resp.headers
     assert (job["state"], job["outputs_requested"], job["attempt_count"], job["error"]) == ("queued", 2, 0, None)
-    assert job["cost"] == {"ceiling": 60, "reserved": 60, "uncertain": 0, "settled": 0}  # 2 outputs x 10 x 3 attempts
+    # 2 outputs x 10 x 3 attempts
+    assert job["cost"] == {"price": 10, "ceiling": 60, "reserved": 60, "uncertain": 0, "settled": 0}
     assert "workflow" not in job
     usage = client.simulate_get("/v1/usage", headers=auth(key)).json
     assert usage == {"allowance": 10_000, "reserved": 60, "uncertain": 0, "settled": 0, "available": 9_940}
@@ -107,7 +108,7 @@ def test_unparseable_json_is_400_and_huge_body_is_413(client, tenant, store: Sto
 
 def test_max_cost_lowers_the_ceiling(submit, tenant, store: Store) -> None:
     job = submit(tenant(), body=job_body(outputs=2, max_cost=45)).json
-    assert job["cost"] == {"ceiling": 45, "reserved": 45, "uncertain": 0, "settled": 0}
+    assert job["cost"] == {"price": 10, "ceiling": 45, "reserved": 45, "uncertain": 0, "settled": 0}
     assert store.job(job["id"])["attempts_allowed"] == "2"  # 45 covers two attempts of 20
 
 

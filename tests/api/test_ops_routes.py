@@ -64,6 +64,23 @@ def test_metrics_sum_every_tenant_and_name_none(client, submit, tenant, store) -
     assert store.redis.zcard(TenantKeys("acme").queued) == store.redis.zcard(TenantKeys("globex").queued) == 1
 
 
+def test_a_charge_overrun_is_exported_as_a_counter(client, submit, tenant, store) -> None:
+    """A run charged 12 for a job that held 10 (a dearer server than admission knew of): booked in
+    full, and counted in reckon_charge_overruns_total (0 before it)."""
+    def overruns() -> float:
+        text = client.simulate_get("/metrics").text
+        return float(next(line.split()[1] for line in text.splitlines()
+                          if line.startswith("reckon_charge_overruns_total ")))
+
+    job_id = submit(tenant("acme", 10_000), body=job_body(outputs=1) | {"max_cost": 10}).json["id"]
+    assert overruns() == 0.0
+    claim = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op-1", servers={"sim": 1})
+    assert claim is not None and store.charge(claim, 12) == 12
+    assert overruns() == 1.0
+    text = client.simulate_get("/metrics").text
+    assert 'reckon_exposure_units{kind="reserved"} 12.0' in text  # the 12 spent, not the 10 held
+
+
 def _commands(store: Store) -> int:
     return int(store.redis.info("stats")["total_commands_processed"])
 

@@ -57,7 +57,7 @@ def test_a_job_completes_once_with_its_outputs_stripped_and_hashed(store, settin
 
 
 def test_images_beyond_the_request_are_not_kept_but_are_paid(store, admit, stack, comfyui) -> None:
-    """ComfyUI runs the whole graph: what it made is what the run costs, up to the reservation."""
+    """ComfyUI runs the whole graph: what it made is what the run costs (here within the reservation)."""
     job_id = admit(workflow={"1": empty(comfyui.color(), batch=2), "9": save("1", "extra")}, outputs=1)
     job = ended(store, job_id)
     assert (job["state"], job["settled"]) == ("completed", "20")
