@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import socket
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -78,28 +79,34 @@ class HttpTransport:
         return response
 
     def _read(self, conn: http.client.HTTPConnection, until: float | None) -> Response:
-        """The response, read a chunk at a time; past ``until`` the socket times out (an OSError)."""
-        self._bound(conn, until)
+        """The response, read a chunk at a time; past ``until`` the socket times out (an OSError).
+        The socket is taken before the headers: a response that closes the connection
+        (``Connection: close``) detaches it from ``conn`` but is still read from it."""
+        sock = conn.sock
+        self._bound(sock, until)
         raw = conn.getresponse()
-        chunks: list[bytes] = []
-        while True:
-            self._bound(conn, until)
-            chunk = raw.read1(CHUNK)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        if raw.length:  # closed before Content-Length bytes came
-            raise http.client.IncompleteRead(b"".join(chunks), raw.length)
-        return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, b"".join(chunks))
+        try:
+            chunks: list[bytes] = []
+            while True:
+                self._bound(sock, until)
+                chunk = raw.read1(CHUNK)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            if raw.length:  # closed before Content-Length bytes came
+                raise http.client.IncompleteRead(b"".join(chunks), raw.length)
+            return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, b"".join(chunks))
+        finally:
+            raw.close()
 
-    def _bound(self, conn: http.client.HTTPConnection, until: float | None) -> None:
+    def _bound(self, sock: socket.socket | None, until: float | None) -> None:
         """The next read waits at most the timeout, and not past ``until``."""
-        if until is None or conn.sock is None:
+        if until is None or sock is None:
             return
         left = until - time.monotonic()
         if left <= 0:
             raise TimeoutError("response_too_slow")
-        conn.sock.settimeout(min(self.timeout, left))
+        sock.settimeout(min(self.timeout, left))
 
 
 def raise_for_status(method: str, response: Response) -> None:

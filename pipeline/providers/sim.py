@@ -19,8 +19,9 @@ Faults are injected per run, for the next N prompts, with ``POST /sim/faults``
 - ``read_error`` (``path``, ``status``): a read (GET) whose path starts with ``path`` (``/history``,
   ``/queue``, ``/view``, ``/system_stats``) answers ``status`` (default 500; 0 closes the connection
   unanswered); nothing changes at the provider
-- ``trickle`` (``path``, ``seconds``): a read whose path starts with ``path`` sends its body one byte
-  every ``seconds`` (default 2), each inside any read timeout
+- ``trickle`` (``path``, ``seconds``, ``close``): a read whose path starts with ``path`` sends its body
+  one byte every ``seconds`` (default 2), each inside any read timeout; with ``close``, its answer
+  says ``Connection: close``
 
 ``POST /queue {"delete": [id]}`` removes pending prompts; ``POST /interrupt {"prompt_id": id}`` stops
 that prompt if it is the one running (as ComfyUI v0.3.64 does): it ends ``execution_interrupted``,
@@ -261,6 +262,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if not every:
             self.wfile.write(data)
@@ -311,6 +314,8 @@ class Handler(BaseHTTPRequestHandler):
             name = parse_qs(url.query).get("filename", [""])[0]
             data, trickle = sim.files.get(name), sim.take_fault("trickle", path=url.path)
             every = float(trickle.get("seconds", 2.0)) if trickle else 0.0
+            if trickle and trickle.get("close"):
+                self.close_connection = True
             return self._send(200, data, "image/png", every) if data else self._send(404, {"error": "not_found"})
         if url.path == "/sim/charges":
             with sim.cond:

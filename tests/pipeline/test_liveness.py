@@ -124,13 +124,15 @@ def test_a_claim_whose_thread_makes_no_progress_is_given_up(store, admit) -> Non
 
 
 
-def test_an_output_download_has_a_total_time_limit_however_steadily_its_bytes_come(sim) -> None:
+@pytest.mark.parametrize("close", [False, True], ids=["keep-alive", "connection-close"])
+def test_an_output_download_has_a_total_time_limit_however_steadily_its_bytes_come(sim, close) -> None:
     """One byte every 0.1 s, each inside the 5 s read timeout: cut at the 0.5 s limit, a read that
-    failed (Transient, so the executor takes it for an unknown outcome); whole when it comes in time."""
+    failed (Transient, so the executor takes it for an unknown outcome); whole when it comes in time.
+    An answer with ``Connection: close`` (its socket detached from the connection) is cut too."""
     sim.sim.files["out.png"] = simulated.png("out")
     comfy = ComfyUI(HttpTransport(sim.url, timeout=5), price_per_output=10, fetch_seconds=0.5)
     ref = OutputRef(0, "out.png")
-    sim.sim.faults = [{"kind": "trickle", "path": "/view", "seconds": 0.1, "times": 1}]
+    sim.sim.faults = [{"kind": "trickle", "path": "/view", "seconds": 0.1, "times": 1, "close": close}]
     began = time.monotonic()
     with pytest.raises(Transient) as caught:
         comfy.fetch(ref)
