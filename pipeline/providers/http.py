@@ -8,6 +8,7 @@ answer was lost (unknown outcome, for requests that are not safe to repeat).
 from __future__ import annotations
 
 import http.client
+import io
 import re
 import socket
 import time
@@ -28,6 +29,10 @@ from ..errors import (
 
 #: Seconds to wait for connect and for each read.
 DEFAULT_TIMEOUT = 10.0
+#: Seconds a whole answer (status line, headers, body, chunk framing) may take to arrive, unless the
+#: caller gives its own limit (an output download): a server that trickles bytes, each inside the
+#: read timeout, cannot hold a thread (the watcher's, a worker's) for longer.
+DEFAULT_TOTAL = 2 * DEFAULT_TIMEOUT
 #: Bytes asked of the socket at a time while a response's body is read.
 CHUNK = 64 * 1024
 #: Retry-After delay-seconds: ASCII digits only (``str.isdigit`` also accepts "²", which float refuses).
@@ -42,31 +47,33 @@ class Response:
 
 
 class HttpTransport:
-    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT, total: float = DEFAULT_TOTAL) -> None:
+        """``timeout``: connect and each read; ``total``: a whole answer, unless a request says."""
         parts = urlsplit(base_url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.https = parts.scheme == "https"
-        self.timeout = timeout
+        self.timeout, self.total = timeout, total
 
     def request(self, method: str, path: str, body: bytes | None = None, *,
                 accept: Collection[int] = (), limit: float | None = None) -> Response:
         """One request; raises a classified ProviderError for anything but a 2xx or a status in
         ``accept`` (which the caller reads itself, e.g. ComfyUI's 400 explaining a refused graph).
-        ``limit``: seconds the whole exchange may take (every read is also cut at the timeout), so
-        a server that trickles its answer, each byte inside the timeout, cannot hold a thread."""
+        ``limit``: seconds the answer may take to arrive once the request is sent (default
+        ``total``); every read is also cut at the timeout."""
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         conn = cls(self.host, self.port, timeout=self.timeout)
-        until = None if limit is None else time.monotonic() + limit
         try:
             try:
                 conn.connect()
             except OSError as exc:  # refused, unroutable, or no answer to connect: nothing was sent
                 raise Unreachable("connect_failed") from exc
             headers = {"Content-Type": "application/json"} if body is not None else {}
+            until = None
             try:
                 conn.request(method, path, body=body, headers=headers)
-                response = self._read(conn, until)
+                until = time.monotonic() + (self.total if limit is None else limit)
+                response = _read(conn, until, self.timeout)
             except (OSError, http.client.HTTPException) as exc:
                 reason = "response_too_slow" if until is not None and time.monotonic() >= until else "response_lost"
                 if method == "GET":
@@ -78,35 +85,58 @@ class HttpTransport:
             raise_for_status(method, response)
         return response
 
-    def _read(self, conn: http.client.HTTPConnection, until: float | None) -> Response:
-        """The response, read a chunk at a time; past ``until`` the socket times out (an OSError).
-        The socket is taken before the headers: a response that closes the connection
-        (``Connection: close``) detaches it from ``conn`` but is still read from it."""
-        sock = conn.sock
-        self._bound(sock, until)
+
+def _read(conn: http.client.HTTPConnection, until: float, timeout: float) -> Response:
+    """The whole answer, every read of it (status line, headers, chunk sizes, trailers, body) cut
+    at the timeout and not let past ``until``."""
+    sock = conn.sock
+    assert sock is not None, "read after the request was sent"
+    conn.sock = _BoundedSocket(sock, until, timeout)  # type: ignore[assignment]
+    try:
         raw = conn.getresponse()
         try:
             chunks: list[bytes] = []
-            while True:
-                self._bound(sock, until)
-                chunk = raw.read1(CHUNK)
-                if not chunk:
-                    break
+            while chunk := raw.read1(CHUNK):
                 chunks.append(chunk)
             if raw.length:  # closed before Content-Length bytes came
                 raise http.client.IncompleteRead(b"".join(chunks), raw.length)
             return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, b"".join(chunks))
         finally:
             raw.close()
+    finally:
+        sock.close()  # here, not by the connection: a Connection: close answer is read after it closes
 
-    def _bound(self, sock: socket.socket | None, until: float | None) -> None:
-        """The next read waits at most the timeout, and not past ``until``."""
-        if until is None or sock is None:
-            return
-        left = until - time.monotonic()
+
+class _BoundedSocket:
+    """The connection's socket as http.client's response reads it (``makefile``): each receive
+    waits at most the timeout and ends the answer once ``until`` has passed."""
+
+    def __init__(self, sock: socket.socket, until: float, timeout: float) -> None:
+        self._sock, self._until, self._timeout = sock, until, timeout
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_BoundedReader(self))
+
+    def recv_into(self, buffer: memoryview) -> int:
+        left = self._until - time.monotonic()
         if left <= 0:
             raise TimeoutError("response_too_slow")
-        sock.settimeout(min(self.timeout, left))
+        self._sock.settimeout(min(self._timeout, left))
+        return self._sock.recv_into(buffer)
+
+    def close(self) -> None:
+        """The connection lets go of it (``_read`` closes the socket once the answer is read)."""
+
+
+class _BoundedReader(io.RawIOBase):
+    def __init__(self, sock: _BoundedSocket) -> None:
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        return self._sock.recv_into(buffer)
 
 
 def raise_for_status(method: str, response: Response) -> None:

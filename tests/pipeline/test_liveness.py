@@ -8,6 +8,8 @@ renewal, a claim marked lost), never sleeping on the chance that a pass ran.
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from collections import Counter
 
@@ -150,3 +152,47 @@ def test_the_bounds_come_from_the_environment_and_a_stall_time_must_outlast_a_do
         120, 300, 60)
     with pytest.raises(ValueError, match="RECKON_STALL_SECONDS must be more than RECKON_OUTPUT_FETCH_SECONDS"):
         Settings.from_env({"RECKON_STALL_SECONDS": "60"})  # no more than the 60 s a download may take
+
+
+#: What a trickling server sends first, then a line of it every 0.1 s until the client hangs up:
+#: a header that never ends, chunk trailers that never end, 100 Continue answers that never end.
+TRICKLES = {
+    "headers": (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nX-Slow: ", b"a"),
+    "trailer": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n", b"T: 1\r\n"),
+    "continue": (b"", b"HTTP/1.1 100 Continue\r\n\r\n"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TRICKLES))
+def test_every_read_of_an_answer_counts_against_its_total_limit(kind: str) -> None:
+    """Not only the body, and not only downloads: the status line and headers, chunk framing and
+    interim answers of any request are read under its total limit, however steadily they come."""
+    first, again = TRICKLES[kind]
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            ends = time.monotonic() + 8  # the server's own bound: the test stops whatever the client does
+            try:
+                conn.sendall(first)
+                while not stop.wait(0.1) and time.monotonic() < ends:
+                    conn.sendall(again)
+            except OSError:  # the client hung up
+                pass
+
+    server = threading.Thread(target=trickle)
+    server.start()
+    try:
+        transport = HttpTransport(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=5, total=0.5)
+        began = time.monotonic()
+        with pytest.raises(Transient) as caught:
+            transport.request("GET", "/history/op")  # a status read: the transport's total limit
+        assert caught.value.reason == "response_too_slow"
+        assert time.monotonic() - began < 5  # cut at the limit, not at the server's pleasure
+    finally:
+        stop.set()
+        server.join(10)
+        listener.close()
