@@ -76,7 +76,7 @@ local MOVES = {}
 local HELD = {}
 
 -- Keeps the global figures in step with one state change of a job (`f`: the job's id,
--- priority, deadline, created_at, attempt_count, error_class).
+-- priority, deadline, created_at, attempt_count, error_class, lease_gen, attempts_not_sent).
 local function count_move(f, now, from, to)
   local id, class, rank = f[1], f[2], class_rank(f[2])
   if from ~= '' then redis.call('HINCRBY', G.stats, 'jobs:' .. class .. ':' .. from, -1) end
@@ -89,7 +89,9 @@ local function count_move(f, now, from, to)
   local error_class = (f[6] and f[6] ~= '') and f[6] or 'none'
   redis.call('HINCRBY', G.stats, 'finished:' .. class .. ':' .. to .. ':' .. error_class, 1)
   observe('ttc', class, TTC_BOUNDS, (now - tonumber(f[4])) / 1000)
-  if to == 'completed' then observe('attempts', class, ATTEMPT_BOUNDS, tonumber(f[5] or '0')) end
+  if to == 'completed' then  -- submissions: an attempt that sent nothing is not one
+    observe('attempts', class, ATTEMPT_BOUNDS, tonumber(f[5] or '0') - tonumber(f[8] or '0'))
+  end
   if to == 'failed' then redis.call('HINCRBY', G.stats, 'dead_letters_total', 1) end
 end
 
@@ -101,7 +103,7 @@ local function move(job, counts, events, now, from, to, reason)
   redis.call('HINCRBY', counts, to, 1)
   append_event(job, events, now, from, to, reason)
   local f = redis.call('HMGET', job, 'id', 'priority', 'deadline', 'created_at', 'attempt_count', 'error_class',
-    'lease_gen')
+    'lease_gen', 'attempts_not_sent')
   count_move(f, now, from, to)
   MOVES[#MOVES + 1] = {f[1], from, to, reason, f[5] or '0', HELD[job] or f[7] or '0', f[6] or ''}
 end

@@ -44,6 +44,9 @@ DEFAULT_DEADLINE_GRACE_SECONDS = 120.0
 DEFAULT_STALL_SECONDS = 300.0
 #: The longest one output's download from a server may take, however steadily its bytes come.
 DEFAULT_OUTPUT_FETCH_SECONDS = 60.0
+#: What may follow a download before the thread reports progress: its S3 put with retries (3 tries
+#: of 5 s connect and 30 s read) and a Redis write (10 s). The stall time must exceed both together.
+STEP_AFTER_FETCH_SECONDS = 115.0
 #: How long an idempotency record is kept; after that the key may create a new job.
 DEFAULT_IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 #: Largest request body accepted (413 above it) and largest workflow inside it (422).
@@ -187,8 +190,10 @@ class Settings:
             raise ValueError("RECKON_SHARDS must be at least 1")
         if not 0 < self.ack_timeout_ms <= MAX_ACK_TIMEOUT_MS:  # a WAIT cut by the socket timeout is sent again
             raise ValueError(f"RECKON_ACK_TIMEOUT_MS must be between 1 and {MAX_ACK_TIMEOUT_MS}")
-        if self.stall_seconds <= self.output_fetch_seconds:  # a slow but legal fetch would be given up
-            raise ValueError("RECKON_STALL_SECONDS must be more than RECKON_OUTPUT_FETCH_SECONDS")
+        if self.stall_seconds <= self.output_fetch_seconds + STEP_AFTER_FETCH_SECONDS:
+            # a slow but legal fetch, then its blob put and record, would be given up
+            raise ValueError(f"RECKON_STALL_SECONDS must be more than RECKON_OUTPUT_FETCH_SECONDS + "
+                             f"{STEP_AFTER_FETCH_SECONDS:.0f}")
         if self.sweep_hold_seconds <= 0:  # a hold of 0 would hand every due tenant to every sweeper
             raise ValueError("RECKON_SWEEP_HOLD_SECONDS must be more than 0")
 

@@ -49,7 +49,7 @@ def charged_once(stack, store: Store, job_id: str) -> None:
 def test_a_trickling_download_past_the_deadline_is_given_up_by_the_keeper(stack, redis_client, store) -> None:
     """The download limit is longer than the test: only the keeper's give-up ends the stuck claim."""
     job_id = trickled(stack, redis_client, deadline_s=5, RECKON_DEADLINE_GRACE_SECONDS="1",
-                      RECKON_OUTPUT_FETCH_SECONDS="200")
+                      RECKON_OUTPUT_FETCH_SECONDS="200", RECKON_STALL_SECONDS="400")
     wait_until(lambda: finished(store, job_id), timeout=40)
     charged_once(stack, store, job_id)
     # renewed up to the deadline plus the grace (a renewal every lease/3), then left to lapse

@@ -13,6 +13,7 @@ import pytest
 from pipeline import actors, cli, keys
 from pipeline.broker import Publisher
 from pipeline.errors import AttemptFailed, InsufficientAllowance
+from pipeline.jobs import job_view
 from pipeline.keys import TenantKeys
 from pipeline.providers import sim as simulated
 from pipeline.sweeper import Sweeper
@@ -140,6 +141,9 @@ def test_auth_failure_marks_that_server_and_stops_dispatch_to_it_until_cleared(
     assert attempt(executor, router, first) == "retry"
     assert store.provider_block("sim") == "provider_credentials"
     assert store.job(first)["state"] == "retry_wait" and store.job(first)["attempts_allowed"] == "4"  # not its fault
+    # refused before any work: the attempt sent nothing, and its submit mark is taken back
+    assert [(a["state"], a["submitted_at"]) for a in store.attempts(first)] == [("not_sent", None)]
+    assert store.job(first)["submitted"] == "0"
     assert attempt(executor, router, second) == "skipped"  # parked: the server is not called
     assert (store.job(second)["state"], store.job(second).get("attempt_count", "0")) == ("queued", "0")
     # queued again (and parked at its claim); the parked one, not claimed within the window, is sent again
@@ -150,6 +154,10 @@ def test_auth_failure_marks_that_server_and_stops_dispatch_to_it_until_cleared(
     assert sweep(store, settings, ahead=60)["unparked"] == 2
     assert [attempt(executor, router, job) for job in (first, second)] == ["done", "done"]
     assert units(sim) == [10, 10]
+    assert [a["state"] for a in store.attempts(first)] == ["not_sent", "completed"]
+    assert job_view(store.job(first), {})["attempt_count"] == 1  # one submission
+    stats = store.redis.hgetall(keys.TenantKeys("acme").shard.stats)
+    assert (stats["attempts:interactive:1"], stats["attempts_sum:interactive"]) == ("2", "2")  # and so counted
 
 
 def test_retries_across_jobs_stay_within_the_shared_budget(store, settings, admit, make_executor,

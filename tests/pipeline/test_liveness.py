@@ -145,13 +145,16 @@ def test_an_output_download_has_a_total_time_limit_however_steadily_its_bytes_co
 
 
 def test_the_bounds_come_from_the_environment_and_a_stall_time_must_outlast_a_download() -> None:
-    settings = Settings.from_env({"RECKON_DEADLINE_GRACE_SECONDS": "7", "RECKON_STALL_SECONDS": "90",
+    settings = Settings.from_env({"RECKON_DEADLINE_GRACE_SECONDS": "7", "RECKON_STALL_SECONDS": "190",
                                   "RECKON_OUTPUT_FETCH_SECONDS": "30"})
-    assert (settings.deadline_grace_seconds, settings.stall_seconds, settings.output_fetch_seconds) == (7, 90, 30)
+    assert (settings.deadline_grace_seconds, settings.stall_seconds, settings.output_fetch_seconds) == (7, 190, 30)
     assert (Settings().deadline_grace_seconds, Settings().stall_seconds, Settings().output_fetch_seconds) == (
         120, 300, 60)
     with pytest.raises(ValueError, match="RECKON_STALL_SECONDS must be more than RECKON_OUTPUT_FETCH_SECONDS"):
         Settings.from_env({"RECKON_STALL_SECONDS": "60"})  # no more than the 60 s a download may take
+    with pytest.raises(ValueError, match=r"RECKON_OUTPUT_FETCH_SECONDS \+ 115"):  # nor its put and record after
+        Settings.from_env({"RECKON_OUTPUT_FETCH_SECONDS": "290", "RECKON_STALL_SECONDS": "300"})
+    assert Settings.from_env({"RECKON_OUTPUT_FETCH_SECONDS": "180", "RECKON_STALL_SECONDS": "300"}).stall_seconds == 300
 
 
 #: What a trickling server sends first, then a line of it every 0.1 s until the client hangs up:
