@@ -140,6 +140,8 @@ class Attempts:
     def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
         owned_job(self.store, req.context.tenant, job_id)
         attempts = self.store.attempts(job_id)
+        if not attempts and views.job_record(self.store.redis, job_id) is None:  # purged since the first read
+            raise Problem(404, "job-not-found", "Job not found")
         for attempt in attempts:
             for moment in ("started_at", "submitted_at", "ended_at"):
                 attempt[moment] = iso(attempt.get(moment))
@@ -153,7 +155,10 @@ class Events:
     def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
         owned_job(self.store, req.context.tenant, job_id)
         after = _int_param(req, "after", 0, MAX_CURSOR) or 0
-        resp.media = {"events": [sse.public(e) for e in progress.events_after(self.store.redis, job_id, after)]}
+        state, events = progress.snapshot(self.store.redis, job_id, after)
+        if state is None:  # purged since the first read
+            raise Problem(404, "job-not-found", "Job not found")
+        resp.media = {"events": [sse.public(e) for e in events]}
 
 
 class EventStream:
