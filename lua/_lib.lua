@@ -127,7 +127,8 @@ end
 
 -- Closes the job's current attempt record with a final state. A closed attempt stays
 -- closed, except an `unknown` one, which reconciliation resolves (and marks reconciled).
-local function end_attempt(job, attempts, now, state, error_class)
+-- `unsent`: nothing left for a server, so a submit mark the attempt made is taken back.
+local function end_attempt(job, attempts, now, state, error_class, unsent)
   local n = redis.call('HGET', job, 'attempt_count')
   local raw = redis.call('HGET', attempts, n)
   if not raw then return end
@@ -140,6 +141,7 @@ local function end_attempt(job, attempts, now, state, error_class)
   attempt.state = state
   attempt.ended_at = tonumber(now)
   attempt.error_class = (error_class ~= '' and error_class) or cjson.null
+  if unsent then attempt.submitted_at = cjson.null end
   redis.call('HSET', attempts, n, cjson.encode(attempt))
 end
 

@@ -33,14 +33,8 @@ local job_id = redis.call('HGET', job, 'id')
 local from = redis.call('HGET', job, 'state')
 local due = now + tonumber(ARGV[3])
 if ARGV[5] == '1' then  -- nothing reached a server that could run it: the attempt was never a submission
-  end_attempt(job, KEYS[3], now, 'not_sent', ARGV[4])
-  local n = redis.call('HGET', job, 'attempt_count')
-  local raw = redis.call('HGET', KEYS[3], n)
-  if raw then  -- a submit mark made before the send failed is taken back: nothing can have run
-    local attempt = cjson.decode(raw)
-    attempt.submitted_at = cjson.null
-    redis.call('HSET', KEYS[3], n, cjson.encode(attempt))
-  end
+  end_attempt(job, KEYS[3], now, 'not_sent', ARGV[4], true)
+  -- a submit mark made before the send failed is taken back: nothing can have run
   redis.call('HSET', job, 'submitted', 0, 'submit_epoch', '', 'submitted_at', 0)
   redis.call('HINCRBY', job, 'attempts_allowed', 1)
   redis.call('HINCRBY', job, 'attempts_not_sent', 1)
