@@ -29,6 +29,7 @@ from pipeline.errors import (
     UnknownTenant,
 )
 from pipeline.jobs import Admitter
+from pipeline.redisconn import name_connections
 from pipeline.scripts import ReplicationTimeout
 from pipeline.settings import Settings
 from pipeline.store import Store, open_store
@@ -47,6 +48,8 @@ def create_app(
     publish: Callable[[str, str], None] | None = None,
 ) -> falcon.App:
     settings = settings or Settings.from_env()
+    if store is None:
+        name_connections("web")
     store = store or open_store(settings, check=False)  # checked at readiness
     if publish is None:
         from pipeline.broker import Publisher, build_broker

@@ -109,7 +109,10 @@ def configure_dramatiq_worker() -> None:
     logging is theirs to set.
     """
     if "dramatiq.cli" in sys.modules:
+        from .redisconn import name_connections
+
         configure("worker")
+        name_connections("worker")
 
 
 def _utc(created: float) -> str:

@@ -70,10 +70,24 @@ def is_sentinel(url: str) -> bool:
     return urlsplit(url).scheme == SENTINEL_SCHEME
 
 
+#: The name each connection of this process gives itself (``CLIENT SETNAME``, shown by ``CLIENT LIST``):
+#: its role (web, worker, sweeper, watcher), set once by ``name_connections``.
+_client_name: str | None = None
+
+
+def name_connections(role: str) -> None:
+    """Name every connection this process opens from now on after its role (``CLIENT LIST`` then says
+    which process holds which connection; ops/deployed.py counts each process's commands)."""
+    global _client_name
+    _client_name = role
+
+
 def client_for(url: str, *, decode: bool = True, **options: Any) -> Any:
     """A client for one logical database at ``url`` (one server or a Sentinel-managed master);
     ``decode``: text replies (reckon's state) or bytes (Dramatiq's broker)."""
     options = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S, **options}
+    if _client_name:
+        options.setdefault("client_name", _client_name if decode else f"broker-{_client_name}")
     if not is_sentinel(url):
         return redis.Redis.from_url(url, decode_responses=decode, **options)
     target = parse_sentinel_url(url)

@@ -33,6 +33,7 @@ from typing import Callable
 
 from . import faultpoints, history, keys, status
 from .keys import TenantKeys
+from .redisconn import name_connections
 from .settings import Settings
 from .store import Store, open_store
 
@@ -180,6 +181,7 @@ def main() -> None:
     from .logs import configure
 
     configure("sweeper")
+    name_connections("sweeper")
     settings = Settings.from_env()
     sweeper = Sweeper(open_store(settings), Publisher(build_broker(settings)), settings)
     stop = threading.Event()

@@ -40,6 +40,7 @@ from websockets.sync.client import connect
 from . import keys
 from .errors import ProviderError, StaleLease
 from .fleet import Fleet
+from .redisconn import name_connections
 from .settings import Settings
 from .store import Claim, Store, open_store
 
@@ -260,6 +261,7 @@ def main() -> None:
     from .progress import record
 
     configure("watcher")
+    name_connections("watcher")
     settings = Settings.from_env()
     store = open_store(settings)
     fleet = Fleet(settings.servers(), adapter)

@@ -14,11 +14,13 @@ import sys
 from dramatiq import cli
 
 from .logs import configure
+from .redisconn import name_connections
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     configure("worker")
+    name_connections("worker")
     check_shards()
     args = cli.make_argument_parser().parse_args(argv)
     args.skip_logging = True

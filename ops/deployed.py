@@ -1,0 +1,337 @@
+"""The deployed path, measured: the Procfile's processes with their default settings (gunicorn, a
+Dramatiq worker with 2 processes x 4 threads, the watcher, the sweeper, watch mode on), two
+simulated ComfyUI servers (``--delay 0``, cap 8 each), jobs posted over HTTP by client threads,
+each asking for ``outputs`` outputs, timed from the first POST to the last completion.
+
+``run`` returns the figures per job: Redis commands (``INFO commandstats`` delta over both
+databases, ``info`` itself left out), Redis CPU, the stack's CPU, and Redis bytes per finished job
+(``INFO memory`` before and after, the idempotency records included). With ``steps=True`` it
+also follows ``MONITOR`` and attributes every command to the step that sent it (``STEPS``): a
+script's own commands to the script, the others to the process that sent them (its connection's
+``CLIENT SETNAME``). MONITOR slows Redis down, so CPU figures are taken from a run without it.
+
+Used by the ``deployed`` phase of ops/bench.py and by ``tests/faults/test_budget.py``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TICK = os.sysconf("SC_CLK_TCK")
+#: FCALL function (a script's verb) -> the step of a job's path it is.
+SCRIPT_STEPS = {
+    "admit": "admission", "claim": "claim", "mark-submit": "submit mark", "await": "hand-over",
+    "progress": "progress", "collect-claim": "collect", "store-output": "outputs", "charge": "charge",
+    "finish": "finish", "heartbeat": "lease renewal",
+}
+#: A connection's name (``CLIENT SETNAME``, pipeline/redisconn.py) -> the step its other commands count to.
+CLIENT_STEPS = {"web": "api", "worker": "worker", "sweeper": "sweeper share", "watcher": "watcher share",
+                "broker-web": "broker: publish", "broker-worker": "broker: worker",
+                "broker-watcher": "broker: watcher", "broker-sweeper": "broker: sweeper"}
+_MONITOR_RE = re.compile(r'^\d+\.\d+ \[(\d+) ([^\]]+)\] "([^"]+)"(?: "([^"]*)")?')
+
+
+@dataclass
+class Figures:
+    jobs: int
+    seconds: float
+    commands: int
+    redis_s: float
+    cpu_s: float
+    bytes_per_job: float
+    steps: Counter = field(default_factory=Counter)
+    calls: Counter = field(default_factory=Counter)
+
+    @property
+    def commands_per_job(self) -> float:
+        return self.commands / self.jobs
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+    @property
+    def redis_us(self) -> float:
+        return self.redis_s / self.jobs * 1e6
+
+    @property
+    def machine_us(self) -> float:
+        return (self.redis_s + self.cpu_s) / self.jobs * 1e6
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def group_cpu(pgid: int) -> float:
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def wait_for(check, timeout: float = 30.0, what: str = "a process did not come up") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, redis.RedisError):
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(what)
+
+
+def total_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(v["calls"] for name, v in stats.items() if name not in ("cmdstat_info", "cmdstat_monitor"))
+
+
+def redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+class Deployed:
+    """A private redis-server and the stack on it, every process stopped by its PID on exit."""
+
+    def __init__(self, work: Path, *, servers: int = 2, cap: int = 8, env: dict[str, str] | None = None) -> None:
+        self.work, self.redis_port, self.web_port = work, free_port(), free_port()
+        self.sim_ports = [free_port() for _ in range(servers)]
+        fleet = ",".join(f"sim{i}=http://127.0.0.1:{port};cap={cap}" for i, port in enumerate(self.sim_ports))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RECKON_")} | {
+            "RECKON_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "RECKON_BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/1",
+            "RECKON_PROVIDERS": fleet, "RECKON_BLOB_DIR": str(work / "blobs"), "PORT": str(self.web_port),
+            **(env or {}),
+        }
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.client = redis.Redis(port=self.redis_port, decode_responses=True)
+
+    def start(self, name: str, *argv: str) -> None:
+        log = open(self.work / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        log.close()
+
+    def up(self) -> None:
+        self.start("redis", "redis-server", "ops/redis.conf", "--port", str(self.redis_port), "--dir", str(self.work),
+                   "--appendonly", "no", "--save", "")
+        wait_for(self.client.ping)
+        for i, port in enumerate(self.sim_ports):
+            self.start(f"sim{i}", str(BIN / "python"), "-m", "pipeline.providers.sim", "--port", str(port),
+                       "--delay", "0")
+        for port in self.sim_ports:
+            wait_for(lambda: _get(port, "/queue") == 200)
+        self.start("web", str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "api.app:create_app()")
+        wait_for(lambda: _get(self.web_port, "/readyz") == 200, timeout=30)
+        self.start("worker", str(BIN / "python"), "-m", "pipeline.worker", "pipeline.actors",
+                   "--processes", "2", "--threads", "4")
+        self.start("sweeper", str(BIN / "python"), "-m", "pipeline.sweeper")
+        self.start("watcher", str(BIN / "python"), "-m", "pipeline.watcher")
+
+    def tenant(self, name: str = "bench", allowance: int = 10**12) -> str:
+        """Create a tenant (``reckon tenant create``) and an API key for it; the key."""
+        def cli(*argv: str) -> str:
+            return subprocess.run([str(BIN / "reckon"), *argv], cwd=ROOT, env=self.env, check=True,
+                                  capture_output=True, text=True).stdout.strip()
+        cli("tenant", "create", name, "--allowance", str(allowance))
+        return cli("key", "create", name).splitlines()[-1]
+
+    def stack_cpu(self) -> float:
+        return sum(group_cpu(p.pid) for name, p in self.procs.items() if name != "redis")
+
+    def down(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _get(port: int, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def workflow(size: int) -> dict:
+    """A workflow of about ``size`` bytes of JSON (a prompt text pads it)."""
+    return {"3": {"class_type": "KSampler", "inputs": {"seed": 5}},
+            "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "x" * max(0, size - 120)}}}
+
+
+def post(port: int, api_key: str, keys: list[str], concurrency: int, body: bytes) -> None:
+    errors: list[str] = []
+
+    def share(mine: list[str]) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for key in mine:
+            conn.request("POST", "/v1/jobs", body, {"Authorization": f"Bearer {api_key}", "Idempotency-Key": key,
+                                                     "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status != 202:
+                errors.append(f"{resp.status}")
+        conn.close()
+
+    threads = [threading.Thread(target=share, args=(keys[i::concurrency],)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"admission refused {len(errors)} jobs: {sorted(set(errors))}")
+
+
+def completed(client: redis.Redis, tenant: str = "bench") -> int:
+    from pipeline.keys import TenantKeys
+
+    return int(client.hget(TenantKeys(tenant).counts, "completed") or 0)
+
+
+class Monitor:
+    """Follows MONITOR and counts each command by step (see the module's docstring)."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.steps, self.calls = port, Counter(), Counter()
+        self.lines: list[str] = []
+        self._names: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._conn = redis.Redis(port=port, decode_responses=True)
+
+    def __enter__(self) -> "Monitor":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        with self._conn.monitor() as monitor:
+            conn = monitor.connection
+            while not self._stop.is_set():
+                self.lines.append(conn.read_response())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        redis.Redis(port=self.port).ping()  # one more line so the reader wakes and sees the stop
+        self._thread.join(timeout=10)
+        self._attribute()
+
+    def _attribute(self) -> None:
+        names = {c["addr"]: c["name"] for c in redis.Redis(port=self.port, decode_responses=True).client_list()}
+        step = "other"  # a script's own commands follow the line of the call that ran them
+        for line in self.lines:
+            match = _MONITOR_RE.match(str(line))
+            if not match:
+                continue
+            _db, addr, command, first = match.groups()
+            command = command.lower()
+            if addr == "lua":
+                self.steps[step] += 1
+                continue
+            if command in ("info", "monitor", "client", "ping"):
+                step = "other"
+                continue
+            if command in ("fcall", "fcall_ro"):
+                verb = _verb(first or "")
+                step = SCRIPT_STEPS.get(verb, verb)
+                self.calls[step] += 1
+            else:
+                name = names.get(addr, "")
+                step = CLIENT_STEPS.get(name, name or "other")
+            self.steps[step] += 1
+
+
+def _verb(function: str) -> str:
+    """A library function's script verb: ``reckon_<hash>_mark_submit`` -> ``mark-submit``."""
+    parts = function.split("_", 2)
+    return parts[2].replace("_", "-") if len(parts) == 3 else function
+
+
+def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, workflow_bytes: int = 10_240,
+        steps: bool = False, env: dict[str, str] | None = None) -> Figures:
+    """Post ``jobs`` jobs to a fresh deployed stack and measure them to their completion."""
+    stack = Deployed(work, env=env)
+    try:
+        stack.up()
+        api_key = stack.tenant()
+        client = stack.client
+        body = orjson.dumps({"kind": "image", "workflow": workflow(workflow_bytes), "outputs": outputs})
+        post(stack.web_port, api_key, ["warm-0"], 1, body)  # every process connected, scripts loaded
+        wait_for(lambda: completed(client) >= 1, timeout=60, what="the warm-up job did not complete")
+        time.sleep(2.5)  # the warm-up job's sweeper and watcher passes are behind us
+        mem0, calls0, redis0, cpu0 = client.info("memory")["used_memory"], total_calls(client), redis_cpu(client), \
+            stack.stack_cpu()
+        t0 = time.perf_counter()
+        monitor = Monitor(stack.redis_port) if steps else None
+        with monitor or _nothing():
+            post(stack.web_port, api_key, [f"job-{i}" for i in range(jobs)], concurrency, body)
+            wait_for(lambda: completed(client) >= jobs + 1, timeout=60 + jobs, what="the jobs did not complete")
+            seconds = time.perf_counter() - t0
+            time.sleep(2.5)  # the sweeper's and watcher's passes after the last completion
+        calls = total_calls(client) - calls0
+        redis_s, cpu_s = redis_cpu(client) - redis0, stack.stack_cpu() - cpu0
+        mem = client.info("memory")["used_memory"] - mem0
+        return Figures(jobs, seconds, calls, redis_s, cpu_s, mem / jobs,
+                       monitor.steps if monitor else Counter(), monitor.calls if monitor else Counter())
+    finally:
+        stack.down()
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--steps", action="store_true", help="attribute commands to steps (MONITOR; slower)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="reckon-deployed-") as tmp:
+        fig = run(Path(tmp), jobs=args.jobs, steps=args.steps)
+    print(f"{fig.jobs} jobs in {fig.seconds:.2f} s = {fig.rate:.1f} jobs/s; {fig.commands_per_job:.1f} commands/job;"
+          f" Redis {fig.redis_us:.0f} us/job; machine {fig.machine_us:.0f} us/job; {fig.bytes_per_job:.0f} B/job")
+    for step, n in fig.steps.most_common():
+        calls = f"{fig.calls[step] / fig.jobs:5.2f} calls" if fig.calls[step] else ""
+        print(f"  {step:16s} {n / fig.jobs:7.1f}  {calls}")
+
+
+if __name__ == "__main__":
+    main()
