@@ -14,16 +14,87 @@ local function clock(given)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Job records, each read once per call and written once when it ends: the first access of a call
+-- to a record reads the whole hash (HGETALL); reads and writes then go to this copy, and the call's
+-- end (`save_records`, run by the library after each script) writes the fields it changed in one
+-- HSET. A record is a handful of commands per call instead of one per field. Values are kept as
+-- the strings Redis keeps; a field that is not there reads as false, as HGET's nil does in Lua.
+local RECORDS = {}
+local function redis_text(value)
+  if type(value) == 'number' then
+    if value == math.floor(value) and math.abs(value) < 2^53 then return string.format('%d', value) end
+    return string.format('%.17g', value)
+  end
+  return value
+end
+local function record_of(key)
+  local r = RECORDS[key]
+  if not r then
+    local flat = redis.call('HGETALL', key)
+    r = {f = {}, dirty = {}}
+    for i = 1, #flat, 2 do r.f[flat[i]] = flat[i + 1] end
+    RECORDS[key] = r
+  end
+  return r
+end
+local function hget(key, field)
+  local v = record_of(key).f[field]
+  if v == nil then return false end
+  return v
+end
+local function hmget(key, ...)
+  local r, out = record_of(key), {}
+  for i, field in ipairs({...}) do
+    local v = r.f[field]
+    if v == nil then v = false end
+    out[i] = v
+  end
+  return out
+end
+local function hset(key, ...)
+  local r, args = record_of(key), {...}
+  for i = 1, #args, 2 do
+    r.f[args[i]] = redis_text(args[i + 1])
+    r.dirty[args[i]] = true
+  end
+end
+local function hincrby(key, field, amount)
+  local r = record_of(key)
+  local value = tonumber(r.f[field] or '0') + tonumber(amount)
+  r.f[field], r.dirty[field] = redis_text(value), true
+  return value
+end
+local function hdel(key, field)
+  local r = record_of(key)
+  if r.f[field] ~= nil then
+    r.f[field], r.dirty[field] = nil, nil
+    redis.call('HDEL', key, field)
+  end
+end
+-- The record is gone (DEL): nothing of it is written back.
+local function forget(key) RECORDS[key] = {f = {}, dirty = {}} end
+local function save_records()
+  for key, r in pairs(RECORDS) do
+    local args = {}
+    for field in pairs(r.dirty) do
+      args[#args + 1] = field
+      args[#args + 1] = r.f[field]
+    end
+    if #args > 0 then redis.call('HSET', key, unpack(args)) end
+  end
+  RECORDS = {}
+end
+
 -- Tells the sweeper that the job's tenant has work due at `at` (ms): the tenant's entry
 -- in the wake set only ever moves earlier here; the sweeper sets it to the true next due
 -- time after each visit.
 local function wake(wakeset, job, at)
-  redis.call('ZADD', wakeset, 'LT', at, redis.call('HGET', job, 'tenant'))
+  redis.call('ZADD', wakeset, 'LT', at, hget(job, 'tenant'))
 end
 
 -- Appends one state-change event to the job's event list (seq counts from 1).
 local function append_event(job, events, now, from, to, reason)
-  local seq = redis.call('HINCRBY', job, 'event_seq', 1)
+  local seq = hincrby(job, 'event_seq', 1)
   redis.call('RPUSH', events, cjson.encode({
     seq = seq, at = tonumber(now), from = (from ~= '' and from) or cjson.null, to = to, reason = reason}))
 end
@@ -98,11 +169,11 @@ end
 -- Moves a job from one state to another: record, per-state counts (the tenant's and the
 -- global ones), event log, and the list of changes the caller logs.
 local function move(job, counts, events, now, from, to, reason)
-  redis.call('HSET', job, 'state', to, 'updated_at', now)
+  hset(job, 'state', to, 'updated_at', now)
   if from ~= '' then redis.call('HINCRBY', counts, from, -1) end
   redis.call('HINCRBY', counts, to, 1)
   append_event(job, events, now, from, to, reason)
-  local f = redis.call('HMGET', job, 'id', 'priority', 'deadline', 'created_at', 'attempt_count', 'error_class',
+  local f = hmget(job, 'id', 'priority', 'deadline', 'created_at', 'attempt_count', 'error_class',
     'lease_gen', 'attempts_not_sent')
   count_move(f, now, from, to)
   MOVES[#MOVES + 1] = {f[1], from, to, reason, f[5] or '0', HELD[job] or f[7] or '0', f[6] or ''}
@@ -112,7 +183,7 @@ end
 -- Every change of owner raises the generation (claims, and `release`), so only the
 -- current holder passes.
 local function holds_lease(job, gen)
-  local f = redis.call('HMGET', job, 'state', 'lease_gen')
+  local f = hmget(job, 'state', 'lease_gen')
   return (f[1] == 'running' or f[1] == 'reconciling') and f[2] == gen
 end
 
@@ -120,8 +191,8 @@ end
 -- (a worker, a reconciler, or a stalled one of either) can no longer write. The generation
 -- that was held is what the state-change log shows for the change the holder made.
 local function release(job, leases, job_id)
-  HELD[job] = redis.call('HINCRBY', job, 'lease_gen', 1) - 1
-  redis.call('HSET', job, 'lease_owner', '', 'lease_expires', 0)
+  HELD[job] = hincrby(job, 'lease_gen', 1) - 1
+  hset(job, 'lease_owner', '', 'lease_expires', 0)
   redis.call('ZREM', leases, job_id)
 end
 
@@ -129,7 +200,7 @@ end
 -- closed, except an `unknown` one, which reconciliation resolves (and marks reconciled).
 -- `unsent`: nothing left for a server, so a submit mark the attempt made is taken back.
 local function end_attempt(job, attempts, now, state, error_class, unsent)
-  local n = redis.call('HGET', job, 'attempt_count')
+  local n = hget(job, 'attempt_count')
   local raw = redis.call('HGET', attempts, n)
   if not raw then return end
   local attempt = cjson.decode(raw)
@@ -150,10 +221,10 @@ local LEDGER_FIELD = {reserved = 'reserved', charged = 'reserved', uncertain = '
 -- Moves `amount` cost units between a job's buckets (reserved, charged, uncertain),
 -- keeping the tenant ledger in step. Never moves more than the source holds.
 local function shift(job, ledger, from, to, amount)
-  amount = math.min(tonumber(amount), tonumber(redis.call('HGET', job, from) or '0'))
+  amount = math.min(tonumber(amount), tonumber(hget(job, from) or '0'))
   if amount <= 0 then return 0 end
-  redis.call('HINCRBY', job, from, -amount)
-  redis.call('HINCRBY', job, to, amount)
+  hincrby(job, from, -amount)
+  hincrby(job, to, amount)
   if LEDGER_FIELD[from] ~= LEDGER_FIELD[to] then
     ledger_add(ledger, LEDGER_FIELD[from], -amount)
     ledger_add(ledger, LEDGER_FIELD[to], amount)
@@ -164,7 +235,7 @@ end
 -- Whether a provider execution happened for the job: `occurred` (something was
 -- charged), `possible` (submitted, or cost held uncertain) or `none`.
 local function external_effect(job)
-  local f = redis.call('HMGET', job, 'charged', 'settled', 'uncertain', 'submitted')
+  local f = hmget(job, 'charged', 'settled', 'uncertain', 'submitted')
   if tonumber(f[1] or '0') + tonumber(f[2] or '0') > 0 then return 'occurred' end
   if tonumber(f[3] or '0') > 0 or f[4] == '1' then return 'possible' end
   return 'none'
@@ -174,13 +245,13 @@ end
 -- reservation is released. Anything still uncertain is taken as charged: releasing it
 -- would understate what may be owed. Called only on a transition into a terminal state.
 local function settle(job, ledger, now)
-  shift(job, ledger, 'uncertain', 'charged', redis.call('HGET', job, 'uncertain') or '0')
-  local f = redis.call('HMGET', job, 'reserved', 'charged')
+  shift(job, ledger, 'uncertain', 'charged', hget(job, 'uncertain') or '0')
+  local f = hmget(job, 'reserved', 'charged')
   local reserved, charged = tonumber(f[1] or '0'), tonumber(f[2] or '0')
   ledger_add(ledger, 'reserved', -(reserved + charged))
   ledger_add(ledger, 'settled', charged)
-  redis.call('HINCRBY', job, 'settled', charged)
-  redis.call('HSET', job, 'reserved', 0, 'charged', 0, 'settled_at', now)
+  hincrby(job, 'settled', charged)
+  hset(job, 'reserved', 0, 'charged', 0, 'settled_at', now)
 end
 
 -- Ends a job for good (completed, failed or cancelled): settled once, entered in the
@@ -189,7 +260,7 @@ end
 -- `k` names the keys: ledger, done, workflow, wake.
 local function finalize(job, k, now, outcome)
   settle(job, k.ledger, now)
-  redis.call('ZADD', k.done, now, redis.call('HGET', job, 'id'))
+  redis.call('ZADD', k.done, now, hget(job, 'id'))
   if outcome ~= 'failed' then redis.call('DEL', k.workflow) end
   wake(k.wake, job, now)
 end
@@ -199,21 +270,21 @@ end
 -- cancelled job carries none. `k` adds queued, retry, events, counts to finalize's keys.
 -- (An outbox entry stays until the sweeper confirms it: that marks the idempotency record done.)
 local function end_waiting(job, k, now, from, to, reason)
-  local job_id = redis.call('HGET', job, 'id')
+  local job_id = hget(job, 'id')
   redis.call('ZREM', k.queued, job_id)
   redis.call('ZREM', k.retry, job_id)
   finalize(job, k, now, to)
-  if to == 'cancelled' then redis.call('HSET', job, 'error_class', '', 'error_reason', '') end
+  if to == 'cancelled' then hset(job, 'error_class', '', 'error_reason', '') end
   move(job, k.counts, k.events, now, from, to, reason)
 end
 
 -- Fails a queued job whose deadline has passed before any worker took it: settled,
 -- dead-lettered, never dispatched. `k`: finalize's keys plus queued, dead, events, counts.
 local function expire_queued(job, k, now, reason)
-  local job_id = redis.call('HGET', job, 'id')
+  local job_id = hget(job, 'id')
   redis.call('ZREM', k.queued, job_id)
   finalize(job, k, now, 'failed')
-  redis.call('HSET', job, 'error_class', 'deadline_exceeded', 'error_reason', reason)
+  hset(job, 'error_class', 'deadline_exceeded', 'error_reason', reason)
   redis.call('ZADD', k.dead, now, job_id)
   move(job, k.counts, k.events, now, 'queued', 'failed', 'deadline_exceeded')
 end
@@ -278,10 +349,10 @@ end
 -- Gives back the job's dispatch slot, once (the claim took it), and ends the watch of
 -- its prompt at the provider, if any.
 local function free_slot(job, fleet)
-  local f = redis.call('HMGET', job, 'server', 'slot_held', 'id')
+  local f = hmget(job, 'server', 'slot_held', 'id')
   redis.call('HDEL', fleet, 'w:' .. f[3])
   if f[2] == '1' then
     redis.call('HINCRBY', fleet, 'busy:' .. f[1], -1)
-    redis.call('HSET', job, 'slot_held', 0)
+    hset(job, 'slot_held', 0)
   end
 end

@@ -126,7 +126,7 @@ local ledger = redis.call('HMGET', KEYS[2], 'allowance', 'reserved', 'settled', 
 if not ledger[1] then return {6} end
 local older, leaving = '', nil
 if ARGV[9] ~= '' then
-  local o = redis.call('HMGET', KEYS[9], 'state', 'priority')
+  local o = hmget(KEYS[9], 'state', 'priority')
   older = o[1]
   if not older then return {7} end
   if older == 'queued' then leaving = o[2] end
@@ -159,9 +159,9 @@ for field, value in pairs(record) do
   fields[#fields + 1] = field
   fields[#fields + 1] = value
 end
-redis.call('HSET', KEYS[3], 'seq', seq, unpack(fields))
-redis.call('HSET', KEYS[3], 'created_at', now, 'updated_at', now,
-  'deadline', now + 1000 * tonumber(redis.call('HGET', KEYS[3], 'deadline_s')))
+hset(KEYS[3], 'seq', seq, unpack(fields))
+hset(KEYS[3], 'created_at', now, 'updated_at', now,
+  'deadline', now + 1000 * tonumber(hget(KEYS[3], 'deadline_s')))
 redis.call('SET', KEYS[12], ARGV[10])
 redis.call('ZADD', KEYS[4], seq, job_id)
 redis.call('ZADD', KEYS[5], now, job_id)
@@ -172,11 +172,11 @@ redis.call('HSET', KEYS[1], 'fingerprint', fingerprint, 'job_id', job_id, 'state
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 
 if older == 'queued' or older == 'retry_wait' then
-  redis.call('HSET', KEYS[9], 'cancel_requested', 1, 'external_effect', external_effect(KEYS[9]))
+  hset(KEYS[9], 'cancel_requested', 1, 'external_effect', external_effect(KEYS[9]))
   end_waiting(KEYS[9], {ledger = KEYS[2], queued = KEYS[5], retry = KEYS[11],
     events = KEYS[10], counts = KEYS[8], done = KEYS[13], workflow = KEYS[14], wake = KEYS[15]},
     now, older, 'cancelled', 'superseded')
 elseif older == 'running' or older == 'reconciling' or older == 'needs_review' then
-  redis.call('HSET', KEYS[9], 'obsolete', 1)
+  hset(KEYS[9], 'obsolete', 1)
 end
 return {1, job_id, now}

@@ -21,13 +21,13 @@
 
 local job = KEYS[1]
 if not holds_lease(job, ARGV[1]) then return {9} end
-local f = redis.call('HMGET', job, 'id', 'submitted', 'server', 'operation_id', 'attempt_count', 'deadline')
+local f = hmget(job, 'id', 'submitted', 'server', 'operation_id', 'attempt_count', 'deadline')
 if f[2] ~= '1' then return {8, 'not_submitted'} end
 local now = clock(ARGV[2])
 local expires = now + tonumber(ARGV[3])
-local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
-redis.call('HSET', job, 'lease_owner', 'watcher', 'lease_expires', expires)
-if ARGV[4] ~= '' then redis.call('HSET', job, 'refusal', ARGV[4]) end  -- kept across hand-backs
+local gen = hincrby(job, 'lease_gen', 1)
+hset(job, 'lease_owner', 'watcher', 'lease_expires', expires)
+if ARGV[4] ~= '' then hset(job, 'refusal', ARGV[4]) end  -- kept across hand-backs
 redis.call('ZADD', KEYS[2], expires, f[1])
 wake(KEYS[4], job, expires)
 redis.call('HSET', KEYS[3], 'w:' .. f[1], cjson.encode({server = f[3], gen = gen, op = f[4], attempt = tonumber(f[5]),

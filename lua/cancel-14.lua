@@ -26,23 +26,23 @@
 
 use_globals(12)
 local job, now = KEYS[1], clock(ARGV[1])
-local f = redis.call('HMGET', job, 'state', 'id')
+local f = hmget(job, 'state', 'id')
 if not f[1] then return {7} end
 local state = f[1]
 local effect = external_effect(job)
 if state == 'queued' or state == 'retry_wait' or state == 'needs_review' then
   redis.call('ZREM', KEYS[7], f[2])
   redis.call('ZREM', KEYS[11], f[2])
-  redis.call('HSET', job, 'cancel_requested', 1, 'external_effect', effect)
+  hset(job, 'cancel_requested', 1, 'external_effect', effect)
   end_waiting(job, {ledger = KEYS[2], queued = KEYS[3], retry = KEYS[4], events = KEYS[5], counts = KEYS[6],
     done = KEYS[8], workflow = KEYS[9], wake = KEYS[10]}, now, state, 'cancelled', 'cancelled')
   return {0, 'cancelled', effect}
 end
 if state == 'running' or state == 'reconciling' then
-  if redis.call('HGET', job, 'cancel_requested') ~= '1' then
-    redis.call('HSET', job, 'cancel_requested', 1, 'external_effect', effect)
+  if hget(job, 'cancel_requested') ~= '1' then
+    hset(job, 'cancel_requested', 1, 'external_effect', effect)
     append_event(job, KEYS[5], now, state, state, 'cancel_requested')
   end
   return {0, state, effect}
 end
-return {0, state, redis.call('HGET', job, 'external_effect') or effect}
+return {0, state, hget(job, 'external_effect') or effect}

@@ -49,7 +49,7 @@
 use_globals(15)
 local job = KEYS[1]
 local now = clock(ARGV[1])
-local f = redis.call('HMGET', job, 'state', 'id', 'deadline')
+local f = hmget(job, 'state', 'id', 'deadline')
 redis.call('ZREM', KEYS[14], ARGV[7])  -- a call is answered by this claim, whatever it finds
 if f[1] ~= 'queued' then
   redis.call('ZREM', KEYS[13], ARGV[7])  -- a parked entry of a job that moved on (or is gone) goes
@@ -70,7 +70,7 @@ for i = 8, #ARGV, 3 do
   prices[ARGV[i]] = ARGV[i + 2]
 end
 -- rank: interactive before batch, then the oldest intent first
-local g = redis.call('HMGET', job, 'priority', 'created_at')
+local g = hmget(job, 'priority', 'created_at')
 local rank = (g[1] == 'batch' and tonumber(BATCH_RANK) or 0) + tonumber(g[2] or now)
 if paused_for(KEYS[12], g[1] or 'interactive') then  -- `reckon pause --class`: it waits, parked
   redis.call('ZADD', KEYS[13], rank, job_id)
@@ -93,10 +93,10 @@ if not server then
   return {15}
 end
 local expires = now + tonumber(ARGV[3])
-local price = tonumber(prices[server]) or tonumber(redis.call('HGET', job, 'price'))
-local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
-local n = redis.call('HINCRBY', job, 'attempt_count', 1)
-redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0,
+local price = tonumber(prices[server]) or tonumber(hget(job, 'price'))
+local gen = hincrby(job, 'lease_gen', 1)
+local n = hincrby(job, 'attempt_count', 1)
+hset(job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0,
   'operation_id', ARGV[4], 'provider', ARGV[5], 'submitted', 0, 'submit_epoch', '', 'submitted_at', 0,
   'attempt_charged', 0, 'server', server, 'slot_held', 1, 'attempt_price', price)
 redis.call('ZADD', KEYS[2], expires, job_id)
@@ -108,6 +108,6 @@ redis.call('HSET', KEYS[4], n, cjson.encode({
   operation_id = ARGV[4], state = 'running', started_at = now,
   submitted_at = cjson.null, ended_at = cjson.null, error_class = cjson.null}))
 move(job, KEYS[6], KEYS[5], now, 'queued', 'running', 'claimed')
-local inputs = redis.call('HMGET', job, 'outputs_requested', 'priority', 'deadline')
+local inputs = hmget(job, 'outputs_requested', 'priority', 'deadline')
 return {0, gen, n, now, server, inputs[1], inputs[2], inputs[3], redis.call('GET', KEYS[10]) or '',
   unpack(redis.call('HKEYS', KEYS[18]))}

@@ -18,13 +18,13 @@
 --   | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
 
 local job, now = KEYS[1], clock(ARGV[1])
-local f = redis.call('HMGET', job, 'state', 'lease_owner', 'id', 'attempt_count', 'operation_id', 'server',
+local f = hmget(job, 'state', 'lease_owner', 'id', 'attempt_count', 'operation_id', 'server',
   'cancel_requested', 'deadline', 'submit_epoch')
 if not f[1] then return {7} end
 if f[1] ~= 'running' or f[2] ~= 'watcher' then return {8, f[1]} end
 local expires = now + tonumber(ARGV[3])
-local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
-redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires)
+local gen = hincrby(job, 'lease_gen', 1)
+hset(job, 'lease_owner', ARGV[2], 'lease_expires', expires)
 redis.call('ZADD', KEYS[2], expires, f[3])
 wake(KEYS[4], job, expires)
 redis.call('HDEL', KEYS[3], 'w:' .. f[3])

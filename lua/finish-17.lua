@@ -34,10 +34,10 @@ use_globals(14)
 -- moves a fifth of the way towards this attempt's time: an exponentially weighted average,
 -- so old samples decay and a slower provider shows within a few jobs.
 local function update_estimate(job, attempts, now)
-  local raw = redis.call('HGET', attempts, redis.call('HGET', job, 'attempt_count'))
+  local raw = redis.call('HGET', attempts, hget(job, 'attempt_count'))
   local started = raw and cjson.decode(raw).started_at
   if not started then return end
-  local field = 'service_ms:' .. redis.call('HGET', job, 'priority')
+  local field = 'service_ms:' .. hget(job, 'priority')
   local old, sample = tonumber(redis.call('HGET', G.stats, field) or ''), now - started
   redis.call('HSET', G.stats, field, math.floor(old and (old + (sample - old) / 5) or sample))
 end
@@ -46,16 +46,16 @@ local job, now, outcome = KEYS[1], clock(ARGV[2]), ARGV[3]
 if not holds_lease(job, ARGV[1]) then return {9} end
 if outcome == 'completed' then
   local stored = redis.call('HLEN', KEYS[6])
-  local requested = tonumber(redis.call('HGET', job, 'outputs_requested'))
+  local requested = tonumber(hget(job, 'outputs_requested'))
   if stored < requested then return {10, stored, requested} end
   -- cancelled while the provider worked: the outputs are kept, the job ends cancelled
-  if redis.call('HGET', job, 'cancel_requested') == '1' then outcome = 'cancelled' end
+  if hget(job, 'cancel_requested') == '1' then outcome = 'cancelled' end
 end
 
-local job_id = redis.call('HGET', job, 'id')
-local from = redis.call('HGET', job, 'state')
+local job_id = hget(job, 'id')
+local from = hget(job, 'state')
 if outcome == 'cancelled' then
-  redis.call('HSET', job, 'external_effect', external_effect(job))
+  hset(job, 'external_effect', external_effect(job))
 end
 if outcome == 'completed' and from == 'running' then update_estimate(job, KEYS[4], now) end
 finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12]}, now, outcome)
@@ -63,7 +63,7 @@ end_attempt(job, KEYS[4], now, outcome, ARGV[4])
 release(job, KEYS[3], job_id)
 free_slot(job, KEYS[13])
 redis.call('ZREM', KEYS[8], job_id)
-redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[5], 'error_detail', ARGV[6])
+hset(job, 'error_class', ARGV[4], 'error_reason', ARGV[5], 'error_detail', ARGV[6])
 if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end
 move(job, KEYS[7], KEYS[5], now, from, outcome, ARGV[5])
 return {0, outcome, redis.call('ZCARD', KEYS[17])}

@@ -13,6 +13,6 @@
 
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local expires = clock(ARGV[2]) + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'lease_expires', expires)
-redis.call('ZADD', KEYS[2], expires, redis.call('HGET', KEYS[1], 'id'))
+hset(KEYS[1], 'lease_expires', expires)
+redis.call('ZADD', KEYS[2], expires, hget(KEYS[1], 'id'))
 return {0, expires}

@@ -21,15 +21,15 @@
 -- Returns {0 OK} | {9 STALE_LEASE} | {12 CANCELLED} | {14 EXPIRED} | {16 PAUSED}
 
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
-local f = redis.call('HMGET', KEYS[1], 'cancel_requested', 'deadline', 'priority', 'server')
+local f = hmget(KEYS[1], 'cancel_requested', 'deadline', 'priority', 'server')
 if f[1] == '1' then return {12} end
 if paused_for(KEYS[4], f[3] or 'interactive', f[4]) then return {16} end
 local now = clock(ARGV[2])
 if now + tonumber(ARGV[5]) >= tonumber(f[2]) then return {14} end
 local expires = now + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'submitted', 1, 'submit_epoch', ARGV[3], 'submitted_at', now, 'lease_expires', expires)
-redis.call('ZADD', KEYS[3], expires, redis.call('HGET', KEYS[1], 'id'))
-local n = redis.call('HGET', KEYS[1], 'attempt_count')
+hset(KEYS[1], 'submitted', 1, 'submit_epoch', ARGV[3], 'submitted_at', now, 'lease_expires', expires)
+redis.call('ZADD', KEYS[3], expires, hget(KEYS[1], 'id'))
+local n = hget(KEYS[1], 'attempt_count')
 local attempt = cjson.decode(redis.call('HGET', KEYS[2], n))
 attempt.submitted_at = now
 redis.call('HSET', KEYS[2], n, cjson.encode(attempt))

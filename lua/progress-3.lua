@@ -19,7 +19,7 @@
 --
 -- Returns {1 CREATED, seq} | {0 OK} (dropped: nothing written)
 
-local f = redis.call('HMGET', KEYS[1], 'state', 'attempt_count', 'operation_id')
+local f = hmget(KEYS[1], 'state', 'attempt_count', 'operation_id')
 if f[1] ~= 'running' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return {0} end
 
 local value = tonumber(ARGV[4])
@@ -33,7 +33,7 @@ elseif marks[2] and value <= tonumber(marks[2]) then
 end
 redis.call('HSET', KEYS[3], field, ARGV[4])
 
-local seq = redis.call('HINCRBY', KEYS[1], 'event_seq', 1)
+local seq = hincrby(KEYS[1], 'event_seq', 1)
 redis.call('RPUSH', KEYS[2], cjson.encode({
   seq = seq, at = clock(ARGV[7]), type = 'progress', attempt = tonumber(ARGV[1]),
   node = ARGV[3], value = value, max = tonumber(ARGV[5])}))

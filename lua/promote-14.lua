@@ -21,7 +21,7 @@
 
 use_globals(12)
 local job, now, job_id = KEYS[1], clock(ARGV[1]), ARGV[2]
-local f = redis.call('HMGET', job, 'state', 'retry_at', 'deadline')
+local f = hmget(job, 'state', 'retry_at', 'deadline')
 if f[1] ~= 'retry_wait' then
   redis.call('ZREM', KEYS[3], job_id)
   return {7}
@@ -30,7 +30,7 @@ if tonumber(f[2]) > now then return {11} end
 redis.call('ZREM', KEYS[3], job_id)
 if tonumber(f[3]) <= now then
   finalize(job, {ledger = KEYS[2], done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'failed')
-  redis.call('HSET', job, 'error_class', 'deadline_exceeded', 'error_reason', 'deadline_exceeded')
+  hset(job, 'error_class', 'deadline_exceeded', 'error_reason', 'deadline_exceeded')
   redis.call('ZADD', KEYS[8], now, job_id)
   move(job, KEYS[7], KEYS[6], now, 'retry_wait', 'failed', 'deadline_exceeded')
   return {0, 'failed'}

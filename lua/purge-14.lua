@@ -22,7 +22,7 @@
 -- Returns {0 OK} | {11 NOT_DUE} | {7 NOT_FOUND} (the done entry is cleaned)
 
 use_globals(12)
-local f = redis.call('HMGET', KEYS[1], 'state', 'settled_at', 'priority')
+local f = hmget(KEYS[1], 'state', 'settled_at', 'priority')
 if f[1] ~= 'completed' and f[1] ~= 'failed' and f[1] ~= 'cancelled' then
   redis.call('ZREM', KEYS[8], ARGV[1])
   return {7}
@@ -30,6 +30,7 @@ end
 if tonumber(f[2] or '0') + tonumber(ARGV[3]) > clock(ARGV[2]) then return {11} end
 redis.call('HINCRBY', KEYS[11], f[1], -1)
 redis.call('HINCRBY', G.stats, 'jobs:' .. f[3] .. ':' .. f[1], -1)
+forget(KEYS[1])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[9], KEYS[10])
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('ZREM', KEYS[7], ARGV[1])

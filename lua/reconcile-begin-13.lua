@@ -31,7 +31,7 @@
 
 use_globals(11)
 local job, now = KEYS[1], clock(ARGV[2])
-local f = redis.call('HMGET', job, 'state', 'lease_gen', 'lease_expires', 'id', 'submitted',
+local f = hmget(job, 'state', 'lease_gen', 'lease_expires', 'id', 'submitted',
   'outputs_requested', 'price', 'attempt_charged', 'attempt_price')
 if ARGV[1] ~= '' then
   if f[1] ~= 'running' or f[2] ~= ARGV[1] then return {9} end
@@ -53,7 +53,7 @@ release(job, KEYS[3], f[4])
 redis.call('HDEL', KEYS[10], 'w:' .. f[4])
 redis.call('ZADD', KEYS[7], now + tonumber(ARGV[3]), f[4])
 wake(KEYS[9], job, now + tonumber(ARGV[3]))
-redis.call('HSET', job, 'reconcile_since', now, 'reconcile_claims', 0, 'sends', 0)
+hset(job, 'reconcile_since', now, 'reconcile_claims', 0, 'sends', 0)
 if ARGV[4] == 'lease_expired' then redis.call('HINCRBY', G.stats, 'leases_expired_total', 1) end
 move(job, KEYS[6], KEYS[5], now, 'running', 'reconciling', ARGV[4])
 return {0, held}

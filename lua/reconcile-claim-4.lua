@@ -21,14 +21,14 @@
 --   | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
 
 local job, now = KEYS[1], clock(ARGV[1])
-local f = redis.call('HMGET', job, 'state', 'lease_expires', 'id', 'operation_id', 'submitted', 'submit_epoch',
+local f = hmget(job, 'state', 'lease_expires', 'id', 'operation_id', 'submitted', 'submit_epoch',
   'attempt_count', 'reconcile_since', 'submitted_at', 'server')
 if not f[1] then return {7} end
 if f[1] ~= 'reconciling' or tonumber(f[2] or '0') > now then return {8, f[1]} end
 local expires = now + tonumber(ARGV[3])
-local gen = redis.call('HINCRBY', job, 'lease_gen', 1)
-redis.call('HSET', job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0)
-local claims = redis.call('HINCRBY', job, 'reconcile_claims', 1)
+local gen = hincrby(job, 'lease_gen', 1)
+hset(job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0)
+local claims = hincrby(job, 'reconcile_claims', 1)
 redis.call('ZADD', KEYS[2], expires, f[3])
 redis.call('ZADD', KEYS[3], expires, f[3])
 wake(KEYS[4], job, expires)

@@ -13,7 +13,7 @@
 -- Returns {0 OK} | {9 STALE_LEASE}
 
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
-local job_id = redis.call('HGET', KEYS[1], 'id')
+local job_id = hget(KEYS[1], 'id')
 release(KEYS[1], KEYS[2], job_id)
 local due = clock(ARGV[3]) + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[3], due, job_id)

@@ -27,7 +27,7 @@
 
 use_globals(10)
 local job, now, job_id, state = KEYS[1], clock(ARGV[1]), ARGV[2], ARGV[3]
-local f = redis.call('HMGET', job, 'state', 'deadline', 'priority')
+local f = hmget(job, 'state', 'deadline', 'priority')
 if f[1] ~= state then
   redis.call('ZREM', KEYS[2], job_id)
   return {7}
@@ -41,7 +41,7 @@ if state == 'queued' and tonumber(f[2]) <= now then
     done = KEYS[7], workflow = KEYS[8], wake = KEYS[9]}, now, 'deadline_passed_while_queued')
   return {14}
 end
-local sends = redis.call('HINCRBY', job, 'sends', 1)
+local sends = hincrby(job, 'sends', 1)
 local window = tonumber(ARGV[4]) * 2 ^ math.min(sends - 1, 5)
 if state == 'queued' then window = window * 2 - tonumber(ARGV[4]) end
 redis.call('ZADD', KEYS[2], now + window, job_id)

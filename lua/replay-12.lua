@@ -19,7 +19,7 @@
 
 use_globals(10)
 local job, now = KEYS[1], clock(ARGV[1])
-local f = redis.call('HMGET', job, 'state', 'id', 'ceiling', 'per_attempt', 'attempt_count', 'deadline_s')
+local f = hmget(job, 'state', 'id', 'ceiling', 'per_attempt', 'attempt_count', 'deadline_s')
 if f[1] ~= 'failed' then return {8, f[1] or ''} end
 local ledger = redis.call('HMGET', KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
 local available = tonumber(ledger[1]) - tonumber(ledger[2] or '0') - tonumber(ledger[3] or '0')
@@ -27,10 +27,10 @@ local available = tonumber(ledger[1]) - tonumber(ledger[2] or '0') - tonumber(le
 local ceiling = tonumber(f[3])
 if ceiling > available then return {5, available, ceiling} end
 ledger_add(KEYS[2], 'reserved', ceiling)
-redis.call('HSET', job, 'reserved', ceiling, 'error_class', '', 'error_reason', '',
+hset(job, 'reserved', ceiling, 'error_class', '', 'error_reason', '',
   'attempts_allowed', tonumber(f[5]) + math.floor(ceiling / tonumber(f[4])),
   'deadline', now + 1000 * tonumber(f[6]), 'cancel_requested', 0)
-redis.call('HDEL', job, 'settled_at')
+hdel(job, 'settled_at')
 redis.call('ZREM', KEYS[3], f[2])
 redis.call('ZREM', KEYS[8], f[2])
 wake(KEYS[9], job, now)

@@ -23,7 +23,7 @@
 
 use_globals(13)
 local job, now, decision = KEYS[1], clock(ARGV[1]), ARGV[2]
-local f = redis.call('HMGET', job, 'state', 'id', 'outputs_requested')
+local f = hmget(job, 'state', 'id', 'outputs_requested')
 if f[1] ~= 'needs_review' then return {8, f[1] or ''} end
 local job_id = f[2]
 if decision == 'completed' then
@@ -32,9 +32,9 @@ if decision == 'completed' then
 end
 redis.call('ZREM', KEYS[3], job_id)
 if decision == 'retry' then
-  shift(job, KEYS[2], 'uncertain', 'reserved', redis.call('HGET', job, 'uncertain') or '0')
-  redis.call('HINCRBY', job, 'attempts_allowed', 1)
-  redis.call('HSET', job, 'error_class', '', 'error_reason', '')
+  shift(job, KEYS[2], 'uncertain', 'reserved', hget(job, 'uncertain') or '0')
+  hincrby(job, 'attempts_allowed', 1)
+  hset(job, 'error_class', '', 'error_reason', '')
   redis.call('ZADD', KEYS[4], now, job_id)
   redis.call('ZADD', KEYS[5], now, job_id)
   wake(KEYS[12], job, now)
@@ -44,9 +44,9 @@ end
 finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12]}, now, decision)
 if decision == 'failed' then
   redis.call('ZADD', KEYS[6], now, job_id)
-  redis.call('HSET', job, 'error_class', 'needs_review', 'error_reason', ARGV[3])
+  hset(job, 'error_class', 'needs_review', 'error_reason', ARGV[3])
 else
-  redis.call('HSET', job, 'error_class', '', 'error_reason', '')
+  hset(job, 'error_class', '', 'error_reason', '')
 end
 move(job, KEYS[8], KEYS[7], now, 'needs_review', decision, ARGV[3])
 return {0, decision}

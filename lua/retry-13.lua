@@ -29,15 +29,15 @@
 use_globals(10)
 local job, now = KEYS[1], clock(ARGV[2])
 if not holds_lease(job, ARGV[1]) then return {9} end
-local job_id = redis.call('HGET', job, 'id')
-local from = redis.call('HGET', job, 'state')
+local job_id = hget(job, 'id')
+local from = hget(job, 'state')
 local due = now + tonumber(ARGV[3])
 if ARGV[5] == '1' then  -- nothing reached a server that could run it: the attempt was never a submission
   end_attempt(job, KEYS[3], now, 'not_sent', ARGV[4], true)
   -- a submit mark made before the send failed is taken back: nothing can have run
-  redis.call('HSET', job, 'submitted', 0, 'submit_epoch', '', 'submitted_at', 0)
-  redis.call('HINCRBY', job, 'attempts_allowed', 1)
-  redis.call('HINCRBY', job, 'attempts_not_sent', 1)
+  hset(job, 'submitted', 0, 'submit_epoch', '', 'submitted_at', 0)
+  hincrby(job, 'attempts_allowed', 1)
+  hincrby(job, 'attempts_not_sent', 1)
 else
   end_attempt(job, KEYS[3], now, 'failed', ARGV[4])
 end
@@ -46,7 +46,7 @@ free_slot(job, KEYS[9])
 redis.call('ZREM', KEYS[7], job_id)
 redis.call('ZADD', KEYS[6], due, job_id)
 wake(KEYS[8], job, due)
-redis.call('HSET', job, 'error_class', ARGV[4], 'error_reason', ARGV[4], 'retry_at', due)
+hset(job, 'error_class', ARGV[4], 'error_reason', ARGV[4], 'retry_at', due)
 redis.call('HINCRBY', G.stats, 'retries:' .. ARGV[4], 1)
 move(job, KEYS[5], KEYS[4], now, from, 'retry_wait', ARGV[4])
 return {0, due, redis.call('ZCARD', KEYS[13])}

@@ -25,10 +25,10 @@
 use_globals(9)
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local now = clock(ARGV[2])
-local job_id = redis.call('HGET', KEYS[1], 'id')
+local job_id = hget(KEYS[1], 'id')
 release(KEYS[1], KEYS[2], job_id)
 free_slot(KEYS[1], KEYS[8])
-redis.call('HSET', KEYS[1], 'error_class', 'needs_review', 'error_reason', ARGV[4])
+hset(KEYS[1], 'error_class', 'needs_review', 'error_reason', ARGV[4])
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), job_id)
 wake(KEYS[7], KEYS[1], now + tonumber(ARGV[3]))

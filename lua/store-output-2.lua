@@ -15,5 +15,5 @@
 
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local added = redis.call('HSETNX', KEYS[2], ARGV[3], ARGV[4])
-redis.call('HSET', KEYS[1], 'updated_at', clock(ARGV[2]))
+hset(KEYS[1], 'updated_at', clock(ARGV[2]))
 return {0, added}

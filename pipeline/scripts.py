@@ -33,16 +33,18 @@ LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 _NAME_RE = re.compile(r"([a-z-]+)-([0-9]+)\.lua")  # fullmatch; \d would take "١" too
 #: The library: the helpers once, then each script's body registered as a function. A call sets
 #: KEYS and ARGV (which scripts read as EVAL's globals), a fresh ``MOVES`` (lua/_lib.lua: the
-#: state changes it made, returned beside its reply) and ``HELD``, and clears ``G`` (a script that
-#: forgot ``use_globals`` fails instead of writing to the shard of the call before). An error reply
+#: state changes it made, returned beside its reply), ``HELD`` and ``RECORDS`` (the job records it
+#: read, written back in one HSET each by ``save_records`` when the body returns), and clears ``G``
+#: (a script that forgot ``use_globals`` fails instead of writing to the shard of the call before). An error reply
 #: (``redis.error_reply``) passes through as it is: redis-py raises it.
 _LIBRARY = """#!lua name={name}
 local KEYS, ARGV = {{}}, {{}}
 {prelude}
 local function run(body)
   return function(keys, args)
-    KEYS, ARGV, MOVES, HELD, G = keys, args, {{}}, {{}}, nil
+    KEYS, ARGV, MOVES, HELD, G, RECORDS = keys, args, {{}}, {{}}, nil, {{}}
     local reply = body()
+    save_records()
     if type(reply) == 'table' and reply.err then return reply end
     return {{MOVES, reply}}
   end
