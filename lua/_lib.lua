@@ -14,77 +14,6 @@ local function clock(given)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Job records, each read once per call and written once when it ends: the first access of a call
--- to a record reads the whole hash (HGETALL); reads and writes then go to this copy, and the call's
--- end (`save_records`, run by the library after each script) writes the fields it changed in one
--- HSET. A record is a handful of commands per call instead of one per field. Values are kept as
--- the strings Redis keeps; a field that is not there reads as false, as HGET's nil does in Lua.
-local RECORDS = {}
-local function redis_text(value)
-  if type(value) == 'number' then
-    if value == math.floor(value) and math.abs(value) < 2^53 then return string.format('%d', value) end
-    return string.format('%.17g', value)
-  end
-  return value
-end
-local function record_of(key)
-  local r = RECORDS[key]
-  if not r then
-    local flat = redis.call('HGETALL', key)
-    r = {f = {}, dirty = {}}
-    for i = 1, #flat, 2 do r.f[flat[i]] = flat[i + 1] end
-    RECORDS[key] = r
-  end
-  return r
-end
-local function hget(key, field)
-  local v = record_of(key).f[field]
-  if v == nil then return false end
-  return v
-end
-local function hmget(key, ...)
-  local r, out = record_of(key), {}
-  for i, field in ipairs({...}) do
-    local v = r.f[field]
-    if v == nil then v = false end
-    out[i] = v
-  end
-  return out
-end
-local function hset(key, ...)
-  local r, args = record_of(key), {...}
-  for i = 1, #args, 2 do
-    r.f[args[i]] = redis_text(args[i + 1])
-    r.dirty[args[i]] = true
-  end
-end
-local function hincrby(key, field, amount)
-  local r = record_of(key)
-  local value = tonumber(r.f[field] or '0') + tonumber(amount)
-  r.f[field], r.dirty[field] = redis_text(value), true
-  return value
-end
-local function hdel(key, field)
-  local r = record_of(key)
-  if r.f[field] ~= nil then
-    r.f[field], r.dirty[field] = nil, nil
-    redis.call('HDEL', key, field)
-  end
-end
--- The record is gone (DEL): nothing of it is written back.
-local function forget(key) RECORDS[key] = {f = {}, dirty = {}} end
-local function save_records()
-  for key, r in pairs(RECORDS) do
-    local args = {}
-    for field in pairs(r.dirty) do
-      args[#args + 1] = field
-      args[#args + 1] = r.f[field]
-    end
-    if #args > 0 then redis.call('HSET', key, unpack(args)) end
-  end
-  RECORDS = {}
-end
-
 -- Tells the sweeper that the job's tenant has work due at `at` (ms): the tenant's entry
 -- in the wake set only ever moves earlier here; the sweeper sets it to the true next due
 -- time after each visit.
@@ -129,15 +58,15 @@ local function observe(name, class, bounds, value)
   for _, bound in ipairs(bounds) do
     if value <= bound then le = tostring(bound) break end
   end
-  redis.call('HINCRBY', G.stats, name .. ':' .. class .. ':' .. le, 1)
-  redis.call('HINCRBYFLOAT', G.stats, name .. '_sum:' .. class, value)
-  redis.call('HINCRBY', G.stats, name .. '_count:' .. class, 1)
+  bump(G.stats, name .. ':' .. class .. ':' .. le, 1)
+  bump(G.stats, name .. '_sum:' .. class, value, true)
+  bump(G.stats, name .. '_count:' .. class, 1)
 end
 
 -- Adds `amount` to a tenant ledger field and to its total over all tenants.
 local function ledger_add(ledger, field, amount)
   redis.call('HINCRBY', ledger, field, amount)
-  redis.call('HINCRBY', G.stats, 'ledger:' .. field, amount)
+  bump(G.stats, 'ledger:' .. field, amount)
 end
 
 -- The state changes of this call, returned beside its reply so the caller logs each one
@@ -150,28 +79,28 @@ local HELD = {}
 -- priority, deadline, created_at, attempt_count, error_class, lease_gen, attempts_not_sent).
 local function count_move(f, now, from, to)
   local id, class, rank = f[1], f[2], class_rank(f[2])
-  if from ~= '' then redis.call('HINCRBY', G.stats, 'jobs:' .. class .. ':' .. from, -1) end
-  redis.call('HINCRBY', G.stats, 'jobs:' .. class .. ':' .. to, 1)
+  if from ~= '' then bump(G.stats, 'jobs:' .. class .. ':' .. from, -1) end
+  bump(G.stats, 'jobs:' .. class .. ':' .. to, 1)
   if to == 'queued' then redis.call('ZADD', G.queue, rank + now, id) end
   if from == 'queued' then redis.call('ZREM', G.queue, id) end
   if from == '' or TERMINAL[from] then redis.call('ZADD', G.due, rank + tonumber(f[3]), id) end
   if not TERMINAL[to] then return end
   redis.call('ZREM', G.due, id)
   local error_class = (f[6] and f[6] ~= '') and f[6] or 'none'
-  redis.call('HINCRBY', G.stats, 'finished:' .. class .. ':' .. to .. ':' .. error_class, 1)
+  bump(G.stats, 'finished:' .. class .. ':' .. to .. ':' .. error_class, 1)
   observe('ttc', class, TTC_BOUNDS, (now - tonumber(f[4])) / 1000)
   if to == 'completed' then  -- submissions: an attempt that sent nothing is not one
     observe('attempts', class, ATTEMPT_BOUNDS, tonumber(f[5] or '0') - tonumber(f[8] or '0'))
   end
-  if to == 'failed' then redis.call('HINCRBY', G.stats, 'dead_letters_total', 1) end
+  if to == 'failed' then bump(G.stats, 'dead_letters_total', 1) end
 end
 
 -- Moves a job from one state to another: record, per-state counts (the tenant's and the
 -- global ones), event log, and the list of changes the caller logs.
 local function move(job, counts, events, now, from, to, reason)
   hset(job, 'state', to, 'updated_at', now)
-  if from ~= '' then redis.call('HINCRBY', counts, from, -1) end
-  redis.call('HINCRBY', counts, to, 1)
+  if from ~= '' then bump(counts, from, -1) end
+  bump(counts, to, 1)
   append_event(job, events, now, from, to, reason)
   local f = hmget(job, 'id', 'priority', 'deadline', 'created_at', 'attempt_count', 'error_class',
     'lease_gen', 'attempts_not_sent')
@@ -201,7 +130,7 @@ end
 -- `unsent`: nothing left for a server, so a submit mark the attempt made is taken back.
 local function end_attempt(job, attempts, now, state, error_class, unsent)
   local n = hget(job, 'attempt_count')
-  local raw = redis.call('HGET', attempts, n)
+  local raw = hget(attempts, n)
   if not raw then return end
   local attempt = cjson.decode(raw)
   if attempt.state == 'unknown' then
@@ -213,7 +142,7 @@ local function end_attempt(job, attempts, now, state, error_class, unsent)
   attempt.ended_at = tonumber(now)
   attempt.error_class = (error_class ~= '' and error_class) or cjson.null
   if unsent then attempt.submitted_at = cjson.null end
-  redis.call('HSET', attempts, n, cjson.encode(attempt))
+  hset(attempts, n, cjson.encode(attempt))
 end
 
 local LEDGER_FIELD = {reserved = 'reserved', charged = 'reserved', uncertain = 'uncertain'}
@@ -293,10 +222,26 @@ end
 local SERVER_BLOCKS = {'dispatch_paused', 'provider_credentials', 'provider_unreachable'}
 
 -- A server's prompts in flight (busy slots), or nil while dispatch to it is stopped.
-local function server_busy(fleet, name)
+local function server_fields(name)
   local fields = {'busy:' .. name}
   for _, reason in ipairs(SERVER_BLOCKS) do fields[#fields + 1] = reason .. ':' .. name end
-  local f = redis.call('HMGET', fleet, unpack(fields))
+  return fields
+end
+
+-- Reads at once every field of the fleet hash that dispatch to `servers` ({name, cap} pairs) may
+-- ask (the helpers below read from this copy: lua/_cache.lua).
+local function fleet_view(fleet, servers)
+  local fields = {'rr', 'pause_class:interactive', 'pause_class:batch'}
+  for _, server in ipairs(servers) do
+    for _, field in ipairs(server_fields(server[1])) do fields[#fields + 1] = field end
+  end
+  preload(fleet, fields)
+end
+
+local function server_busy(fleet, name)
+  local fields = server_fields(name)
+  preload(fleet, fields)
+  local f = hmget(fleet, unpack(fields))
   if f[2] or f[3] or f[4] then return nil end
   return tonumber(f[1] or '0')
 end
@@ -304,8 +249,9 @@ end
 -- Why dispatch of a job of `class` to `server` (nil: any) must wait: its class is paused
 -- (`pause_class:<class>` in the fleet hash) or its server is; nil when it may go.
 local function paused_for(fleet, class, server)
-  if redis.call('HEXISTS', fleet, 'pause_class:' .. class) == 1 then return 'class_paused' end
-  if server and redis.call('HEXISTS', fleet, 'dispatch_paused:' .. server) == 1 then return 'dispatch_paused' end
+  preload(fleet, {'pause_class:' .. class, server and 'dispatch_paused:' .. server or nil})
+  if hget(fleet, 'pause_class:' .. class) then return 'class_paused' end
+  if server and hget(fleet, 'dispatch_paused:' .. server) then return 'dispatch_paused' end
   return nil
 end
 
@@ -335,14 +281,15 @@ end
 -- pairs), turning the round-robin start each time so equal loads share the work.
 -- Returns the server's name, or nil when every server is stopped or at its cap.
 local function take_slot(fleet, servers)
-  local start = redis.call('HINCRBY', fleet, 'rr', 1)
+  preload(fleet, {'rr'})
+  local start = hincrby(fleet, 'rr', 1)
   local best, best_busy
   for i = 0, #servers - 1 do
     local server = servers[(start + i) % #servers + 1]
     local busy = server_busy(fleet, server[1])
     if busy and busy < server[2] and (not best or busy < best_busy) then best, best_busy = server[1], busy end
   end
-  if best then redis.call('HINCRBY', fleet, 'busy:' .. best, 1) end
+  if best then hincrby(fleet, 'busy:' .. best, 1) end
   return best
 end
 
@@ -352,7 +299,7 @@ local function free_slot(job, fleet)
   local f = hmget(job, 'server', 'slot_held', 'id')
   redis.call('HDEL', fleet, 'w:' .. f[3])
   if f[2] == '1' then
-    redis.call('HINCRBY', fleet, 'busy:' .. f[1], -1)
+    add(fleet, 'busy:' .. f[1], -1)
     hset(job, 'slot_held', 0)
   end
 end

@@ -86,10 +86,8 @@ local function over_fleet_limits(class, deadline_ms, leaving)
   local cfg = redis.call('HMGET', KEYS[20], 'queue_cap:' .. class, 'target_s:interactive')
   local slots = math.max(1, tonumber(ARGV[11]))
   local depth = {interactive = queued('interactive', leaving), batch = queued('batch', leaving)}
-  local estimate = {}
-  for _, c in ipairs({'interactive', 'batch'}) do
-    estimate[c] = tonumber(redis.call('HGET', G.stats, 'service_ms:' .. c) or '')
-  end
+  local known = redis.call('HMGET', G.stats, 'service_ms:interactive', 'service_ms:batch')
+  local estimate = {interactive = tonumber(known[1] or ''), batch = tonumber(known[2] or '')}
   local own = estimate[class]
   local turn = own and math.max(1000, math.ceil(own / slots)) or 5000  -- Retry-After: a slot's turn
   local cap = setting(cfg[1], class == 'batch' and ARGV[13] or ARGV[12])

@@ -64,12 +64,13 @@ if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
 end
 
 local job_id = f[2]
+-- rank: interactive before batch, then the oldest intent first
 local servers, prices = {}, {}
 for i = 8, #ARGV, 3 do
   servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])}
   prices[ARGV[i]] = ARGV[i + 2]
 end
--- rank: interactive before batch, then the oldest intent first
+fleet_view(KEYS[12], servers)
 local g = hmget(job, 'priority', 'created_at')
 local rank = (g[1] == 'batch' and tonumber(BATCH_RANK) or 0) + tonumber(g[2] or now)
 if paused_for(KEYS[12], g[1] or 'interactive') then  -- `reckon pause --class`: it waits, parked

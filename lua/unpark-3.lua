@@ -25,6 +25,7 @@ if redis.call('ZCARD', KEYS[2]) == 0 then return {0} end
 local now = clock(ARGV[1])
 local servers = {}
 for i = 3, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
+fleet_view(KEYS[1], servers)
 local calls = promised(KEYS[3], KEYS[2], now)
 local open = free_slots(KEYS[1], servers) - #calls
 local reply = {0}

@@ -59,6 +59,7 @@ class Figures:
     bytes_per_job: float
     steps: Counter = field(default_factory=Counter)
     calls: Counter = field(default_factory=Counter)
+    trips: Counter = field(default_factory=Counter)
 
     @property
     def commands_per_job(self) -> float:
@@ -228,7 +229,7 @@ class Monitor:
     """Follows MONITOR and counts each command by step (see the module's docstring)."""
 
     def __init__(self, port: int) -> None:
-        self.port, self.steps, self.calls = port, Counter(), Counter()
+        self.port, self.steps, self.calls, self.trips = port, Counter(), Counter(), Counter()
         self.lines: list[str] = []
         self._names: dict[str, str] = {}
         self._stop = threading.Event()
@@ -274,6 +275,7 @@ class Monitor:
                 name = names.get(addr, "")
                 step = CLIENT_STEPS.get(name, name or "other")
             self.steps[step] += 1
+            self.trips[step] += 1  # a command a process sent: one round trip (pipelines aside)
 
 
 def _verb(function: str) -> str:
@@ -307,7 +309,7 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
         redis_s, cpu_s = redis_cpu(client) - redis0, stack.stack_cpu() - cpu0
         mem = client.info("memory")["used_memory"] - mem0
         return Figures(jobs, seconds, calls, redis_s, cpu_s, mem / jobs,
-                       monitor.steps if monitor else Counter(), monitor.calls if monitor else Counter())
+                       *((monitor.steps, monitor.calls, monitor.trips) if monitor else ()))
     finally:
         stack.down()
 
@@ -330,7 +332,7 @@ def main() -> None:
           f" Redis {fig.redis_us:.0f} us/job; machine {fig.machine_us:.0f} us/job; {fig.bytes_per_job:.0f} B/job")
     for step, n in fig.steps.most_common():
         calls = f"{fig.calls[step] / fig.jobs:5.2f} calls" if fig.calls[step] else ""
-        print(f"  {step:16s} {n / fig.jobs:7.1f}  {calls}")
+        print(f"  {step:16s} {n / fig.jobs:7.1f} commands {fig.trips[step] / fig.jobs:6.2f} round trips  {calls}")
 
 
 if __name__ == "__main__":

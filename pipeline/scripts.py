@@ -1,8 +1,8 @@
 """Loads the Lua scripts in ``lua/`` as one Redis Functions library and names their return codes.
 
-A script is ``lua/<verb>-<nkeys>.lua``. All of them, behind ``lua/_lib.lua`` (their shared helpers),
-make one library (``FUNCTION LOAD``), named after a hash of its source so that two versions of
-reckon never replace each other's: the helpers are defined once when the library loads, not on
+A script is ``lua/<verb>-<nkeys>.lua``. All of them, behind ``lua/_cache.lua`` and ``lua/_lib.lua``
+(their shared helpers), make one library (``FUNCTION LOAD``), named after a hash of its source so
+that two versions of reckon never replace each other's: the helpers are defined once when the library loads, not on
 every call as a prepended EVAL script's would be. Each script's body runs as a function whose reply
 travels beside the state changes it made, which the caller logs (logger ``reckon.state``, one line
 per change). A server without the library (a restart without persistence, ``FUNCTION FLUSH``, a new
@@ -42,7 +42,7 @@ local KEYS, ARGV = {{}}, {{}}
 {prelude}
 local function run(body)
   return function(keys, args)
-    KEYS, ARGV, MOVES, HELD, G, RECORDS = keys, args, {{}}, {{}}, nil, {{}}
+    KEYS, ARGV, MOVES, HELD, G, RECORDS, BUMPS = keys, args, {{}}, {{}}, nil, {{}}, {{}}
     local reply = body()
     save_records()
     if type(reply) == 'table' and reply.err then return reply end
@@ -123,7 +123,7 @@ class Scripts:
         #: ``ack_timeout_ms``.
         self.replicas, self.ack_timeout_ms = replicas, ack_timeout_ms
         self.client = client
-        prelude = (lua_dir / "_lib.lua").read_text()
+        prelude = "".join(path.read_text() for path in sorted(lua_dir.glob("_*.lua")))  # _cache, _lib
         bodies: dict[str, tuple[int, str]] = {}
         for path in sorted(lua_dir.glob("*.lua")):
             match = _NAME_RE.fullmatch(path.name)

@@ -57,7 +57,8 @@ def test_every_script_declares_its_key_count_and_has_a_header() -> None:
 
 
 def test_a_script_body_keeps_its_reply_shape_and_error_replies(store: Store, tmp_path: Path) -> None:
-    (tmp_path / "_lib.lua").write_text((Path(LUA_DIR) / "_lib.lua").read_text())
+    for shared in Path(LUA_DIR).glob("_*.lua"):
+        (tmp_path / shared.name).write_text(shared.read_text())
     (tmp_path / "table-0.lua").write_text("-- a table with a nested one\nreturn {0, 'a', {1, 2}}")
     (tmp_path / "nothing-0.lua").write_text("-- no reply\nlocal x = 1")
     (tmp_path / "fail-0.lua").write_text("-- an error reply\nreturn redis.error_reply('boom')")

@@ -1,0 +1,146 @@
+-- Per-call copies of the hashes a script reads and writes, so that each costs a fixed handful of
+-- commands per call instead of one per field. Prepended to every script before _lib.lua; the
+-- library runs `save_records` when a script's body returns (pipeline/scripts.py).
+--
+-- Records (`hget`, `hmget`, `hset`, `hincrby`, `hdel`): the first read of a record in a call reads
+-- the whole hash (HGETALL: a job record, an attempts hash), or, for a hash declared `partial`
+-- (the fleet: one field per watched prompt), only the fields asked for (one HMGET for each
+-- `preload`). Writes go to the copy, and `save_records` writes each record's changed fields in one
+-- HSET. A write needs no read first. Values are kept as the strings Redis keeps; a field that is
+-- not there reads as false, as HGET's nil does in Lua.
+--
+-- Counters (`bump`): increments of a figures hash the call never reads back (the shard's stats, a
+-- tenant's per-state counts), added up and written when the call ends: one HINCRBY(FLOAT) for a
+-- single field, else one HMGET and one HSET for all of them.
+
+local RECORDS, BUMPS = {}, {}
+
+-- What Redis stores for a value a script passes: integers without a fraction.
+local function redis_text(value)
+  if type(value) == 'number' then
+    if value == math.floor(value) and math.abs(value) < 2^53 then return string.format('%d', value) end
+    return string.format('%.17g', value)
+  end
+  return value
+end
+
+local function record_of(key)
+  local r = RECORDS[key]
+  if not r then
+    r = {f = {}, dirty = {}, known = {}}
+    RECORDS[key] = r
+  end
+  return r
+end
+
+-- Declares `key` partial (only asked-for fields are read) and reads `fields` not known yet, at once.
+local function preload(key, fields)
+  local r = record_of(key)
+  r.partial = true
+  local missing = {}
+  for _, field in ipairs(fields) do
+    if not (r.all or r.known[field]) then missing[#missing + 1] = field end
+  end
+  if #missing == 0 then return end
+  local values = redis.call('HMGET', key, unpack(missing))
+  for i, field in ipairs(missing) do
+    if not r.dirty[field] then r.f[field] = values[i] or nil end
+    r.known[field] = true
+  end
+end
+
+local function known(r, key, field)
+  if r.all or r.known[field] then return end
+  if r.partial then return preload(key, {field}) end
+  local flat = redis.call('HGETALL', key)
+  for i = 1, #flat, 2 do
+    if not r.known[flat[i]] then r.f[flat[i]] = flat[i + 1] end
+  end
+  r.all = true
+end
+
+local function hget(key, field)
+  local r = record_of(key)
+  known(r, key, field)
+  local v = r.f[field]
+  if v == nil then return false end
+  return v
+end
+
+local function hmget(key, ...)
+  local out = {}
+  for i, field in ipairs({...}) do out[i] = hget(key, field) end
+  return out
+end
+
+local function hset(key, ...)
+  local r, args = record_of(key), {...}
+  for i = 1, #args, 2 do
+    r.f[args[i]], r.dirty[args[i]], r.known[args[i]] = redis_text(args[i + 1]), true, true
+  end
+end
+
+local function hincrby(key, field, amount)
+  local value = tonumber(hget(key, field) or '0') + tonumber(amount)
+  hset(key, field, value)
+  return value
+end
+
+local function hdel(key, field)
+  local r = record_of(key)
+  redis.call('HDEL', key, field)
+  r.f[field], r.dirty[field], r.known[field] = nil, nil, true
+end
+
+-- Adds `amount` to a field: in the copy if the call has read it, else at once (HINCRBY, no read).
+local function add(key, field, amount)
+  local r = RECORDS[key]
+  if r and (r.all or r.known[field]) then return hincrby(key, field, amount) end
+  return redis.call('HINCRBY', key, field, amount)
+end
+
+-- The record is gone (DEL): nothing of it is written back.
+local function forget(key) RECORDS[key] = {f = {}, dirty = {}, known = {}, all = true} end
+
+-- Adds `amount` to a counter field of `key` when the call ends (`float`: HINCRBYFLOAT's kind).
+local function bump(key, field, amount, float)
+  local b = BUMPS[key]
+  if not b then
+    b = {order = {}, by = {}, float = {}}
+    BUMPS[key] = b
+  end
+  if not b.by[field] then
+    b.order[#b.order + 1] = field
+    b.by[field] = 0
+  end
+  b.by[field] = b.by[field] + tonumber(amount)
+  if float then b.float[field] = true end
+end
+
+local function save_bumps(key, b)
+  local fields = b.order
+  if #fields == 1 then
+    local field = fields[1]
+    redis.call(b.float[field] and 'HINCRBYFLOAT' or 'HINCRBY', key, field, redis_text(b.by[field]))
+    return
+  end
+  local old, args = redis.call('HMGET', key, unpack(fields)), {}
+  for i, field in ipairs(fields) do
+    args[#args + 1] = field
+    args[#args + 1] = redis_text(tonumber(old[i] or '0') + b.by[field])
+  end
+  redis.call('HSET', key, unpack(args))
+end
+
+local function save_records()
+  for key, r in pairs(RECORDS) do
+    local args = {}
+    for field in pairs(r.dirty) do
+      args[#args + 1] = field
+      args[#args + 1] = r.f[field]
+    end
+    if #args > 0 then redis.call('HSET', key, unpack(args)) end
+  end
+  for key, b in pairs(BUMPS) do save_bumps(key, b) end
+  RECORDS, BUMPS = {}, {}
+end
