@@ -285,9 +285,10 @@ def _verb(function: str) -> str:
 
 
 def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, workflow_bytes: int = 10_240,
-        steps: bool = False, env: dict[str, str] | None = None) -> Figures:
-    """Post ``jobs`` jobs to a fresh deployed stack and measure them to their completion."""
-    stack = Deployed(work, env=env)
+        steps: bool = False, cap: int = 8, env: dict[str, str] | None = None) -> Figures:
+    """Post ``jobs`` jobs to a fresh deployed stack (each server at ``cap``) and measure them to their
+    completion."""
+    stack = Deployed(work, cap=cap, env=env)
     try:
         stack.up()
         api_key = stack.tenant()

@@ -1,0 +1,33 @@
+"""Every job's Redis work has a budget (ops/budget.py): the deployed path, measured as deployed.
+
+ops/deployed.py starts the Procfile's processes with default settings on a private redis-server,
+two simulated ComfyUI servers, and posts the jobs over HTTP, 2 outputs each, with a 10 KiB workflow;
+every process it starts it stops by PID. Here each server's cap is above the jobs posted (the bench
+runs them at cap 8), so no job parks for a free slot: each step's count is the same for every job
+and every run, and the processes' idle work spreads over enough jobs to weigh little.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ops import budget
+from ops.deployed import run
+
+JOBS = 100
+
+
+def test_a_job_as_deployed_stays_within_its_redis_budget(tmp_path: Path) -> None:
+    figures = run(tmp_path, jobs=JOBS, concurrency=8, steps=True, cap=JOBS)
+    per_job = {step: n / JOBS for step, n in figures.steps.items()}
+    report = ", ".join(f"{step} {n:.1f}" for step, n in sorted(per_job.items(), key=lambda kv: -kv[1]))
+    assert figures.commands_per_job <= budget.COMMANDS_PER_JOB, report
+    for step, most in budget.STEPS.items():
+        assert per_job.get(step, 0) <= most, f"{step}: {per_job.get(step, 0):.2f} > {most} ({report})"
+    # each step of a job's own path ran once per job: none was skipped, so none is counted short
+    for step in ("admission", "claim", "submit mark", "hand-over", "charge", "finish"):
+        assert figures.calls[step] == JOBS, (step, figures.calls[step])
+    assert figures.calls["outputs"] == 2 * JOBS
+    # a prompt's end may be seen twice (its websocket message, then /history): the second collect finds
+    # the job taken and writes nothing
+    assert JOBS <= figures.calls["collect"] <= JOBS + 3
