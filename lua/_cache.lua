@@ -86,10 +86,17 @@ local function hincrby(key, field, amount)
   return value
 end
 
-local function hdel(key, field)
+local function hdel(key, ...)
   local r = record_of(key)
-  redis.call('HDEL', key, field)
-  r.f[field], r.dirty[field], r.known[field] = nil, nil, true
+  redis.call('HDEL', key, ...)
+  for _, field in ipairs({...}) do r.f[field], r.dirty[field], r.known[field] = nil, nil, true end
+end
+
+-- Every field of a record (not a partial one), as a table field -> value.
+local function hgetall(key)
+  local r = record_of(key)
+  known(r, key, '')
+  return r.f
 end
 
 -- Adds `amount` to a field: in the copy if the call has read it, else at once (HINCRBY, no read).

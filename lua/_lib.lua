@@ -183,14 +183,49 @@ local function settle(job, ledger, now)
   hset(job, 'reserved', 0, 'charged', 0, 'settled_at', now)
 end
 
+-- Jobs of this call that ended completed or cancelled -> their workflow key: packed when the call
+-- ends (`pack_finished`, run by the library before `save_records`), after its last event.
+local PACKS = {}
+
+-- Record fields only a live attempt uses: a packed job drops them.
+local LIVE_FIELDS = {'lease_owner', 'lease_expires', 'slot_held', 'sends', 'attempt_charged', 'submit_epoch'}
+
+-- A finished job becomes one key, its record: its attempts, state events and outputs are packed into
+-- the record's field `archive`, JSON {"a": [attempt...], "e": [event...], "o": {"<index>": output}},
+-- each item the very JSON it was stored as (so a reader decodes what it decoded before), and their
+-- keys go, with the workflow, the progress points and the fields of LIVE_FIELDS. A job's other keys
+-- are named after its record (`<record>:attempts`, ...: one hash tag, one slot; pipeline/keys.py).
+local function pack_finished()
+  for job, workflow in pairs(PACKS) do
+    local attempts, events, outputs = job .. ':attempts', job .. ':events', job .. ':outputs'
+    local stored, a = hgetall(attempts), {}
+    while stored[tostring(#a + 1)] do a[#a + 1] = stored[tostring(#a + 1)] end
+    forget(attempts)
+    local flat, indexes, o, by = redis.call('HGETALL', outputs), {}, {}, {}
+    for i = 1, #flat, 2 do
+      indexes[#indexes + 1] = tonumber(flat[i])
+      by[tonumber(flat[i])] = flat[i + 1]
+    end
+    table.sort(indexes)
+    for _, index in ipairs(indexes) do o[#o + 1] = '"' .. index .. '":' .. by[index] end
+    local e = redis.call('LRANGE', events, 0, -1)
+    hset(job, 'archive', '{"a":[' .. table.concat(a, ',') .. '],"e":[' .. table.concat(e, ',') .. '],"o":{'
+      .. table.concat(o, ',') .. '}}')
+    hdel(job, unpack(LIVE_FIELDS))
+    redis.call('DEL', attempts, events, outputs, job .. ':progress', job .. ':progress_seen', workflow)
+  end
+  PACKS = {}
+end
+
 -- Ends a job for good (completed, failed or cancelled): settled once, entered in the
--- tenant's done index for the retention period (then the sweeper purges it), and its
--- workflow dropped unless it failed (a dead letter keeps what a replay needs).
--- `k` names the keys: ledger, done, workflow, wake.
+-- tenant's done index for the retention period (then the sweeper purges it), and, unless it
+-- failed, packed into one key when the call ends (`pack_finished`: its workflow goes then). A dead
+-- letter keeps its keys and its workflow: what a replay needs. `k` names the keys: ledger, done,
+-- workflow, wake.
 local function finalize(job, k, now, outcome)
   settle(job, k.ledger, now)
   redis.call('ZADD', k.done, now, hget(job, 'id'))
-  if outcome ~= 'failed' then redis.call('DEL', k.workflow) end
+  if outcome ~= 'failed' then PACKS[job] = k.workflow end
   wake(k.wake, job, now)
 end
 

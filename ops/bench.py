@@ -6,6 +6,10 @@ On 127.0.0.1 free ports it starts one redis-server (ops/redis.conf with AOF off:
 state, database 1 the broker, as deployed), flushed before each phase, and runs the phases in turn,
 each measuring the baseline then reckon:
 
+- deployed (ops/deployed.py): the path as deployed (the Procfile's processes with default settings,
+  watch mode, the watcher, two simulated ComfyUI servers of cap 8, jobs posted over HTTP by 8
+  threads, 2 outputs and a 10 KiB workflow each): jobs/s end to end, Redis commands, Redis CPU,
+  machine CPU and Redis bytes per job (its own redis-server: it starts the whole stack itself);
 - drain (ops/bench_drain.py): admission in process and the drain of a queued backlog by one worker
   (``-p``/``-t``, the same budget both sides): rates, Redis CPU and machine CPU per job;
 - http (ops/bench_http.py): admission through gunicorn against a trivial authenticated endpoint on
@@ -60,7 +64,27 @@ def memory(bench: Bench) -> Section:
                   finished <= MEMORY_TARGET_BYTES)])
 
 
-PHASES = {"drain": bench_drain.run, "http": bench_http.run, "pickup": bench_pickup.run, "memory": memory,
+def deployed(bench: Bench) -> Section:
+    """ops/deployed.py's figures, with the budget of ops/budget.py and the issue's targets beside them."""
+    from ops import budget
+    from ops.deployed import run
+
+    jobs = bench.args.deployed_jobs
+    fig = run(bench.work / "deployed", jobs=jobs)
+    return Section(
+        f"deployed: {jobs:,} jobs over HTTP, 2 outputs, watch mode, 2 simulated servers of cap 8",
+        notes=[f"{fig.seconds:.1f} s from the first POST to the last completion"],
+        columns=("budget", "reckon"),
+        rows=[Row("jobs/s end to end", None, fig.rate, ">= 150", fig.rate >= 150),
+              Row("Redis commands per job", budget.COMMANDS_PER_JOB, fig.commands_per_job, "<= 90",
+                  fig.commands_per_job <= 90),
+              Row("Redis CPU per job, us", None, fig.redis_us, "<= 800", fig.redis_us <= 800),
+              Row("machine CPU per job, us", None, fig.machine_us, "<= 6,000", fig.machine_us <= 6000),
+              Row("Redis bytes per job (finished, idempotency included)", None, fig.bytes_per_job, "<= 1,024",
+                  fig.bytes_per_job <= 1024)])
+
+
+PHASES = {"deployed": deployed, "drain": bench_drain.run, "http": bench_http.run, "pickup": bench_pickup.run, "memory": memory,
           "growth": bench_growth.run}
 
 
@@ -78,10 +102,11 @@ def numbers(kind: type, count: int | None = None):
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--phases", type=numbers(str), default=["drain", "http", "pickup", "memory"],
+    add("--phases", type=numbers(str), default=["deployed", "drain", "http", "pickup", "memory"],
         help="comma-separated, of: " + ",".join(PHASES) + " (default all but growth)")
     add("--growth", action="store_true", help="add the growth phase (long)")
     add("--json", type=Path, help="also write every figure to this file as JSON")
+    add("--deployed-jobs", type=int, default=1000, help="deployed: jobs posted over HTTP")
     add("--jobs", type=int, default=10_000, help="drain: backlog per side")
     add("--processes", type=int, default=2, help="worker processes, both sides")
     add("--threads", type=int, default=8, help="threads per worker process, both sides")

@@ -125,6 +125,7 @@ class Deployed:
 
     def __init__(self, work: Path, *, servers: int = 2, cap: int = 8, env: dict[str, str] | None = None) -> None:
         self.work, self.redis_port, self.web_port = work, free_port(), free_port()
+        work.mkdir(parents=True, exist_ok=True)
         self.sim_ports = [free_port() for _ in range(servers)]
         fleet = ",".join(f"sim{i}=http://127.0.0.1:{port};cap={cap}" for i, port in enumerate(self.sim_ports))
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RECKON_")} | {

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import redis
 
+from pipeline import archive
 from pipeline.blobs import BlobStore
 from pipeline.keys import JobKeys, TenantKeys, shards
 from pipeline.status import audit, merge_stats
@@ -97,10 +98,11 @@ def collect(client: Client, tenants: list[str]) -> dict[str, dict[str, Any]]:
         for i, job_id in enumerate(ids):
             record, attempts, events, outputs = replies[4 * i:4 * i + 4]
             record.pop("workflow", None)
+            packed = record.pop(archive.FIELD, None)  # a finished job: its parts packed in its record
             jobs[job_id] = {"tenant": tenant, "record": record,
-                            "attempts": [orjson.loads(attempts[n]) for n in sorted(attempts, key=int)],
-                            "events": [orjson.loads(e) for e in events],
-                            "outputs": {int(n): orjson.loads(v) for n, v in outputs.items()}}
+                            "attempts": archive.attempts(attempts, packed),
+                            "events": archive.events(events, packed),
+                            "outputs": archive.outputs(outputs, packed)}
     return jobs
 
 

@@ -331,7 +331,7 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("name", nargs="?", default=DEFAULT_SERVER, metavar="SERVER")
         sub.set_defaults(run=run)
     migrate_ = verbs.add_parser("keys").add_subparsers(dest="verb", required=True).add_parser(
-        "migrate", help="rename a Redis written before shards into the shard layout (every reckon process stopped)")
+        "migrate", help="bring a Redis written by an older reckon to this layout (every reckon process stopped)")
     migrate_.add_argument("--dry-run", action="store_true", help="count what would move, change nothing")
     migrate_.add_argument("--resume", action="store_true", help="finish a migration that was interrupted")
     migrate_.set_defaults(run=keys_migrate)

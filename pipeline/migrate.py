@@ -1,4 +1,9 @@
-"""``reckon keys migrate``: rename the keys of a Redis written before shards into the shard layout.
+"""``reckon keys migrate``: bring a Redis written by an older reckon to today's layout.
+
+Two steps, each safe to repeat. First, a Redis written before shards has its keys renamed into the
+shard layout (below). Then every finished job (completed or cancelled) still kept in its several
+keys is packed into one, its record (``lua/pack-1.lua``, as a job that ends now is packed:
+pipeline/archive.py); dead letters keep their keys, as they do now.
 
 Before shards a tenant's keys were ``reckon:{t:<tenant>}:<suffix>`` (its jobs'
 ``reckon:{t:<tenant>}:job:<id>...``), and the figures, indexes, wake set, fleet hash and admission
@@ -22,8 +27,9 @@ from typing import Any
 
 import redis
 
-from . import keys, status
+from . import archive, keys, status
 from .keys import JobKeys, ShardKeys, TenantKeys
+from .scripts import Scripts
 
 _OLD_TENANT_KEY = re.compile(r"reckon:\{t:([a-z0-9_]{1,40})\}:(.+)", re.S)
 #: The old single keys, by the ``ShardKeys`` name each became.
@@ -49,12 +55,37 @@ def new_name(old: str) -> str:
 
 
 def migrate(client: Any, *, dry_run: bool = False, resume: bool = False) -> dict[str, int]:
-    """Rename every pre-shard key (see the module's text); returns what was (or would be) moved.
-    ``resume``: finish a migration that was interrupted (the shard layout exists in part)."""
-    if not resume and any(key != ShardKeys(0).meta for key in client.scan_iter(match="reckon:{s*", count=1000)):
-        raise MigrationRefused("this Redis holds keys of the shard layout already (--resume finishes a migration)")
+    """Both steps (see the module's text); returns what was (or would be) moved and packed.
+    ``resume``: finish a renaming that was interrupted (the shard layout exists in part)."""
+    moved = _to_shards(client, dry_run=dry_run, resume=resume)
+    moved["packed"] = pack_finished(client, dry_run=dry_run)
+    return moved
+
+
+def pack_finished(client: Any, *, dry_run: bool = False) -> int:
+    """Pack each finished job still in several keys; how many were (or would be) packed."""
+    scripts, packed = Scripts(client), 0
+    for shard in keys.shards():
+        for tenant in sorted(client.smembers(shard.tenants)):
+            job_ids = client.zrange(TenantKeys(tenant).done, 0, -1)
+            pipe = client.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hmget(JobKeys(job_id).record, "state", archive.FIELD)
+            for job_id, (state, packed_already) in zip(job_ids, pipe.execute(), strict=True):
+                if state not in ("completed", "cancelled") or packed_already is not None:
+                    continue
+                packed += 1 if dry_run else scripts("pack", [JobKeys(job_id).record], [])[1]
+    return packed
+
+
+def _to_shards(client: Any, *, dry_run: bool, resume: bool) -> dict[str, int]:
+    """Rename every pre-shard key, if there are any; what was (or would be) moved."""
     renames = [(old, new_name(old)) for old in client.scan_iter(match="reckon:{t:*", count=1000)]
     found = {name: key for name, key in OLD_GLOBALS.items() if client.exists(key)}
+    if not renames and not found:
+        return dict(Counter(tenant_keys=0, shared_keys=0, expired=0))
+    if not resume and any(key != ShardKeys(0).meta for key in client.scan_iter(match="reckon:{s*", count=1000)):
+        raise MigrationRefused("this Redis holds keys of the shard layout already (--resume finishes a migration)")
     if keys.shard_count() > 1:
         fleet = client.hgetall(OLD_GLOBALS["fleet"])
         if any(field.startswith("w:") or (field.startswith("busy:") and int(value)) for field, value in fleet.items()):

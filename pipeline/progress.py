@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from . import archive
 from .keys import JobKeys
 from .scripts import Code, Scripts, raise_for
 
@@ -46,11 +47,11 @@ def snapshot(redis_client: Any, job_id: str, after_seq: int) -> tuple[str | None
     between the two list reads could be skipped by a reader that resumes after a later progress seq."""
     j = JobKeys(job_id)
     pipe = redis_client.pipeline(transaction=True)
-    pipe.hget(j.record, "state")
+    pipe.hmget(j.record, "state", archive.FIELD)
     pipe.lrange(j.events, 0, -1)
     pipe.lrange(j.progress, 0, -1)
-    state, states, points = pipe.execute()
-    events = [{**orjson.loads(raw), "type": "state"} for raw in states]
+    (state, packed), states, points = pipe.execute()
+    events = [{**event, "type": "state"} for event in archive.events(states, packed)]
     events += [orjson.loads(raw) for raw in points]
     return state, sorted((e for e in events if e["seq"] > after_seq), key=lambda e: e["seq"])
 

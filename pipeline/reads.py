@@ -6,13 +6,9 @@ from typing import Any
 
 import orjson
 
-from . import keys
+from . import archive, keys
 from .errors import UnknownTenant
 from .keys import SERVER_BLOCKS, JobKeys, TenantKeys
-
-
-def _outputs(raw: dict[str, str]) -> dict[int, dict[str, Any]]:
-    return {int(index): orjson.loads(value) for index, value in sorted(raw.items(), key=lambda kv: int(kv[0]))}
 
 
 class Reads:
@@ -21,11 +17,22 @@ class Reads:
     redis: Any
 
     def job(self, job_id: str) -> dict[str, str] | None:
+        """The job's record (a finished job's packed parts left out: pipeline/archive.py), or None."""
         record = self.redis.hgetall(JobKeys(job_id).record)
+        record.pop(archive.FIELD, None)
         return record or None
 
+    def _with_archive(self, job_id: str, read: Any) -> tuple[Any, str | None]:
+        """``read(pipe, keys)``'s reply and the job's archive, in one round trip."""
+        j = JobKeys(job_id)
+        pipe = self.redis.pipeline(transaction=False)
+        read(pipe, j)
+        pipe.hget(j.record, archive.FIELD)
+        live, packed = pipe.execute()
+        return live, packed
+
     def outputs(self, job_id: str) -> dict[int, dict[str, Any]]:
-        return _outputs(self.redis.hgetall(JobKeys(job_id).outputs))
+        return archive.outputs(*self._with_archive(job_id, lambda pipe, j: pipe.hgetall(j.outputs)))
 
     def jobs_with_outputs(self, job_ids: list[str]) -> list[tuple[dict[str, str], dict[int, dict[str, Any]]]]:
         """(record, outputs) of each existing job, in one round trip."""
@@ -34,8 +41,9 @@ class Reads:
             pipe.hgetall(JobKeys(job_id).record)
             pipe.hgetall(JobKeys(job_id).outputs)
         replies = pipe.execute()
-        pairs = zip(replies[::2], replies[1::2], strict=True)
-        return [(record, _outputs(outputs)) for record, outputs in pairs if record]
+        pairs = [(record, archive.outputs(live, record.pop(archive.FIELD, None)))
+                 for record, live in zip(replies[::2], replies[1::2], strict=True)]
+        return [(record, outputs) for record, outputs in pairs if record]
 
     def workflow(self, job_id: str) -> Any:
         """The job's workflow (decoded); None once the job has ended (it is dropped then)."""
@@ -49,17 +57,18 @@ class Reads:
             job_ids = self.redis.zrange(TenantKeys(tenant).jobs, 0, -1)
             pipe = self.redis.pipeline(transaction=False)
             for job_id in job_ids:
-                pipe.hvals(JobKeys(job_id).outputs)
-            for values in pipe.execute():
-                digests.update(orjson.loads(value)["sha256"] for value in values)
+                pipe.hgetall(JobKeys(job_id).outputs)
+                pipe.hget(JobKeys(job_id).record, archive.FIELD)
+            replies = pipe.execute()
+            for live, packed in zip(replies[::2], replies[1::2], strict=True):
+                digests.update(output["sha256"] for output in archive.outputs(live, packed).values())
         return digests
 
     def attempts(self, job_id: str) -> list[dict[str, Any]]:
-        raw = self.redis.hgetall(JobKeys(job_id).attempts)
-        return [orjson.loads(raw[n]) for n in sorted(raw, key=int)]
+        return archive.attempts(*self._with_archive(job_id, lambda pipe, j: pipe.hgetall(j.attempts)))
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
-        return [orjson.loads(item) for item in self.redis.lrange(JobKeys(job_id).events, 0, -1)]
+        return archive.events(*self._with_archive(job_id, lambda pipe, j: pipe.lrange(j.events, 0, -1)))
 
     def index(self, key: str, *, until_ms: float = float("inf"), limit: int = 500) -> list[str]:
         """Job ids in a sorted-set index scored up to ``until_ms`` (due first)."""

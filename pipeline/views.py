@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
+from . import archive
 from .keys import JobKeys
 
 #: Every record field ``pipeline.jobs.job_view`` reads (a test keeps the two in step).
@@ -30,17 +29,15 @@ def jobs_with_outputs(client: Any, job_ids: list[str]) -> list[tuple[dict[str, s
     """(view fields, outputs) of each existing job, in order, in one pipelined round trip."""
     pipe = client.pipeline(transaction=False)
     for job_id in job_ids:
-        pipe.hmget(JobKeys(job_id).record, VIEW_FIELDS)
+        pipe.hmget(JobKeys(job_id).record, (*VIEW_FIELDS, archive.FIELD))
         pipe.hgetall(JobKeys(job_id).outputs)
     replies = pipe.execute()
-    pairs = ((_record(values), outputs) for values, outputs in zip(replies[::2], replies[1::2], strict=True))
-    return [(record, _outputs(outputs)) for record, outputs in pairs if record is not None]
+    rows = ((_record(values[:-1]), archive.outputs(live, values[-1]))
+            for values, live in zip(replies[::2], replies[1::2], strict=True))
+    return [(record, outputs) for record, outputs in rows if record is not None]
 
 
 def _record(values: list[str | None]) -> dict[str, str] | None:
     record = {name: value for name, value in zip(VIEW_FIELDS, values, strict=True) if value is not None}
     return record if "id" in record else None
 
-
-def _outputs(raw: dict[str, str]) -> dict[int, dict[str, Any]]:
-    return {int(index): orjson.loads(value) for index, value in sorted(raw.items(), key=lambda kv: int(kv[0]))}

@@ -152,7 +152,7 @@ def test_finish_needs_all_outputs_and_settles_once(acme: Store) -> None:
     assert acme.state_counts("acme") == {"queued": 0, "running": 0, "completed": 1}
     assert [(e["from"], e["to"]) for e in acme.events(held.job_id)] == [
         (None, "queued"), ("queued", "running"), ("running", "completed")]
-    assert orjson.loads(acme.redis.hget(JobKeys(held.job_id).outputs, "1"))["sha256"] == "b" * 64
+    assert acme.outputs(held.job_id)[1]["sha256"] == "b" * 64
 
 
 @pytest.mark.parametrize("charged_before_crash", [False, True])

@@ -137,8 +137,9 @@ def test_six_prompts_in_flight_with_four_worker_threads(store, settings, admit, 
     assert sum(len(s.sim.charges) for s in sims.values()) == 9
     assert {store.attempts(j)[0]["server"] for j in jobs} == {"a", "b", "c"}
     assert {name: view["busy"] for name, view in store.fleet(CAPS).items()} == {"a": 0, "b": 0, "c": 0}
-    progress = [e for e in events_after(store.redis, jobs[0]) if e["type"] == "progress"]
-    assert [(e["value"], e["max"]) for e in progress] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    # a finished job keeps its state events, not its progress points; these took seq 3 to 6 while it ran
+    assert [(e["type"], e["seq"]) for e in events_after(store.redis, jobs[0])] == [
+        ("state", 1), ("state", 2), ("state", 7)]
     assert store.ledger("acme")["settled"] == 90 and store.ledger("acme")["reserved"] == 0
 
 

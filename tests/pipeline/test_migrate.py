@@ -12,8 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from falcon import testing
 
+from api.app import create_app
 from pipeline import keys
 from pipeline.jobs import Admitter
 from pipeline.migrate import MigrationRefused, migrate
@@ -36,9 +39,10 @@ def restore(client: Any) -> dict[str, str]:
 def test_one_shard_takes_every_key_over_as_it_was(store: Store, settings, make_executor, sim) -> None:
     ledger = restore(store.redis)
     lease = store.redis.zscore("reckon:{t:acme}:leases", JOBS["running"])
-    assert migrate(store.redis, dry_run=True) == {"tenant_keys": 33, "shared_keys": 7, "expired": 0}
+    assert migrate(store.redis, dry_run=True) == {"tenant_keys": 33, "shared_keys": 7, "expired": 0, "packed": 0}
     assert len(store.redis.keys("reckon:{t:*")) == 33  # a dry run changes nothing
-    assert migrate(store.redis) == {"tenant_keys": 33, "shared_keys": 7, "expired": 0}
+    # the completed and the cancelled job are packed into one key each, once renamed
+    assert migrate(store.redis) == {"tenant_keys": 33, "shared_keys": 7, "expired": 0, "packed": 2}
     assert store.redis.keys("reckon:{t:*") == [] and store.redis.exists("reckon:stats", "reckon:fleet") == 0
     assert store.redis.hgetall(keys.TenantKeys("acme").ledger) == ledger
     assert store.tenants() == ["acme", "zeta"] and len(list_keys(store.redis, "zeta")) == 1
@@ -58,8 +62,7 @@ def test_one_shard_takes_every_key_over_as_it_was(store: Store, settings, make_e
     store.redis.zadd(keys.ShardKeys(0).due, {JOBS["queued"]: deadline})  # interactive: rank 0
     assert make_executor(sim).run(JOBS["queued"]) is True  # the new code runs an old job
     assert store.job(JOBS["queued"])["state"] == "completed" and audit(store.redis, store.tenants()) == []
-    with pytest.raises(MigrationRefused, match="holds keys of the shard layout"):
-        migrate(store.redis)  # twice is refused
+    assert migrate(store.redis) == {"tenant_keys": 0, "shared_keys": 0, "expired": 0, "packed": 0}  # twice: nothing
 
 
 def test_more_shards_wait_until_no_prompt_is_in_flight(store: Store) -> None:
@@ -109,6 +112,38 @@ def test_an_interrupted_migration_is_finished_by_resuming_it(store: Store) -> No
     assert left + renamed == 33 and renamed in (9, 10)  # the expired record is gone, no other key lost
     with pytest.raises(MigrationRefused, match="--resume finishes a migration"):
         migrate(store.redis)
-    assert migrate(store.redis, resume=True) == {"tenant_keys": left, "shared_keys": 7, "expired": 0}
+    assert migrate(store.redis, resume=True) == {"tenant_keys": left, "shared_keys": 7, "expired": 0, "packed": 2}
     assert store.redis.keys("reckon:{t:*") == [] and store.redis.hgetall(keys.TenantKeys("acme").ledger) == ledger
     assert audit(store.redis, store.tenants()) == []
+
+
+PER_KEY = json.loads((Path(__file__).parent.parent / "fixtures" / "per_key_state.json").read_text())
+PACKED = ("completed", "retried", "cancelled_queued", "cancelled_running")
+
+
+def test_finished_jobs_written_in_several_keys_are_packed_and_answer_as_they_did(store: Store, settings) -> None:
+    """tests/fixtures/per_key_state.json: every key of a Redis that the code before packing wrote
+    (tests/fixtures/per_key_gen.py, run on commit 7a4f958), with what its API answered for each job:
+    completed (2 outputs, progress), completed on its second attempt, cancelled while queued, cancelled
+    while running, failed (a dead letter), running."""
+    for key, saved in PER_KEY["keys"].items():
+        store.redis.restore(key, saved["pttl"], bytes.fromhex(saved["dump"]))
+    ids = PER_KEY["jobs"]
+    assert migrate(store.redis, dry_run=True)["packed"] == 4
+    assert migrate(store.redis) == {"tenant_keys": 0, "shared_keys": 0, "expired": 0, "packed": 4}
+    assert migrate(store.redis)["packed"] == 0  # twice: nothing more
+    for name, job_id in ids.items():
+        j = keys.JobKeys(job_id)
+        parts = [j.attempts, j.events, j.outputs, j.workflow, j.progress, j.progress_seen]
+        assert store.redis.exists(*parts) == (0 if name in PACKED else {"failed": 3, "running": 5}[name]), name
+    assert audit(store.redis, store.tenants()) == []
+    api = testing.TestClient(create_app(settings, store=store, publish=lambda job_id, priority: None))
+    auth = {"Authorization": f"Bearer {PER_KEY['api_key']}"}
+    for name, views in PER_KEY["views"].items():
+        for path, before in views.items():
+            now = api.simulate_get(f"/v1/jobs/{ids[name]}{path}" if name != "list" else "/v1/jobs", headers=auth)
+            if path == "/events" and name in PACKED:  # a finished job keeps its state events, not its progress
+                kept = [e for e in orjson.loads(before)["events"] if e["type"] == "state"]
+                assert orjson.loads(now.text) == {"events": kept}, name
+            else:
+                assert now.text == before, (name, path)  # byte for byte

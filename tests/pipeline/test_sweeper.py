@@ -41,7 +41,7 @@ def test_a_finished_job_drops_its_workflow_and_is_purged_after_retention(store, 
     assert store.workflow(job_id) is not None
     assert make_executor(sim).run(job_id) is True
     t = TenantKeys("acme")
-    assert store.redis.exists(*job_keys(job_id)) == 4  # everything but the workflow
+    assert store.redis.exists(*job_keys(job_id)) == 1  # one key: its record, the rest packed in it
     assert store.redis.zscore(t.done, job_id) is not None
     retention = settings.retention_seconds
     assert sweeper(store, settings, ahead=retention - 60).sweep_once().get("purged", 0) == 0

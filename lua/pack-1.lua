@@ -1,0 +1,13 @@
+-- pack: a finished job written before finished jobs were packed (`reckon keys migrate`) becomes one
+-- key, as `finalize` packs a job that ends now (`pack_finished` in _lib.lua).
+--
+-- KEYS[1] job record (hash)
+--
+-- Returns {0, 1} packed | {0, 0} nothing to pack (not completed or cancelled, or packed already)
+--   | {7 NOT_FOUND}
+
+local f = hmget(KEYS[1], 'state', 'archive')
+if not f[1] then return {7} end
+if (f[1] ~= 'completed' and f[1] ~= 'cancelled') or f[2] then return {0, 0} end
+PACKS[KEYS[1]] = KEYS[1] .. ':workflow'
+return {0, 1}
