@@ -116,7 +116,8 @@ def test_a_point_costs_six_commands_inside_the_script_and_a_dropped_one_two(acme
         acme.redis.config_resetstat()
         record()
         stats = acme.redis.info("commandstats")
-        return {name[len("cmdstat_"):]: v["calls"] for name, v in stats.items() if not name.startswith("cmdstat_config")}
+        return {name[len("cmdstat_"):]: v["calls"] for name, v in stats.items()
+                if not name.startswith("cmdstat_config")}
 
     written = {"fcall": 1, "hmget": 2, "hset": 1, "hincrby": 1, "rpush": 1}
     assert cost(lambda: send(acme, held, "3", 1, keep=2)) == written  # the attempt's first: no marks to clear
