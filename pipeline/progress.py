@@ -4,11 +4,17 @@
 value is new for that node (so a replayed or reconnected websocket adds nothing), with a seq
 from the counter the job's state events use. State events stay in their own list, all kept;
 progress keeps the newest ``keep`` points. Readers merge the two lists by seq.
+
+A watcher does not record every message: its ``Coalescer`` writes at most one point per job per
+interval, the newest and highest (README "Progress events").
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable, Container
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -16,6 +22,7 @@ import orjson
 from . import archive
 from .keys import JobKeys
 from .scripts import Code, Scripts, raise_for
+from .settings import DEFAULT_PROGRESS_INTERVAL_SECONDS
 
 #: Progress points kept per job, the newest (state events are all kept).
 DEFAULT_KEEP = 50
@@ -59,6 +66,75 @@ def snapshot(redis_client: Any, job_id: str, after_seq: int) -> tuple[str | None
 def events_after(redis_client: Any, job_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
     """The job's events (state and progress) with seq above ``after_seq``, in order."""
     return snapshot(redis_client, job_id, after_seq)[1]
+
+
+#: Records one progress point (job id, attempt, operation id, node, value, max); True if it became an event.
+Record = Callable[[str, int, str, str, float, float], bool]
+
+
+@dataclass
+class _Job:
+    """One watched job's progress as its watcher holds it, for one attempt and operation."""
+
+    attempt: int
+    operation_id: str
+    written_at: float | None  # when a point of the job was last written (clock seconds); None: never
+    highest: dict[str, float] = field(default_factory=dict)  # node -> highest value taken in this attempt
+    pending: tuple[str, float, float] | None = None  # (node, value, max): the point not yet written
+
+
+class Coalescer:
+    """At most one progress write per job per ``interval`` seconds; the highest value wins.
+
+    A point above what its node reached before (in the same attempt and operation) becomes the
+    job's pending point, replacing the one there. It is written at once if the job's last write is
+    ``interval`` old or there was none (a client sees the job start moving), else by a later
+    ``offer`` or ``flush`` once it is. A point of another attempt or operation replaces the job's
+    marks and its pending point, as the script's marks are replaced. ``drop`` forgets a pending
+    point when the prompt ends: the completion the client sees next says more. One watcher thread
+    owns a coalescer, so nothing here is locked.
+    """
+
+    def __init__(self, record: Record, interval: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.record, self.interval, self.clock = record, interval, clock
+        self.jobs: dict[str, _Job] = {}
+
+    def offer(self, job_id: str, attempt: int, operation_id: str, node: str, value: float,
+              max_value: float) -> None:
+        """Take one progress message; written now if the job's interval has passed."""
+        if not (_finite(value) and _finite(max_value)):
+            return
+        job = self.jobs.get(job_id)
+        if job is None or (job.attempt, job.operation_id) != (attempt, operation_id):
+            job = self.jobs[job_id] = _Job(attempt, operation_id, job.written_at if job else None)
+        if node in job.highest and value <= job.highest[node]:
+            return  # replayed, or below what the node reached: the script would drop it
+        job.highest[node] = value
+        job.pending = (node, value, max_value)
+        self._write_if_due(job_id, job, self.clock())
+
+    def flush(self) -> None:
+        """Write each pending point whose job's interval has passed."""
+        now = self.clock()
+        for job_id, job in list(self.jobs.items()):
+            self._write_if_due(job_id, job, now)
+
+    def drop(self, job_id: str) -> None:
+        """The job's prompt ended (or goes to a worker): its pending point is not written."""
+        if job_id in self.jobs:
+            self.jobs[job_id].pending = None
+
+    def keep_only(self, job_ids: Container[str]) -> None:
+        """Forget the jobs not in ``job_ids`` (no longer watched here)."""
+        for job_id in [j for j in self.jobs if j not in job_ids]:
+            del self.jobs[job_id]
+
+    def _write_if_due(self, job_id: str, job: _Job, now: float) -> None:
+        if job.pending is None or (job.written_at is not None and now - job.written_at < self.interval):
+            return
+        (node, value, max_value), job.pending, job.written_at = job.pending, None, now
+        self.record(job_id, job.attempt, job.operation_id, node, value, max_value)
 
 
 def _finite(number: Any) -> bool:

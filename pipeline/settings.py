@@ -68,6 +68,9 @@ DEFAULT_WATCH = True
 #: websocket is down (and every ``watch_recheck_seconds`` per prompt while it is up).
 DEFAULT_WATCH_POLL_SECONDS = 1.0
 DEFAULT_WATCH_RECHECK_SECONDS = 30.0
+#: The watcher writes at most one progress point per job this often (README "Progress events"):
+#: the newest waits in memory, the first goes out at once; 0 writes every new point.
+DEFAULT_PROGRESS_INTERVAL_SECONDS = 1.0
 #: An unreachable server is probed (GET /system_stats) this often until it answers.
 DEFAULT_PROBE_SECONDS = 5.0
 #: Retry backoff: sleep = uniform(0, min(cap, base * 2**(attempt - 1))), or Retry-After if larger.
@@ -156,6 +159,7 @@ class Settings:
     watch: bool = DEFAULT_WATCH
     watch_poll_seconds: float = DEFAULT_WATCH_POLL_SECONDS
     watch_recheck_seconds: float = DEFAULT_WATCH_RECHECK_SECONDS
+    progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS
     probe_seconds: float = DEFAULT_PROBE_SECONDS
     retry_base_seconds: float = DEFAULT_RETRY_BASE_SECONDS
     retry_cap_seconds: float = DEFAULT_RETRY_CAP_SECONDS
@@ -194,6 +198,8 @@ class Settings:
             # a slow but legal fetch, then its blob put and record, would be given up
             raise ValueError(f"RECKON_STALL_SECONDS must be more than RECKON_OUTPUT_FETCH_SECONDS + "
                              f"{STEP_AFTER_FETCH_SECONDS:.0f}")
+        if not self.progress_interval_seconds >= 0:  # also refuses NaN
+            raise ValueError("RECKON_PROGRESS_INTERVAL_SECONDS must be 0 or more")
         if self.sweep_hold_seconds <= 0:  # a hold of 0 would hand every due tenant to every sweeper
             raise ValueError("RECKON_SWEEP_HOLD_SECONDS must be more than 0")
 
@@ -228,6 +234,7 @@ class Settings:
             "watch": ("RECKON_WATCH", flag),
             "watch_poll_seconds": ("RECKON_WATCH_POLL_SECONDS", float),
             "watch_recheck_seconds": ("RECKON_WATCH_RECHECK_SECONDS", float),
+            "progress_interval_seconds": ("RECKON_PROGRESS_INTERVAL_SECONDS", float),
             "probe_seconds": ("RECKON_PROBE_SECONDS", float),
             "retry_base_seconds": ("RECKON_RETRY_BASE_SECONDS", float),
             "retry_cap_seconds": ("RECKON_RETRY_CAP_SECONDS", float),

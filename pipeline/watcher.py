@@ -4,11 +4,12 @@ After submission a worker hands its job over (``await``) and is free. One thread
 server then:
 
 - listens to the server's websocket (``/ws?clientId=``): ``progress`` becomes a progress
-  event; the end of a prompt sends a ``collect`` message, and a worker stores the outputs
-  under a new fenced claim. ComfyUI sends ``execution_success`` (``_error``, ``_interrupted``)
-  before it writes the prompt's history, and ``executing`` with ``node: null`` after: that
-  one is the end (a collect before the history exists finds the prompt still running and
-  hands it back);
+  event, at most one per job every ``progress_interval_seconds`` (``progress.Coalescer``: the
+  newest point waits, and is dropped if the prompt ends first); the end of a prompt sends a
+  ``collect`` message, and a worker stores the outputs under a new fenced claim. ComfyUI
+  sends ``execution_success`` (``_error``, ``_interrupted``) before it writes the prompt's
+  history, and ``executing`` with ``node: null`` after: that one is the end (a collect before
+  the history exists finds the prompt still running and hands it back);
 - renews the leases of the prompts watched there, while the server is in contact;
 - asks ``/history`` about one watched prompt per tick (at most once a second per server,
   not per job), round-robin: every tick while the websocket is down, and for each prompt
@@ -40,22 +41,23 @@ from websockets.sync.client import connect
 from . import keys
 from .errors import ProviderError, StaleLease
 from .fleet import Fleet
+from .progress import Coalescer, Record
 from .redisconn import name_connections
 from .settings import Settings
 from .store import Claim, Store, open_store
 
 log = logging.getLogger(__name__)
-#: Records one progress point (job id, attempt, operation id, node, value, max); True if new.
-Progress = Callable[[str, int, str, str, int, int], bool]
 
 
 class ServerWatch:
-    """Follows the prompts of one server (see the module's docstring)."""
+    """Follows the prompts of one server (see the module's docstring). ``record`` writes a
+    progress point; ``clock`` (monotonic seconds) times ticks, renewals and progress writes."""
 
     def __init__(self, name: str, fleet: Fleet, store: Store, publish: Callable[[str, str], None],
-                 settings: Settings, progress: Progress) -> None:
+                 settings: Settings, record: Record, clock: Callable[[], float] = time.monotonic) -> None:
         self.name, self.provider, self.store, self.publish = name, fleet[name], store, publish
-        self.settings, self.progress = settings, progress
+        self.settings, self.clock = settings, clock
+        self.progress = Coalescer(record, settings.progress_interval_seconds, clock)
         self.url = fleet.servers[name].url.replace("http", "ws", 1).rstrip("/")
         self.caps = {name: fleet.servers[name].cap}
         self.lease_ms = int(settings.lease_seconds * 1000)
@@ -86,7 +88,7 @@ class ServerWatch:
     def _hold(self) -> bool:
         """Hold the server's watcher lock (another process may be watching it), renewing it every
         third of its length rather than on every message."""
-        now = time.monotonic()
+        now = self.clock()
         if now < self._held_until:
             return True
         held = bool(self.lock.reacquire() if self.lock.owned() else self.lock.acquire())
@@ -103,10 +105,10 @@ class ServerWatch:
                 self.checked.clear()  # what ended while we were away is asked about now
                 while not stop.is_set() and self._hold():
                     try:
-                        self._on_message(ws.recv(timeout=self.settings.watch_poll_seconds))
+                        self.on_message(ws.recv(timeout=self.settings.watch_poll_seconds))
                     except TimeoutError:
                         pass
-                    self.contact = time.monotonic()  # open and answering pings: the server is there
+                    self.contact = self.clock()  # open and answering pings: the server is there
                     self.tick()
         except (OSError, WebSocketException, TimeoutError) as exc:
             if self.connected:
@@ -115,7 +117,8 @@ class ServerWatch:
         self.tick()
         stop.wait(self.settings.watch_poll_seconds)
 
-    def _on_message(self, raw: str | bytes) -> None:
+    def on_message(self, raw: str | bytes) -> None:
+        """One websocket frame: a progress point, or the end of a prompt (a collect); the rest is skipped."""
         if isinstance(raw, bytes):  # preview images: not ours to keep
             return
         try:
@@ -133,8 +136,8 @@ class ServerWatch:
             return
         if kind == "progress":
             entry = self.watched[job_id]
-            self.progress(job_id, entry["attempt"], entry["op"], str(data.get("node", "")),
-                          int(data.get("value", 0)), int(data.get("max", 0)))
+            self.progress.offer(job_id, entry["attempt"], entry["op"], str(data.get("node", "")),
+                                int(data.get("value", 0)), int(data.get("max", 0)))
         else:
             self._collect(job_id)
 
@@ -153,6 +156,7 @@ class ServerWatch:
         for seen in (self.checked, self.renewed, self.cancelling, self.late):
             for job_id in [j for j in seen if j not in self.watched]:
                 del seen[job_id]
+        self.progress.keep_only(self.watched)
 
     def _cancels(self) -> None:
         """A watched job whose client cancelled: a worker takes its prompt off the server (collect)."""
@@ -165,8 +169,10 @@ class ServerWatch:
                 self._collect(job_id)
 
     def tick(self) -> None:
-        """At most once per poll interval: renew leases, ask about one prompt, probe if marked."""
-        now = time.monotonic()
+        """Write the progress points now due; at most once per poll interval: renew leases, ask
+        about one prompt, probe if marked."""
+        now = self.clock()
+        self.progress.flush()
         if now < self._next_tick:
             return
         self._next_tick = now + self.settings.watch_poll_seconds
@@ -175,7 +181,7 @@ class ServerWatch:
         if self.store.provider_block(self.name) == "provider_unreachable":
             return self._probe(now)
         self._check_one(now)
-        if time.monotonic() - self.contact < self.settings.lease_seconds / 2:
+        if self.clock() - self.contact < self.settings.lease_seconds / 2:
             self._renew(now)
 
     def _renew(self, now: float) -> None:
@@ -215,7 +221,7 @@ class ServerWatch:
             if exc.error_class == "provider_unreachable":
                 self.store.block_provider(self.name, "provider_unreachable")
             return
-        self.contact = time.monotonic()
+        self.contact = self.clock()
         if state not in ("pending", "running"):  # ended, or unknown: a worker asks and decides
             self._collect(job_id)
 
@@ -227,7 +233,7 @@ class ServerWatch:
             self.provider.epoch()
         except ProviderError:
             return
-        self.contact = time.monotonic()
+        self.contact = self.clock()
         if self.store.clear_provider(self.name, ["provider_unreachable"]):
             log.info("server %s answers again; dispatch resumes", self.name)
             for shard in keys.shards():
@@ -235,6 +241,9 @@ class ServerWatch:
                     self.publish(job_id, "unparked")
 
     def _collect(self, job_id: str) -> None:
+        """A worker takes the job; a progress point still pending is dropped (what the worker
+        makes of the job, a completion most often, says more)."""
+        self.progress.drop(job_id)
         log.info("prompt of %s ended at %s; collecting", job_id, self.name)
         self.publish(job_id, "collect")
 
@@ -243,8 +252,8 @@ class Watcher:
     """One ``ServerWatch`` thread per server of the fleet."""
 
     def __init__(self, fleet: Fleet, store: Store, publish: Callable[[str, str], None], settings: Settings,
-                 progress: Progress) -> None:
-        self.watches = [ServerWatch(server.name, fleet, store, publish, settings, progress) for server in fleet]
+                 record: Record) -> None:
+        self.watches = [ServerWatch(server.name, fleet, store, publish, settings, record) for server in fleet]
 
     def run(self, stop: threading.Event) -> None:
         threads = [threading.Thread(target=w.run, args=(stop,), name=f"watch-{w.name}") for w in self.watches]

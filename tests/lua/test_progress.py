@@ -103,3 +103,42 @@ def test_progress_keeps_the_last_n_points_and_state_events_keep_every_change(acm
     assert progress.events_after(acme.redis, JOB, 8) == []
     assert progress.snapshot(acme.redis, JOB, 7) == ("failed", [events[-1]])
     assert progress.snapshot(acme.redis, "acme.00000000000000000009", 0) == (None, [])
+
+
+def test_a_point_costs_six_commands_inside_the_script_and_a_dropped_one_two(acme: Store) -> None:
+    """The script's cost, pinned (INFO commandstats counts the commands a function runs):
+    HMGET job, HMGET marks, HSET, HINCRBY, RPUSH (and TIME when no clock is given);
+    DEL only when another attempt's marks are there, LTRIM only once the list is full."""
+    admit(acme)
+    held = claim(acme, "op-1")
+
+    def cost(record) -> dict[str, int]:
+        acme.redis.config_resetstat()
+        record()
+        stats = acme.redis.info("commandstats")
+        return {name[len("cmdstat_"):]: v["calls"] for name, v in stats.items()
+                if not name.startswith("cmdstat_config")}
+
+    written = {"fcall": 1, "hmget": 2, "hset": 2, "rpush": 1}  # the marks, then the event counter (at the end)
+    assert cost(lambda: send(acme, held, "3", 1, keep=2)) == written  # the attempt's first: no marks to clear
+    assert cost(lambda: send(acme, held, "3", 2, keep=2)) == written
+    assert cost(lambda: send(acme, held, "3", 3, keep=2)) == written | {"ltrim": 1}  # a third point, two kept
+    assert cost(lambda: progress.record(acme.scripts, JOB, held.attempt, held.operation_id, "3", 4, 20)) == (
+        written | {"time": 1})  # Redis's clock, as the watcher calls it (50 kept: no trim)
+    assert cost(lambda: send(acme, held, "3", 4)) == {"fcall": 1, "hmget": 2}  # not new for its node
+    assert cost(lambda: send(acme, held, "3", 9, op="op-0")) == {"fcall": 1, "hmget": 1}  # not the running prompt
+    assert [p["value"] for p in points(acme)] == [2, 3, 4]
+    assert acme.redis.hgetall(JobKeys(JOB).progress_seen) == {"attempt": "1", "node:3": "4"}
+
+
+def test_a_new_attempt_clears_the_marks_of_the_one_before(acme: Store) -> None:
+    admit(acme)
+    first = claim(acme, "op-1")
+    assert send(acme, first, "3", 5) and send(acme, first, "7", 2)
+    acme.retry(first, delay_ms=0, error_class="transient", now_ms=NOW + 10)
+    assert acme.promote(JOB, now_ms=NOW + 20) == "queued"
+    second = claim(acme, "op-2", now=NOW + 30)
+    acme.redis.config_resetstat()
+    assert send(acme, second, "7", 1) is True
+    assert acme.redis.info("commandstats")["cmdstat_del"]["calls"] == 1
+    assert acme.redis.hgetall(JobKeys(JOB).progress_seen) == {"attempt": "2", "node:7": "1"}

@@ -108,7 +108,8 @@ def test_dispatch_takes_the_least_loaded_server_then_turns(store, admit) -> None
 
 def test_six_prompts_in_flight_with_four_worker_threads(store, settings, admit, broker, sims) -> None:
     """3 servers of cap 2 and 4 threads: the threads are free while prompts render, so all 6 slots fill."""
-    settings = dataclasses.replace(settings, watch=True, watch_poll_seconds=0.2)
+    settings = dataclasses.replace(settings, watch=True, watch_poll_seconds=0.2,
+                                   progress_interval_seconds=0)  # every point written (test_watcher.py coalesces)
     fleet = fleet_of(sims)
     executor = Executor(store, fleet, BlobStore(settings.blob_dir), settings)
     actors.use(executor)
