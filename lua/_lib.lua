@@ -187,8 +187,10 @@ end
 -- ends (`pack_finished`, run by the library before `save_records`), after its last event.
 local PACKS = {}
 
--- Record fields only a live attempt uses: a packed job drops them.
-local LIVE_FIELDS = {'lease_owner', 'lease_expires', 'slot_held', 'sends', 'attempt_charged', 'submit_epoch'}
+-- Record fields only a live attempt uses, and copies of its last attempt's (kept in the archive): a
+-- packed job drops them.
+local LIVE_FIELDS = {'lease_owner', 'lease_expires', 'slot_held', 'sends', 'attempt_charged', 'submit_epoch',
+  'operation_id', 'provider', 'server', 'attempt_price', 'submitted_at'}
 
 -- A finished job becomes one key, its record: its attempts, state events and outputs are packed into
 -- the record's field `archive`, JSON {"a": [attempt...], "e": [event...], "o": {"<index>": output}},

@@ -161,7 +161,7 @@ def test_a_cancel_takes_the_prompt_off_the_server_or_interrupts_it(store, settin
         server.close()
     assert store.job(pending)["error_reason"] == "removed_from_provider_queue"
     assert store.job(running)["error_reason"] == "provider_interrupted"
-    assert server.sim.charges == [] and server.sim.history.keys() == {store.job(running)["operation_id"]}
+    assert server.sim.charges == [] and server.sim.history.keys() == {store.attempts(running)[-1]["operation_id"]}
     assert store.ledger("acme")["settled"] == 0 and store.ledger("acme")["reserved"] == 0
 
 

@@ -123,7 +123,7 @@ def test_a_two_server_fleet_books_each_run_at_the_price_of_its_server(store, set
     for job_id, server, units in ((on_b, "b", 12), (capped, "b", 12), (dropped, "b", 24), (on_a, "a", 20)):
         job = store.job(job_id)
         [run] = store.attempts(job_id)
-        assert (run["server"], run["price"], charged[job["operation_id"]]) == (server, {"a": 10, "b": 12}[server],
+        assert (run["server"], run["price"], charged[run["operation_id"]]) == (server, {"a": 10, "b": 12}[server],
                                                                                units)
         assert (job["state"], job["reserved"], job["charged"], job["uncertain"], job["settled"]) == (
             "completed", "0", "0", "0", str(units))
