@@ -53,7 +53,8 @@ def test_a_job_completes_once_with_its_outputs_stripped_and_hashed(store, settin
     assert all(b"prompt" not in blobs.read(stored[i]["sha256"]) for i in (0, 1))  # no embedded workflow
     assert {stored[i]["content_type"] for i in (0, 1)} == {"image/png"}
     assert executions(comfyui, job_id, store) == 1 and comfyui.executions() == logged + 1  # history and log
-    assert store.attempts(job_id)[0]["operation_id"] in comfyui.get(f"/history/{job['operation_id']}")
+    operation_id = store.attempts(job_id)[0]["operation_id"]
+    assert operation_id in comfyui.get(f"/history/{operation_id}")
 
 
 def test_images_beyond_the_request_are_not_kept_but_are_paid(store, admit, stack, comfyui) -> None:
