@@ -183,7 +183,7 @@ local function settle(job, ledger, now)
   hset(job, 'reserved', 0, 'charged', 0, 'settled_at', now)
 end
 
--- Jobs of this call that ended completed or cancelled -> their workflow key: packed when the call
+-- Jobs of this call that ended completed or cancelled -> {workflow, parts}: packed when the call
 -- ends (`pack_finished`, run by the library before `save_records`), after its last event.
 local PACKS = {}
 
@@ -192,29 +192,35 @@ local PACKS = {}
 local LIVE_FIELDS = {'lease_owner', 'lease_expires', 'slot_held', 'sends', 'attempt_charged', 'submit_epoch',
   'operation_id', 'provider', 'server', 'attempt_price', 'submitted_at'}
 
+-- The five keys a finished job is packed from, from KEYS[first] on (the caller passes them in this
+-- order: pipeline/keys.py `JobKeys.parts`): declared, as a Cluster's slot migration needs every key.
+local function parts_at(first)
+  return {attempts = KEYS[first], events = KEYS[first + 1], outputs = KEYS[first + 2],
+    progress = KEYS[first + 3], seen = KEYS[first + 4]}
+end
+
 -- A finished job becomes one key, its record: its attempts, state events and outputs are packed into
 -- the record's field `archive`, JSON {"a": [attempt...], "e": [event...], "o": {"<index>": output}},
 -- each item the very JSON it was stored as (so a reader decodes what it decoded before), and their
--- keys go, with the workflow, the progress points and the fields of LIVE_FIELDS. A job's other keys
--- are named after its record (`<record>:attempts`, ...: one hash tag, one slot; pipeline/keys.py).
+-- keys go, with the workflow, the progress points and the fields of LIVE_FIELDS.
 local function pack_finished()
-  for job, workflow in pairs(PACKS) do
-    local attempts, events, outputs = job .. ':attempts', job .. ':events', job .. ':outputs'
-    local stored, a = hgetall(attempts), {}
+  for job, pack in pairs(PACKS) do
+    local p = pack.parts
+    local stored, a = hgetall(p.attempts), {}
     while stored[tostring(#a + 1)] do a[#a + 1] = stored[tostring(#a + 1)] end
-    forget(attempts)
-    local flat, indexes, o, by = redis.call('HGETALL', outputs), {}, {}, {}
+    forget(p.attempts)
+    local flat, indexes, o, by = redis.call('HGETALL', p.outputs), {}, {}, {}
     for i = 1, #flat, 2 do
       indexes[#indexes + 1] = tonumber(flat[i])
       by[tonumber(flat[i])] = flat[i + 1]
     end
     table.sort(indexes)
     for _, index in ipairs(indexes) do o[#o + 1] = '"' .. index .. '":' .. by[index] end
-    local e = redis.call('LRANGE', events, 0, -1)
+    local e = redis.call('LRANGE', p.events, 0, -1)
     hset(job, 'archive', '{"a":[' .. table.concat(a, ',') .. '],"e":[' .. table.concat(e, ',') .. '],"o":{'
       .. table.concat(o, ',') .. '}}')
     hdel(job, unpack(LIVE_FIELDS))
-    redis.call('DEL', attempts, events, outputs, job .. ':progress', job .. ':progress_seen', workflow)
+    redis.call('DEL', p.attempts, p.events, p.outputs, p.progress, p.seen, pack.workflow)
   end
   PACKS = {}
 end
@@ -223,11 +229,14 @@ end
 -- tenant's done index for the retention period (then the sweeper purges it), and, unless it
 -- failed, packed into one key when the call ends (`pack_finished`: its workflow goes then). A dead
 -- letter keeps its keys and its workflow: what a replay needs. `k` names the keys: ledger, done,
--- workflow, wake.
+-- workflow, wake, and parts (`parts_at`) unless the job can only fail here.
 local function finalize(job, k, now, outcome)
   settle(job, k.ledger, now)
   redis.call('ZADD', k.done, now, hget(job, 'id'))
-  if outcome ~= 'failed' then PACKS[job] = k.workflow end
+  if outcome ~= 'failed' then
+    if not k.parts then error('finalize: a job that ends ' .. outcome .. ' needs its parts to be packed') end
+    PACKS[job] = {workflow = k.workflow, parts = k.parts}
+  end
   wake(k.wake, job, now)
 end
 

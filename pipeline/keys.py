@@ -275,6 +275,12 @@ class JobKeys:
         """String: the job's workflow (JSON); dropped when the job ends, except for dead letters."""
         return self._k(":workflow")
 
+    @property
+    def parts(self) -> list[str]:
+        """The keys a job that ends completed or cancelled is packed from, in the order the scripts
+        take them (``parts_at`` in lua/_lib.lua): attempts, events, outputs, progress, progress_seen."""
+        return [self.attempts, self.events, self.outputs, self.progress, self.progress_seen]
+
 
 @dataclass(frozen=True)
 class ProviderKeys:

@@ -2,7 +2,7 @@
 
 Two steps, each safe to repeat. First, a Redis written before shards has its keys renamed into the
 shard layout (below). Then every finished job (completed or cancelled) still kept in its several
-keys is packed into one, its record (``lua/pack-1.lua``, as a job that ends now is packed:
+keys is packed into one, its record (``lua/pack-7.lua``, as a job that ends now is packed:
 pipeline/archive.py); dead letters keep their keys, as they do now.
 
 Before shards a tenant's keys were ``reckon:{t:<tenant>}:<suffix>`` (its jobs'
@@ -63,19 +63,32 @@ def migrate(client: Any, *, dry_run: bool = False, resume: bool = False) -> dict
 
 
 def pack_finished(client: Any, *, dry_run: bool = False) -> int:
-    """Pack each finished job still in several keys; how many were (or would be) packed."""
+    """Pack each finished job still in several keys; how many were (or would be) packed. A dry run
+    counts those of a Redis before shards too (not renamed yet: the real run renames them first)."""
     scripts, packed = Scripts(client), 0
-    for shard in keys.shards():
-        for tenant in sorted(client.smembers(shard.tenants)):
-            job_ids = client.zrange(TenantKeys(tenant).done, 0, -1)
-            pipe = client.pipeline(transaction=False)
-            for job_id in job_ids:
-                pipe.hmget(JobKeys(job_id).record, "state", archive.FIELD)
-            for job_id, (state, packed_already) in zip(job_ids, pipe.execute(), strict=True):
-                if state not in ("completed", "cancelled") or packed_already is not None:
-                    continue
-                packed += 1 if dry_run else scripts("pack", [JobKeys(job_id).record], [])[1]
+    for record in _unpacked(client, old_layout=dry_run):
+        parts = [f"{record}:{part}" for part in ("attempts", "events", "outputs", "progress", "progress_seen")]
+        packed += 1 if dry_run else scripts("pack", [record, *parts, f"{record}:workflow"], [])[1]
     return packed
+
+
+def _unpacked(client: Any, *, old_layout: bool) -> list[str]:
+    """The record keys of the finished jobs (completed, cancelled) not packed yet."""
+    indexes = [(TenantKeys(tenant).done, lambda job_id: JobKeys(job_id).record)
+               for shard in keys.shards() for tenant in sorted(client.smembers(shard.tenants))]
+    if old_layout:
+        for key in client.scan_iter(match="reckon:{t:*}:done", count=1000):
+            tag = key.removesuffix(":done")
+            indexes.append((key, lambda job_id, tag=tag: f"{tag}:job:{job_id}"))
+    found = []
+    for index, record_of in indexes:
+        records = [record_of(job_id) for job_id in client.zrange(index, 0, -1)]
+        pipe = client.pipeline(transaction=False)
+        for record in records:
+            pipe.hmget(record, "state", archive.FIELD)
+        found += [record for record, (state, packed) in zip(records, pipe.execute(), strict=True)
+                  if state in ("completed", "cancelled") and packed is None]
+    return found
 
 
 def _to_shards(client: Any, *, dry_run: bool, resume: bool) -> dict[str, int]:

@@ -23,7 +23,8 @@ class Reads:
         return record or None
 
     def _with_archive(self, job_id: str, read: Any) -> tuple[Any, str | None]:
-        """``read(pipe, keys)``'s reply and the job's archive, in one round trip."""
+        """``read(pipe, keys)``'s reply and the job's archive, in one round trip: the live key first, so a
+        job packed between the two reads is found in its archive."""
         j = JobKeys(job_id)
         pipe = self.redis.pipeline(transaction=False)
         read(pipe, j)
@@ -37,12 +38,12 @@ class Reads:
     def jobs_with_outputs(self, job_ids: list[str]) -> list[tuple[dict[str, str], dict[int, dict[str, Any]]]]:
         """(record, outputs) of each existing job, in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hgetall(JobKeys(job_id).record)
+        for job_id in job_ids:  # outputs first: a job packed between the two reads is found in its archive
             pipe.hgetall(JobKeys(job_id).outputs)
+            pipe.hgetall(JobKeys(job_id).record)
         replies = pipe.execute()
         pairs = [(record, archive.outputs(live, record.pop(archive.FIELD, None)))
-                 for record, live in zip(replies[::2], replies[1::2], strict=True)]
+                 for live, record in zip(replies[::2], replies[1::2], strict=True)]
         return [(record, outputs) for record, outputs in pairs if record]
 
     def workflow(self, job_id: str) -> Any:

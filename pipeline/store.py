@@ -214,7 +214,7 @@ class Store(Reads):
             "admit",
             [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
              older.record, older.events, t.retry, j.workflow, t.done, older.workflow, t.shard.wake, t.limits,
-             *t.shard.globals, t.shard.admission, t.shard.fleet],
+             *t.shard.globals, t.shard.admission, t.shard.fleet, *older.parts],
             [_at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
              orjson.dumps(fields), status, supersedes, workflow, limits.slots, limits.queue_cap_interactive,
              limits.queue_cap_batch, limits.interactive_target_s, keys.shard_count()],
@@ -348,7 +348,7 @@ class Store(Reads):
         self._freeing(
             "finish", j,
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
-             j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals, t.shard.parked],
+             j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals, t.shard.parked, *j.parts],
             [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome,
              orjson.dumps(detail) if detail else ""],
             durable=True,
@@ -417,7 +417,7 @@ class Store(Reads):
         reply = self.scripts(
             "resolve-review",
             [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs, t.done,
-             j.workflow, t.shard.wake, *t.shard.globals],
+             j.workflow, t.shard.wake, *t.shard.globals, *j.parts],
             [_at(now_ms), decision, reason],
             durable=True,
         )
@@ -474,7 +474,7 @@ class Store(Reads):
         t = j.tenant
         reply = self.scripts(
             "cancel", [j.record, t.ledger, t.queued, t.retry, j.events, t.counts, t.review, t.done,
-                       j.workflow, t.shard.wake, t.shard.parked, *t.shard.globals],
+                       j.workflow, t.shard.wake, t.shard.parked, *t.shard.globals, *j.parts],
             [_at(now_ms)],
             durable=True,
         )

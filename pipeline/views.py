@@ -26,14 +26,15 @@ def job_record(client: Any, job_id: str) -> dict[str, str] | None:
 
 
 def jobs_with_outputs(client: Any, job_ids: list[str]) -> list[tuple[dict[str, str], dict[int, dict[str, Any]]]]:
-    """(view fields, outputs) of each existing job, in order, in one pipelined round trip."""
+    """(view fields, outputs) of each existing job, in order, in one pipelined round trip (not one step:
+    each job's outputs are read before its record, whose archive has them all once it is packed)."""
     pipe = client.pipeline(transaction=False)
-    for job_id in job_ids:
-        pipe.hmget(JobKeys(job_id).record, (*VIEW_FIELDS, archive.FIELD))
+    for job_id in job_ids:  # outputs first: a job packed between the two reads is found in its archive
         pipe.hgetall(JobKeys(job_id).outputs)
+        pipe.hmget(JobKeys(job_id).record, (*VIEW_FIELDS, archive.FIELD))
     replies = pipe.execute()
     rows = ((_record(values[:-1]), archive.outputs(live, values[-1]))
-            for values, live in zip(replies[::2], replies[1::2], strict=True))
+            for live, values in zip(replies[::2], replies[1::2], strict=True))
     return [(record, outputs) for record, outputs in rows if record is not None]
 
 

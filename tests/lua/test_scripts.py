@@ -52,6 +52,8 @@ def test_every_script_declares_its_key_count_and_has_a_header() -> None:
         used = {i for i in range(1, nkeys + 1) if f"KEYS[{i}]" in code}
         for first in re.findall(r"use_globals\(([0-9]+)\)", code):  # the three global keys, from KEYS[first]
             used |= set(range(int(first), int(first) + 3))
+        for first in re.findall(r"parts_at\(([0-9]+)\)", code):  # a job's five parts, from KEYS[first]
+            used |= set(range(int(first), int(first) + 5))
         assert sorted(set(range(1, nkeys + 1)) - used) == [], path.name  # every key is used
         assert "redis.call('KEYS'" not in text and "SCAN" not in text, path.name
 

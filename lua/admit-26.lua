@@ -41,6 +41,7 @@
 --                                                 burst, tokens, at)
 -- KEYS[20] admission settings (hash: queue_cap:<class>, target_s:interactive)
 -- KEYS[21] fleet (hash: pause_class:<class>)
+-- KEYS[22] to KEYS[26] the superseded job's parts, packed if it ends here (`parts_at` in _lib.lua; likewise)
 --
 -- KEYS[17] global stats (hash), KEYS[18] queue (zset), KEYS[19] due (zset):
 --   see use_globals in _lib.lua
@@ -172,7 +173,8 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 if older == 'queued' or older == 'retry_wait' then
   hset(KEYS[9], 'cancel_requested', 1, 'external_effect', external_effect(KEYS[9]))
   end_waiting(KEYS[9], {ledger = KEYS[2], queued = KEYS[5], retry = KEYS[11],
-    events = KEYS[10], counts = KEYS[8], done = KEYS[13], workflow = KEYS[14], wake = KEYS[15]},
+    events = KEYS[10], counts = KEYS[8], done = KEYS[13], workflow = KEYS[14], wake = KEYS[15],
+    parts = parts_at(22)},
     now, older, 'cancelled', 'superseded')
 elseif older == 'running' or older == 'reconciling' or older == 'needs_review' then
   hset(KEYS[9], 'obsolete', 1)

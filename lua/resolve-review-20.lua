@@ -14,6 +14,7 @@
 --
 -- KEYS[13] global stats (hash), KEYS[14] queue (zset), KEYS[15] due (zset):
 --   see use_globals in _lib.lua
+-- KEYS[16] to KEYS[20] the job's parts, packed when it ends completed (`parts_at` in _lib.lua)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] decision: retry | failed | completed
@@ -41,7 +42,8 @@ if decision == 'retry' then
   move(job, KEYS[8], KEYS[7], now, 'needs_review', 'queued', ARGV[3])
   return {0, 'queued'}
 end
-finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12]}, now, decision)
+finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12], parts = parts_at(16)},
+  now, decision)
 if decision == 'failed' then
   redis.call('ZADD', KEYS[6], now, job_id)
   hset(job, 'error_class', 'needs_review', 'error_reason', ARGV[3])

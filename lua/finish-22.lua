@@ -19,6 +19,7 @@
 -- KEYS[14] global stats (hash), KEYS[15] queue (zset), KEYS[16] due (zset):
 --   see use_globals in _lib.lua
 -- KEYS[17] fleet's parked jobs (zset): the caller publishes them if this freed their slot
+-- KEYS[18] to KEYS[22] the job's parts, packed when it ends completed or cancelled (`parts_at` in _lib.lua)
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -58,7 +59,8 @@ if outcome == 'cancelled' then
   hset(job, 'external_effect', external_effect(job))
 end
 if outcome == 'completed' and from == 'running' then update_estimate(job, KEYS[4], now) end
-finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12]}, now, outcome)
+finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12], parts = parts_at(18)},
+  now, outcome)
 end_attempt(job, KEYS[4], now, outcome, ARGV[4])
 release(job, KEYS[3], job_id)
 free_slot(job, KEYS[13])

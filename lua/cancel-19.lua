@@ -19,6 +19,7 @@
 --
 -- KEYS[12] global stats (hash), KEYS[13] queue (zset), KEYS[14] due (zset):
 --   see use_globals in _lib.lua
+-- KEYS[15] to KEYS[19] the job's parts, packed when it ends (`parts_at` in _lib.lua)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 --
@@ -35,7 +36,7 @@ if state == 'queued' or state == 'retry_wait' or state == 'needs_review' then
   redis.call('ZREM', KEYS[11], f[2])
   hset(job, 'cancel_requested', 1, 'external_effect', effect)
   end_waiting(job, {ledger = KEYS[2], queued = KEYS[3], retry = KEYS[4], events = KEYS[5], counts = KEYS[6],
-    done = KEYS[8], workflow = KEYS[9], wake = KEYS[10]}, now, state, 'cancelled', 'cancelled')
+    done = KEYS[8], workflow = KEYS[9], wake = KEYS[10], parts = parts_at(15)}, now, state, 'cancelled', 'cancelled')
   return {0, 'cancelled', effect}
 end
 if state == 'running' or state == 'reconciling' then
