@@ -59,6 +59,22 @@ class WakingRedisBroker(RedisBroker):
 
     _checked = False
 
+    def declare_queue(self, queue_name: str) -> None:
+        """Declare ``queue_name`` without its delay queue (``<queue>.DQ``): reckon delays nothing in
+        the broker (a retry waits in the state's due set, see "Failures by evidence"), so no consumer
+        polls a delay queue that never holds a message (Dramatiq's Worker adds one per declared delay
+        queue: five more per process)."""
+        if queue_name not in self.queues:
+            self.emit_before("declare_queue", queue_name)
+            self.queues.add(queue_name)
+            self.emit_after("declare_queue", queue_name)
+
+    def enqueue(self, message: dramatiq.Message, *, delay: int | None = None) -> dramatiq.Message:
+        """Send ``message`` now; a delay is refused, since no consumer serves a delay queue."""
+        if delay is not None:
+            raise ValueError("reckon's Redis broker has no delay queues: a message is sent now or not at all")
+        return super().enqueue(message)
+
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> dramatiq.Consumer:
         if not self._checked:
             self._checked = True
