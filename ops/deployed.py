@@ -232,8 +232,11 @@ class Monitor:
     """Follows MONITOR and counts each command by step (see the module's docstring)."""
 
     def __init__(self, port: int) -> None:
-        self.port, self.steps, self.calls = port, Counter(), Counter()
-        self.broker, self.broker_calls = Counter(), Counter()
+        self.port = port
+        self.steps: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.broker: Counter[str] = Counter()
+        self.broker_calls: Counter[str] = Counter()
         self.lines: list[str] = []
         self._names: dict[str, str] = {}
         self._stop = threading.Event()
@@ -270,8 +273,8 @@ class Monitor:
                 if step.startswith("broker"):
                     self.broker[detail] += 1
                 continue
-            if command in ("info", "monitor", "client", "ping"):
-                step = "other"
+            if command in ("info", "monitor", "client", "ping") and not names.get(addr, "").startswith("broker"):
+                step = "other"  # this tool's own (a broker's ping or setname is the broker's)
                 continue
             if command in ("fcall", "fcall_ro"):
                 verb = _verb(first or "")
