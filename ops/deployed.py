@@ -359,6 +359,10 @@ def main() -> None:
         calls = f"{fig.calls[step] / fig.jobs:5.2f} calls" if fig.calls[step] else ""
         print(f"  {step:16s} {n / fig.jobs:7.1f}  {calls}")
     if args.broker:
+        acked = sum(n for what, n in fig.broker_calls.items() if what.split()[1:2] == ["ack"]) / fig.jobs
+        worker = fig.steps["broker: worker"] / fig.jobs
+        print(f"broker: {acked:.2f} messages per job; the worker's {worker:.1f} commands are"
+              f" {worker / max(acked, 1e-9):.1f} per message")
         print("broker commands per job (calls per job) by process, call and queue:")
         for what, n in fig.broker.most_common():
             print(f"  {what:40s} {n / fig.jobs:6.2f}  ({fig.broker_calls[what] / fig.jobs:.2f})")
