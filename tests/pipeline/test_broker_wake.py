@@ -75,19 +75,26 @@ def fetches(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
 
+def commands(client: redis.Redis) -> int:
+    """Every command Redis ran so far, those inside scripts included (``INFO`` itself left out)."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for name, v in stats.items() if name != "cmdstat_info")
+
+
 def listening(broker: WakingRedisBroker, queue: str = "wake-test") -> bool:
     return broker.doorbell.mark(f"__keyspace@1__:waketest:{queue}".encode()).listening
 
 
 def test_a_consumer_that_emptied_its_queue_fetches_only_when_a_push_comes(redis_server: str) -> None:
     client = redis.Redis(port=REDIS_PORT, db=1)
-    broker = WakingRedisBroker(client=client, namespace="waketest")
+    broker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
+    broker.doorbell.ping_s = 60  # no ping within the test: every command is counted
     broker.declare_queue("wake-test")
     consumer = broker.consume("wake-test", prefetch=4, timeout=200)
     try:
         wait_until(lambda: listening(broker))
         assert next(consumer) is None  # the fetch that finds the queue empty, now that it listens
-        before = fetches(client)
+        before, total = fetches(client), commands(client)
         for _ in range(8):  # 8 worker timeouts idle: each ends in None, none fetches
             assert next(consumer) is None
         assert fetches(client) == before
@@ -102,6 +109,10 @@ def test_a_consumer_that_emptied_its_queue_fetches_only_when_a_push_comes(redis_
         consumer.ack(got)
         assert next(consumer) is None
         assert fetches(client) == before + 3  # the ack; no fetch after the message
+        # the message's whole cost: enqueue 4 (EVALSHA, heartbeat, HSET, RPUSH), fetch 6 (EVALSHA,
+        # heartbeat, LPOP, SADD, the LPOP that finds the list empty, HMGET), ack 4 (EVALSHA, heartbeat,
+        # SREM, HDEL), and nothing else: no subscription, no length check, no empty fetch
+        assert commands(client) == total + 14
     finally:
         broker.flush_all()
         broker.close()
@@ -164,4 +175,30 @@ def test_an_idle_consumer_redelivers_a_dead_workers_message_without_the_maintena
         alive.flush_all()
         for broker in (dead, alive):
             broker.close()
+        client.close()
+
+
+def test_one_subscription_serves_every_queue_of_a_process_and_pings_when_silent(redis_server: str) -> None:
+    client = redis.Redis(port=REDIS_PORT, db=1)
+    broker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
+    broker.doorbell.ping_s = 0.3
+    for queue in ("wake-test", "wake-other"):
+        broker.declare_queue(queue)
+    mine, other = broker.consume("wake-test", prefetch=4, timeout=200), broker.consume("wake-other", 4, 200)
+    try:
+        wait_until(lambda: listening(broker) and listening(broker, "wake-other"))
+        assert [c["name"] for c in client.client_list(_type="pubsub")] == [""]  # one connection for both
+        assert next(mine) is None and next(other) is None
+        pings = int(client.info("commandstats").get("cmdstat_ping", {}).get("calls", 0))
+        before = fetches(client)
+        broker.enqueue(message(7).copy(queue_name="wake-other"))
+        assert next(mine) is None  # another queue's push does not ring this one
+        assert first_message(other, limit_s=5).args == ("job-7",)
+        assert fetches(client) == before + 2  # the enqueue and the other queue's fetch
+        time.sleep(1.2)  # silent: the doorbell pings (every 0.3 s without an event) and still listens
+        assert int(client.info("commandstats")["cmdstat_ping"]["calls"]) - pings >= 2
+        assert listening(broker) and listening(broker, "wake-other")
+    finally:
+        broker.flush_all()
+        broker.close()
         client.close()
