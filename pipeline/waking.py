@@ -62,8 +62,8 @@ class Doorbell:
     """One subscription per process to the keyspace channels of every queue its consumers serve.
 
     Its thread reads the events: a push onto a queue's list rings that queue (its count of pushes
-    grows and its consumer wakes); a subscription confirmed or lost rings every queue it covers,
-    since what was pushed while nobody listened is found only by a fetch. It reads all the time, so
+    grows and its consumer wakes); so does a subscription confirmed, and a lost connection rings
+    every queue, since what was pushed while nobody listened is found only by a fetch. It reads all the time, so
     events never pile up in Redis, and it pings after ``ping_s`` of silence, so a connection that
     died without a word is found."""
 
