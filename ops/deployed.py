@@ -47,6 +47,7 @@ CLIENT_STEPS = {"web": "api", "worker": "worker", "sweeper": "sweeper share", "w
                 "broker-web": "broker: publish", "broker-worker": "broker: worker",
                 "broker-watcher": "broker: watcher", "broker-sweeper": "broker: sweeper"}
 _MONITOR_RE = re.compile(r'^\d+\.\d+ \[(\d+) ([^\]]+)\] "([^"]+)"(?: "([^"]*)")?')
+_ARG_RE = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
@@ -59,6 +60,9 @@ class Figures:
     bytes_per_job: float
     steps: Counter = field(default_factory=Counter)
     calls: Counter = field(default_factory=Counter)
+    #: The broker's commands by what sent them (``Monitor.broker``) and how many calls that was.
+    broker: Counter = field(default_factory=Counter)
+    broker_calls: Counter = field(default_factory=Counter)
     trips: Counter = field(default_factory=Counter)
 
     @property
@@ -230,7 +234,12 @@ class Monitor:
     """Follows MONITOR and counts each command by step (see the module's docstring)."""
 
     def __init__(self, port: int) -> None:
-        self.port, self.steps, self.calls, self.trips = port, Counter(), Counter(), Counter()
+        self.port = port
+        self.steps: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.broker: Counter[str] = Counter()
+        self.broker_calls: Counter[str] = Counter()
+        self.trips: Counter[str] = Counter()
         self.lines: list[str] = []
         self._names: dict[str, str] = {}
         self._stop = threading.Event()
@@ -255,7 +264,7 @@ class Monitor:
 
     def _attribute(self) -> None:
         names = {c["addr"]: c["name"] for c in redis.Redis(port=self.port, decode_responses=True).client_list()}
-        step = "other"  # a script's own commands follow the line of the call that ran them
+        step = detail = "other"  # a script's own commands follow the line of the call that ran them
         for line in self.lines:
             match = _MONITOR_RE.match(str(line))
             if not match:
@@ -264,9 +273,11 @@ class Monitor:
             command = command.lower()
             if addr == "lua":
                 self.steps[step] += 1
+                if step.startswith("broker"):
+                    self.broker[detail] += 1
                 continue
-            if command in ("info", "monitor", "client", "ping"):
-                step = "other"
+            if command in ("info", "monitor", "client", "ping") and not names.get(addr, "").startswith("broker"):
+                step = "other"  # this tool's own (a broker's ping or setname is the broker's)
                 continue
             if command in ("fcall", "fcall_ro"):
                 verb = _verb(first or "")
@@ -275,8 +286,22 @@ class Monitor:
             else:
                 name = names.get(addr, "")
                 step = CLIENT_STEPS.get(name, name or "other")
+                if step.startswith("broker"):
+                    detail = f"{step[8:]} {_broker_call(command, str(line))}"
+                    self.broker[detail] += 1
+                    self.broker_calls[detail] += 1
             self.steps[step] += 1
             self.trips[step] += 1  # a command a process sent: one round trip (pipelines aside)
+
+
+def _broker_call(command: str, line: str) -> str:
+    """What a broker command did: ``evalsha`` as Dramatiq's dispatch verb and queue (``fetch
+    reckon-collect``), a (un)subscription or ``llen`` with the queue it is about."""
+    args = _ARG_RE.findall(line)[1:]
+    if command == "evalsha" and len(args) > 5:
+        return f"{args[3]} {args[5]}"
+    queue = args[0].rsplit(":", 1)[-1] if args else ""
+    return f"{command} {queue}"
 
 
 def _verb(function: str) -> str:
@@ -310,8 +335,10 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
         calls = total_calls(client) - calls0
         redis_s, cpu_s = redis_cpu(client) - redis0, stack.stack_cpu() - cpu0
         mem = client.info("memory")["used_memory"] - mem0
-        return Figures(jobs, seconds, calls, redis_s, cpu_s, mem / jobs,
-                       *((monitor.steps, monitor.calls, monitor.trips) if monitor else ()))
+        if monitor is None:
+            return Figures(jobs, seconds, calls, redis_s, cpu_s, mem / jobs)
+        return Figures(jobs, seconds, calls, redis_s, cpu_s, mem / jobs, monitor.steps, monitor.calls,
+                       monitor.broker, monitor.broker_calls, monitor.trips)
     finally:
         stack.down()
 
@@ -327,14 +354,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--steps", action="store_true", help="attribute commands to steps (MONITOR; slower)")
+    parser.add_argument("--broker", action="store_true", help="with --steps: the broker's commands by call and queue")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="reckon-deployed-") as tmp:
-        fig = run(Path(tmp), jobs=args.jobs, steps=args.steps)
+        fig = run(Path(tmp), jobs=args.jobs, steps=args.steps or args.broker)
     print(f"{fig.jobs} jobs in {fig.seconds:.2f} s = {fig.rate:.1f} jobs/s; {fig.commands_per_job:.1f} commands/job;"
           f" Redis {fig.redis_us:.0f} us/job; machine {fig.machine_us:.0f} us/job; {fig.bytes_per_job:.0f} B/job")
     for step, n in fig.steps.most_common():
         calls = f"{fig.calls[step] / fig.jobs:5.2f} calls" if fig.calls[step] else ""
         print(f"  {step:16s} {n / fig.jobs:7.1f} commands {fig.trips[step] / fig.jobs:6.2f} round trips  {calls}")
+    if args.broker:
+        acked = sum(n for what, n in fig.broker_calls.items() if what.split()[1:2] == ["ack"]) / fig.jobs
+        worker = fig.steps["broker: worker"] / fig.jobs
+        print(f"broker: {acked:.2f} messages per job; the worker's {worker:.1f} commands are"
+              f" {worker / max(acked, 1e-9):.1f} per message")
+        print("broker commands per job (calls per job) by process, call and queue:")
+        for what, n in fig.broker.most_common():
+            print(f"  {what:40s} {n / fig.jobs:6.2f}  ({fig.broker_calls[what] / fig.jobs:.2f})")
 
 
 if __name__ == "__main__":

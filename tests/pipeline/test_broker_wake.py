@@ -8,8 +8,8 @@ import time
 import dramatiq
 import redis
 
-from pipeline.broker import WakingRedisBroker
-from tests.conftest import REDIS_PORT
+from pipeline.waking import WakingRedisBroker
+from tests.conftest import REDIS_PORT, wait_until
 
 
 def message(n: int) -> dramatiq.Message:
@@ -45,6 +45,7 @@ def test_an_idle_consumer_wakes_on_the_enqueue_not_at_its_idle_timeout(redis_ser
     finally:
         consumer.close()
         broker.flush_all()
+        broker.close()
         client.close()
 
 
@@ -65,4 +66,139 @@ def test_without_keyspace_events_an_idle_consumer_polls(redis_server: str) -> No
         client.config_set("notify-keyspace-events", "Kl")
         consumer.close()
         broker.flush_all()
+        broker.close()
+        client.close()
+
+
+def fetches(client: redis.Redis) -> int:
+    """Dramatiq's dispatch calls so far (every fetch, enqueue and ack is one EVALSHA)."""
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def commands(client: redis.Redis) -> int:
+    """Every command Redis ran so far, those inside scripts included (``INFO`` itself left out)."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for name, v in stats.items() if name != "cmdstat_info")
+
+
+def listening(broker: WakingRedisBroker, queue: str = "wake-test") -> bool:
+    return broker.doorbell.mark(f"__keyspace@1__:waketest:{queue}".encode()).listening
+
+
+def test_a_consumer_that_emptied_its_queue_fetches_only_when_a_push_comes(redis_server: str) -> None:
+    client = redis.Redis(port=REDIS_PORT, db=1)
+    broker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
+    broker.doorbell.ping_s = 60  # no ping within the test: every command is counted
+    broker.declare_queue("wake-test")
+    consumer = broker.consume("wake-test", prefetch=4, timeout=200)
+    try:
+        wait_until(lambda: listening(broker))
+        assert next(consumer) is None  # the fetch that finds the queue empty, now that it listens
+        before, total = fetches(client), commands(client)
+        for _ in range(8):  # 8 worker timeouts idle: each ends in None, none fetches
+            assert next(consumer) is None
+        assert fetches(client) == before
+        timer = threading.Timer(0.3, broker.enqueue, args=(message(3),))
+        timer.start()
+        started = time.monotonic()
+        got = first_message(consumer)
+        timer.join()
+        assert got.args == ("job-3",)
+        assert time.monotonic() - started < 5  # the push, not the 15 s recheck
+        assert fetches(client) == before + 2  # the enqueue and one fetch (it brought 1 of 4: the queue is empty)
+        consumer.ack(got)
+        assert next(consumer) is None
+        assert fetches(client) == before + 3  # the ack; no fetch after the message
+        # the message's whole cost: enqueue 4 (EVALSHA, heartbeat, HSET, RPUSH), fetch 6 (EVALSHA,
+        # heartbeat, LPOP, SADD, the LPOP that finds the list empty, HMGET), ack 4 (EVALSHA, heartbeat,
+        # SREM, HDEL), and nothing else: no subscription, no length check, no empty fetch
+        assert commands(client) == total + 14
+    finally:
+        broker.flush_all()
+        broker.close()
+        client.close()
+
+
+def test_after_its_subscription_is_killed_a_consumer_polls_then_listens_again(redis_server: str) -> None:
+    client = redis.Redis(port=REDIS_PORT, db=1)
+    broker = WakingRedisBroker(client=client, namespace="waketest")
+    broker.declare_queue("wake-test")
+    consumer = broker.consume("wake-test", prefetch=4, timeout=200)
+    try:
+        wait_until(lambda: listening(broker))
+        assert next(consumer) is None
+        assert client.client_kill_filter(_type="pubsub") == 1
+        broker.enqueue(message(4))  # while nothing listens
+        got = first_message(consumer, limit_s=5)
+        assert got.args == ("job-4",)
+        consumer.ack(got)
+        wait_until(lambda: listening(broker))  # subscribed anew
+        while next(consumer) is not None:
+            pass
+        before = fetches(client)
+        for _ in range(3):
+            assert next(consumer) is None
+        assert fetches(client) == before  # listening again: no polling
+        broker.enqueue(message(5))
+        assert first_message(consumer, limit_s=5).args == ("job-5",)
+    finally:
+        broker.flush_all()
+        broker.close()
+        client.close()
+
+
+def test_an_idle_consumer_redelivers_a_dead_workers_message_without_the_maintenance_chance(redis_server: str) -> None:
+    """Dramatiq's maintenance runs on one dispatch in a thousand; an idle consumer makes few, so it runs
+    a pass on its queue at least once per heartbeat timeout (here 2 s), and its recheck keeps its own
+    heartbeat fresh."""
+    client = redis.Redis(port=REDIS_PORT, db=1)
+    options = {"client": client, "namespace": "waketest", "heartbeat_timeout": 2000, "maintenance_chance": 0}
+    dead, alive = WakingRedisBroker(**options), WakingRedisBroker(**options)
+    for broker in (dead, alive):
+        broker.declare_queue("wake-test")
+    consumer = alive.consume("wake-test", prefetch=4, timeout=200)
+    try:
+        wait_until(lambda: listening(alive))
+        assert next(consumer) is None
+        dead.enqueue(message(6))
+        assert len(dead.do_fetch("wake-test", 1)) == 1  # then its worker dies holding it
+        assert client.llen("waketest:wake-test") == 0
+        started = time.monotonic()
+        got = first_message(consumer, limit_s=15)
+        assert got.args == ("job-6",)
+        assert 2 <= time.monotonic() - started < 10  # past the dead one's heartbeat timeout, within ~2 more
+        consumer.ack(got)
+        assert client.hlen("waketest:wake-test.msgs") == 0
+        heartbeat_ms = client.zscore("waketest:__heartbeats__", alive.broker_id)
+        assert heartbeat_ms is not None and time.time() * 1000 - heartbeat_ms < 2000
+    finally:
+        alive.flush_all()
+        for broker in (dead, alive):
+            broker.close()
+        client.close()
+
+
+def test_one_subscription_serves_every_queue_of_a_process_and_pings_when_silent(redis_server: str) -> None:
+    client = redis.Redis(port=REDIS_PORT, db=1)
+    broker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
+    broker.doorbell.ping_s = 0.3
+    for queue in ("wake-test", "wake-other"):
+        broker.declare_queue(queue)
+    mine, other = broker.consume("wake-test", prefetch=4, timeout=200), broker.consume("wake-other", 4, 200)
+    try:
+        wait_until(lambda: listening(broker) and listening(broker, "wake-other"))
+        assert [c["name"] for c in client.client_list(_type="pubsub")] == [""]  # one connection for both
+        assert next(mine) is None and next(other) is None
+        pings = int(client.info("commandstats").get("cmdstat_ping", {}).get("calls", 0))
+        before = fetches(client)
+        broker.enqueue(message(7).copy(queue_name="wake-other"))
+        assert next(mine) is None  # another queue's push does not ring this one
+        assert first_message(other, limit_s=5).args == ("job-7",)
+        assert fetches(client) == before + 2  # the enqueue and the other queue's fetch
+        time.sleep(1.2)  # silent: the doorbell pings (every 0.3 s without an event) and still listens
+        assert int(client.info("commandstats")["cmdstat_ping"]["calls"]) - pings >= 2
+        assert listening(broker) and listening(broker, "wake-other")
+    finally:
+        broker.flush_all()
+        broker.close()
         client.close()
