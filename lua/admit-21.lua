@@ -73,10 +73,10 @@ end
 -- A number an operator set (redis-cli may have set anything), else the default.
 local function setting(value, default) return tonumber(value) or tonumber(default) end
 
--- Queued jobs of `class`, less the one this admission supersedes (it leaves in the same step).
-local function queued(class, leaving)
-  local rank = class_rank(class)
-  local n = redis.call('ZCOUNT', G.queue, rank, '(' .. (rank + tonumber(BATCH_RANK)))
+-- Queued jobs of `class` (`n`: the shard's `jobs:<class>:queued`, which count_move keeps equal to the
+-- class's range of the queue), less the one this admission supersedes (it leaves in the same step).
+local function queued(class, n, leaving)
+  n = tonumber(n or '0')
   return leaving == class and n - 1 or n
 end
 
@@ -85,8 +85,9 @@ end
 local function over_fleet_limits(class, deadline_ms, leaving)
   local cfg = redis.call('HMGET', KEYS[20], 'queue_cap:' .. class, 'target_s:interactive')
   local slots = math.max(1, tonumber(ARGV[11]))
-  local depth = {interactive = queued('interactive', leaving), batch = queued('batch', leaving)}
-  local known = redis.call('HMGET', G.stats, 'service_ms:interactive', 'service_ms:batch')
+  local known = redis.call('HMGET', G.stats, 'service_ms:interactive', 'service_ms:batch',
+    'jobs:interactive:queued', 'jobs:batch:queued')
+  local depth = {interactive = queued('interactive', known[3], leaving), batch = queued('batch', known[4], leaving)}
   local estimate = {interactive = tonumber(known[1] or ''), batch = tonumber(known[2] or '')}
   local own = estimate[class]
   local turn = own and math.max(1000, math.ceil(own / slots)) or 5000  -- Retry-After: a slot's turn
