@@ -63,9 +63,10 @@ local function observe(name, class, bounds, value)
   bump(G.stats, name .. '_count:' .. class, 1)
 end
 
--- Adds `amount` to a tenant ledger field and to its total over all tenants.
+-- Adds `amount` to a tenant ledger field and to its total over all tenants (to the ledger's copy
+-- when the call read it: lua/_cache.lua `add`).
 local function ledger_add(ledger, field, amount)
-  redis.call('HINCRBY', ledger, field, amount)
+  add(ledger, field, amount)
   bump(G.stats, 'ledger:' .. field, amount)
 end
 

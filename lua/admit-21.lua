@@ -85,8 +85,11 @@ end
 local function over_fleet_limits(class, deadline_ms, leaving)
   local cfg = redis.call('HMGET', KEYS[20], 'queue_cap:' .. class, 'target_s:interactive')
   local slots = math.max(1, tonumber(ARGV[11]))
-  local known = redis.call('HMGET', G.stats, 'service_ms:interactive', 'service_ms:batch',
-    'jobs:interactive:queued', 'jobs:batch:queued')
+  -- read with the total this admission's reservation adds to, so the call's end reads none again
+  preload(G.stats, {'service_ms:interactive', 'service_ms:batch', 'jobs:interactive:queued', 'jobs:batch:queued',
+    'ledger:reserved'})
+  local known = hmget(G.stats, 'service_ms:interactive', 'service_ms:batch', 'jobs:interactive:queued',
+    'jobs:batch:queued')
   local depth = {interactive = queued('interactive', known[3], leaving), batch = queued('batch', known[4], leaving)}
   local estimate = {interactive = tonumber(known[1] or ''), batch = tonumber(known[2] or '')}
   local own = estimate[class]
@@ -121,7 +124,7 @@ if seen[1] then
   return {2, seen[2], tonumber(seen[4])}
 end
 
-local ledger = redis.call('HMGET', KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
+local ledger = hmget(KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
 if not ledger[1] then return {6} end
 local older, leaving = '', nil
 if ARGV[9] ~= '' then
@@ -152,12 +155,13 @@ if ceiling > available then return refuse('insufficient_allowance', 5, available
 
 if tokens then redis.call('HSET', KEYS[16], 'tokens', tostring(tokens - 1), 'at', now) end
 ledger_add(KEYS[2], 'reserved', ceiling)
-local seq = redis.call('HINCRBY', KEYS[2], 'job_seq', 1)
+local seq = hincrby(KEYS[2], 'job_seq', 1)
 local fields = {}
 for field, value in pairs(record) do
   fields[#fields + 1] = field
   fields[#fields + 1] = value
 end
+created(KEYS[3])
 hset(KEYS[3], 'seq', seq, unpack(fields))
 hset(KEYS[3], 'created_at', now, 'updated_at', now,
   'deadline', now + 1000 * tonumber(hget(KEYS[3], 'deadline_s')))

@@ -13,7 +13,7 @@ COMMANDS_PER_JOB = 230
 #: are the scripts' own counts and the same for every job of a run; the rest of the total is the
 #: broker's, the watcher's and the sweeper's share, which depends on how long the processes idle.
 STEPS = {
-    "admission": 25,
+    "admission": 22,
     "claim": 23,
     "submit mark": 8,
     "hand-over": 7,
