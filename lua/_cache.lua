@@ -9,8 +9,8 @@
 -- HSET. A write needs no read first. Values are kept as the strings Redis keeps; a field that is
 -- not there reads as false, as HGET's nil does in Lua.
 --
--- Counters (`bump`): increments of a figures hash the call never reads back (the shard's stats, a
--- tenant's per-state counts), added up and written when the call ends: one HINCRBY(FLOAT) for a
+-- Counters (`bump`; `toward` for an average): changes to a figures hash the call never reads back
+-- (the shard's stats, a tenant's per-state counts), added up and written when the call ends: one HINCRBY(FLOAT) for a
 -- single field, else one HMGET (of the values the call has not read already, say by a `preload`)
 -- and one HSET for all of them, with the copy's own writes to that hash.
 
@@ -110,7 +110,7 @@ local function created(key) RECORDS[key] = {f = {}, dirty = {}, known = {}, all 
 local function bumps_of(key)
   local b = BUMPS[key]
   if not b then
-    b = {order = {}, by = {}, float = {}}
+    b = {order = {}, by = {}, float = {}, toward = {}}
     BUMPS[key] = b
   end
   return b
@@ -127,8 +127,22 @@ local function bump(key, field, amount, float)
   if float then b.float[field] = true end
 end
 
--- The new value of a counter of `b` whose value before is `old` (a string or false).
+-- Moves a figure of `key` a `1/n`th of the way from its value towards `sample` when the call ends
+-- (an exponentially weighted average; an absent figure becomes the sample), kept whole: read and
+-- written with the call's counters of that hash, in the same HMGET and HSET.
+local function toward(key, field, sample, n)
+  local b = bumps_of(key)
+  if not (b.by[field] or b.toward[field]) then b.order[#b.order + 1] = field end
+  b.toward[field] = {tonumber(sample), n}
+end
+
+-- The new value of a counter or average of `b` whose value before is `old` (a string or false).
 local function bumped(b, field, old)
+  local t = b.toward[field]
+  if t then
+    old = tonumber(old or '')
+    return math.floor(old and (old + (t[1] - old) / t[2]) or t[1])
+  end
   return tonumber(old or '0') + b.by[field]
 end
 
@@ -143,7 +157,7 @@ local function save(key, r, b)
       if not (r and (r.all or r.known[field])) then unread[#unread + 1] = field end
     end
     local field = b.order[1]
-    if #b.order == 1 and #unread == 1 and not (r and next(r.dirty)) then
+    if #b.order == 1 and #unread == 1 and not b.toward[field] and not (r and next(r.dirty)) then
       redis.call(b.float[field] and 'HINCRBYFLOAT' or 'HINCRBY', key, field, redis_text(b.by[field]))
       return
     end

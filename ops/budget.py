@@ -21,6 +21,6 @@ STEPS = {
     "collect": 8,
     "outputs": 10,
     "charge": 3,
-    "finish": 26,
+    "finish": 23,
     "confirm-publish": 6,
 }
