@@ -173,5 +173,7 @@ def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Stor
     assert acme.resolve_uncertain(rec.claim, executed=True) == held_units
     for index in (0, 1):
         acme.store_output(rec.claim, index, {"sha256": str(index) * 64}, now_ms=NOW + 2002)
+    assert acme.redis.zscore(TenantKeys("acme").reconcile, held.job_id) == NOW + 3001  # while its lease lives
     acme.finish(rec.claim, "completed", now_ms=NOW + 2003)
+    assert acme.redis.zcard(TenantKeys("acme").reconcile) == 0  # a finished reconciliation leaves the index
     assert acme.ledger("acme") == {"allowance": 100, "reserved": 0, "uncertain": 0, "settled": 20, "available": 80}
