@@ -60,8 +60,8 @@ end
 if outcome == 'completed' and from == 'running' then update_estimate(job, KEYS[4], now) end
 finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12]}, now, outcome)
 end_attempt(job, KEYS[4], now, outcome, ARGV[4])
-release(job, KEYS[3], job_id)
 free_slot(job, KEYS[13])
+release(job, KEYS[3], job_id)
 if from == 'reconciling' then redis.call('ZREM', KEYS[8], job_id) end  -- only a reconciling job is there
 hset(job, 'error_class', ARGV[4], 'error_reason', ARGV[5], 'error_detail', ARGV[6])
 if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end

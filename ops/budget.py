@@ -21,6 +21,6 @@ STEPS = {
     "collect": 8,
     "outputs": 10,
     "charge": 3,
-    "finish": 22,
+    "finish": 21,
     "confirm-publish": 6,
 }
