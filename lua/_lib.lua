@@ -117,6 +117,20 @@ local function holds_lease(job, gen)
   return (f[1] == 'running' or f[1] == 'reconciling') and f[2] == gen
 end
 
+-- Renews the lease of the job's holder to `expires` (ms) on the record. The tenant's leases index
+-- (and the wake set) keep an entry where it is while the expiry only moves later: an entry at or
+-- before the record's `lease_expires` is all the sweeper needs, since there it finds the lease
+-- renewed (reconcile-begin: NOT_DUE) and moves the entry to the record's expiry, so an expired
+-- lease is seen as soon as it would be with every renewal indexed. An earlier expiry (a holder
+-- with a shorter lease) is indexed at once.
+local function renew(job, leases, wakeset, expires)
+  local before = tonumber(hget(job, 'lease_expires') or '0')
+  hset(job, 'lease_expires', expires)
+  if expires >= before and before > 0 then return end
+  redis.call('ZADD', leases, expires, hget(job, 'id'))
+  if wakeset then wake(wakeset, job, expires) end
+end
+
 -- Ends the job's lease, whoever holds it: the generation goes up, so the last holder
 -- (a worker, a reconciler, or a stalled one of either) can no longer write. The generation
 -- that was held is what the state-change log shows for the change the holder made.

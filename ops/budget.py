@@ -15,10 +15,10 @@ COMMANDS_PER_JOB = 230
 STEPS = {
     "admission": 22,
     "claim": 23,
-    "submit mark": 8,
-    "hand-over": 7,
+    "submit mark": 7,
+    "hand-over": 5,
     "progress": 40,
-    "collect": 8,
+    "collect": 6,  # 5, and 3 for each duplicate collect message (a prompt's end seen twice)
     "outputs": 10,
     "charge": 3,
     "finish": 21,
