@@ -18,11 +18,12 @@
 --   (0|1), deadline (ms), provider epoch at submission}
 --   | {8 NOT_CLAIMABLE, state} | {7 NOT_FOUND}
 
-local job, now = KEYS[1], clock(ARGV[1])
+local job = KEYS[1]
 local f = hmget(job, 'state', 'lease_owner', 'id', 'attempt_count', 'operation_id', 'server',
   'cancel_requested', 'deadline', 'submit_epoch')
 if not f[1] then return {7} end
-if f[1] ~= 'running' or f[2] ~= 'watcher' then return {8, f[1]} end
+if f[1] ~= 'running' or f[2] ~= 'watcher' then return {8, f[1]} end  -- a duplicate reads no clock
+local now = clock(ARGV[1])
 local expires = now + tonumber(ARGV[3])
 local gen = hincrby(job, 'lease_gen', 1)
 hset(job, 'lease_owner', ARGV[2])

@@ -18,7 +18,7 @@ STEPS = {
     "submit mark": 7,
     "hand-over": 5,
     "progress": 40,
-    "collect": 6,  # 5, and 3 for each duplicate collect message (a prompt's end seen twice)
+    "collect": 6,  # 5, and 2 for each duplicate collect message (a prompt's end seen twice)
     "outputs": 10,
     "charge": 3,
     "finish": 21,
