@@ -118,5 +118,6 @@ redis.call('HSET', KEYS[4], n, cjson.encode({
   submitted_at = cjson.null, ended_at = cjson.null, error_class = cjson.null}))
 move(job, KEYS[6], KEYS[5], now, 'queued', 'running', 'claimed')
 local inputs = hmget(job, 'outputs_requested', 'priority', 'deadline')
-return {0, gen, n, now, server, inputs[1], inputs[2], inputs[3], redis.call('GET', KEYS[10]) or '',
-  unpack(redis.call('HKEYS', KEYS[18]))}
+-- outputs are stored only by attempts (and the reconciliations of theirs): a first attempt finds none
+local stored = n > 1 and redis.call('HKEYS', KEYS[18]) or {}
+return {0, gen, n, now, server, inputs[1], inputs[2], inputs[3], redis.call('GET', KEYS[10]) or '', unpack(stored)}

@@ -14,7 +14,7 @@ COMMANDS_PER_JOB = 230
 #: broker's, the watcher's and the sweeper's share, which depends on how long the processes idle.
 STEPS = {
     "admission": 22,
-    "claim": 19,
+    "claim": 18,
     "submit mark": 7,
     "hand-over": 5,
     "progress": 40,

@@ -155,6 +155,17 @@ def test_finish_needs_all_outputs_and_settles_once(acme: Store) -> None:
     assert orjson.loads(acme.redis.hget(JobKeys(held.job_id).outputs, "1"))["sha256"] == "b" * 64
 
 
+def test_a_claim_hands_back_the_outputs_earlier_attempts_stored(acme: Store) -> None:
+    admit(acme, outputs=2)
+    first = claim(acme)
+    assert (first.attempt, first.inputs.stored) == (1, frozenset())
+    acme.store_output(first, 1, {"sha256": "a" * 64}, now_ms=NOW + 1)
+    acme.retry(first, delay_ms=0, error_class="transient", now_ms=NOW + 2)
+    assert acme.promote(first.job_id, now_ms=NOW + 3) == "queued"
+    second = claim(acme, now=NOW + 4, op="op-2")
+    assert (second.attempt, second.inputs.stored) == (2, frozenset({1}))
+
+
 def test_the_watch_list_holds_a_job_exactly_while_the_watcher_holds_its_lease(acme: Store) -> None:
     fleet = TenantKeys("acme").shard.fleet
     admit(acme)
