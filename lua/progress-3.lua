@@ -25,17 +25,18 @@ if f[1] ~= 'running' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return {0} end
 local value = tonumber(ARGV[4])
 local field = 'node:' .. ARGV[3]
 local marks = redis.call('HMGET', KEYS[3], 'attempt', field)
-if marks[1] ~= ARGV[1] then
-  redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[3], 'attempt', ARGV[1])
+if marks[1] ~= ARGV[1] then  -- a new attempt's first point: the marks start again
+  if marks[1] then redis.call('DEL', KEYS[3]) end
+  redis.call('HSET', KEYS[3], 'attempt', ARGV[1], field, ARGV[4])
 elseif marks[2] and value <= tonumber(marks[2]) then
   return {0}
+else
+  redis.call('HSET', KEYS[3], field, ARGV[4])
 end
-redis.call('HSET', KEYS[3], field, ARGV[4])
 
 local seq = hincrby(KEYS[1], 'event_seq', 1)
-redis.call('RPUSH', KEYS[2], cjson.encode({
+local points = redis.call('RPUSH', KEYS[2], cjson.encode({
   seq = seq, at = clock(ARGV[7]), type = 'progress', attempt = tonumber(ARGV[1]),
   node = ARGV[3], value = value, max = tonumber(ARGV[5])}))
-redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1)
+if points > tonumber(ARGV[6]) then redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1) end
 return {1, seq}

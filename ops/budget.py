@@ -17,7 +17,7 @@ STEPS = {
     "claim": 18,
     "submit mark": 7,
     "hand-over": 5,
-    "progress": 40,
+    "progress": 28,  # 7 a point, at most 4 points (the simulated server's steps)
     "collect": 6,  # 5, and 2 for each duplicate collect message (a prompt's end seen twice)
     "outputs": 10,
     "charge": 3,
