@@ -9,9 +9,10 @@
 -- HSET. A write needs no read first. Values are kept as the strings Redis keeps; a field that is
 -- not there reads as false, as HGET's nil does in Lua.
 --
--- Counters (`bump`): increments of a figures hash the call never reads back (the shard's stats, a
--- tenant's per-state counts), added up and written when the call ends: one HINCRBY(FLOAT) for a
--- single field, else one HMGET and one HSET for all of them.
+-- Counters (`bump`; `toward` for an average): changes to a figures hash the call never reads back
+-- (the shard's stats, a tenant's per-state counts), added up and written when the call ends: one HINCRBY(FLOAT) for a
+-- single field, else one HMGET (of the values the call has not read already, say by a `preload`)
+-- and one HSET for all of them, with the copy's own writes to that hash.
 
 local RECORDS, BUMPS = {}, {}
 
@@ -109,13 +110,22 @@ end
 -- The record is gone (DEL): nothing of it is written back.
 local function forget(key) RECORDS[key] = {f = {}, dirty = {}, known = {}, all = true} end
 
--- Adds `amount` to a counter field of `key` when the call ends (`float`: HINCRBYFLOAT's kind).
-local function bump(key, field, amount, float)
+-- The record is new (an id no record had): there is nothing to read, a field not written reads as
+-- false, and what the call writes is written when it ends.
+local function created(key) RECORDS[key] = {f = {}, dirty = {}, known = {}, all = true} end
+
+local function bumps_of(key)
   local b = BUMPS[key]
   if not b then
-    b = {order = {}, by = {}, float = {}}
+    b = {order = {}, by = {}, float = {}, toward = {}}
     BUMPS[key] = b
   end
+  return b
+end
+
+-- Adds `amount` to a counter field of `key` when the call ends (`float`: HINCRBYFLOAT's kind).
+local function bump(key, field, amount, float)
+  local b = bumps_of(key)
   if not b.by[field] then
     b.order[#b.order + 1] = field
     b.by[field] = 0
@@ -124,30 +134,66 @@ local function bump(key, field, amount, float)
   if float then b.float[field] = true end
 end
 
-local function save_bumps(key, b)
-  local fields = b.order
-  if #fields == 1 then
-    local field = fields[1]
-    redis.call(b.float[field] and 'HINCRBYFLOAT' or 'HINCRBY', key, field, redis_text(b.by[field]))
-    return
+-- Moves a figure of `key` a `1/n`th of the way from its value towards `sample` when the call ends
+-- (an exponentially weighted average; an absent figure becomes the sample), kept whole: read and
+-- written with the call's counters of that hash, in the same HMGET and HSET.
+local function toward(key, field, sample, n)
+  local b = bumps_of(key)
+  if not (b.by[field] or b.toward[field]) then b.order[#b.order + 1] = field end
+  b.toward[field] = {tonumber(sample), n}
+end
+
+-- The new value of a counter or average of `b` whose value before is `old` (a string or false).
+local function bumped(b, field, old)
+  local t = b.toward[field]
+  if t then
+    old = tonumber(old or '')
+    return math.floor(old and (old + (t[1] - old) / t[2]) or t[1])
   end
-  local old, args = redis.call('HMGET', key, unpack(fields)), {}
-  for i, field in ipairs(fields) do
-    args[#args + 1] = field
-    args[#args + 1] = redis_text(tonumber(old[i] or '0') + b.by[field])
+  return tonumber(old or '0') + b.by[field]
+end
+
+-- Writes a hash's copy and counters: the changed fields of the copy (`r`, may be nil) and each
+-- counter's new value in one HSET, reading (one HMGET) only the counters' values the call has not
+-- read; a lone counter of a hash the call neither read nor wrote is one HINCRBY(FLOAT).
+local function save(key, r, b)
+  local args = {}
+  if b then
+    local unread = {}
+    for _, field in ipairs(b.order) do
+      if not (r and (r.all or r.known[field])) then unread[#unread + 1] = field end
+    end
+    local field = b.order[1]
+    if #b.order == 1 and #unread == 1 and not b.toward[field] and not (r and next(r.dirty)) then
+      redis.call(b.float[field] and 'HINCRBYFLOAT' or 'HINCRBY', key, field, redis_text(b.by[field]))
+      return
+    end
+    local old = {}
+    if #unread > 0 then
+      local values = redis.call('HMGET', key, unpack(unread))
+      for i, name in ipairs(unread) do old[name] = values[i] or false end
+    end
+    for _, name in ipairs(b.order) do
+      local before = old[name]
+      if before == nil then before = (r and r.f[name]) or false end
+      args[#args + 1] = name
+      args[#args + 1] = redis_text(bumped(b, name, before))
+      if r then r.dirty[name] = nil end
+    end
   end
-  redis.call('HSET', key, unpack(args))
+  if r then
+    for name in pairs(r.dirty) do
+      args[#args + 1] = name
+      args[#args + 1] = r.f[name]
+    end
+  end
+  if #args > 0 then redis.call('HSET', key, unpack(args)) end
 end
 
 local function save_records()
-  for key, r in pairs(RECORDS) do
-    local args = {}
-    for field in pairs(r.dirty) do
-      args[#args + 1] = field
-      args[#args + 1] = r.f[field]
-    end
-    if #args > 0 then redis.call('HSET', key, unpack(args)) end
+  for key, r in pairs(RECORDS) do save(key, r, BUMPS[key]) end
+  for key, b in pairs(BUMPS) do
+    if not RECORDS[key] then save(key, nil, b) end
   end
-  for key, b in pairs(BUMPS) do save_bumps(key, b) end
   RECORDS, BUMPS = {}, {}
 end

@@ -63,9 +63,10 @@ local function observe(name, class, bounds, value)
   bump(G.stats, name .. '_count:' .. class, 1)
 end
 
--- Adds `amount` to a tenant ledger field and to its total over all tenants.
+-- Adds `amount` to a tenant ledger field and to its total over all tenants (to the ledger's copy
+-- when the call read it: lua/_cache.lua `add`).
 local function ledger_add(ledger, field, amount)
-  redis.call('HINCRBY', ledger, field, amount)
+  add(ledger, field, amount)
   bump(G.stats, 'ledger:' .. field, amount)
 end
 
@@ -114,6 +115,20 @@ end
 local function holds_lease(job, gen)
   local f = hmget(job, 'state', 'lease_gen')
   return (f[1] == 'running' or f[1] == 'reconciling') and f[2] == gen
+end
+
+-- Renews the lease of the job's holder to `expires` (ms) on the record. The tenant's leases index
+-- (and the wake set) keep an entry where it is while the expiry only moves later: an entry at or
+-- before the record's `lease_expires` is all the sweeper needs, since there it finds the lease
+-- renewed (reconcile-begin: NOT_DUE) and moves the entry to the record's expiry, so an expired
+-- lease is seen as soon as it would be with every renewal indexed. An earlier expiry (a holder
+-- with a shorter lease) is indexed at once.
+local function renew(job, leases, wakeset, expires)
+  local before = tonumber(hget(job, 'lease_expires') or '0')
+  hset(job, 'lease_expires', expires)
+  if expires >= before and before > 0 then return end
+  redis.call('ZADD', leases, expires, hget(job, 'id'))
+  if wakeset then wake(wakeset, job, expires) end
 end
 
 -- Ends the job's lease, whoever holds it: the generation goes up, so the last holder
@@ -340,10 +355,12 @@ local function take_slot(fleet, servers)
 end
 
 -- Gives back the job's dispatch slot, once (the claim took it), and ends the watch of
--- its prompt at the provider, if any.
+-- its prompt at the provider, if any: the watch list holds a job exactly while the watcher
+-- holds its lease (`await` hands it over, collect-claim and reconcile-begin take it back), so
+-- called before `release`.
 local function free_slot(job, fleet)
-  local f = hmget(job, 'server', 'slot_held', 'id')
-  redis.call('HDEL', fleet, 'w:' .. f[3])
+  local f = hmget(job, 'server', 'slot_held', 'id', 'lease_owner')
+  if f[4] == 'watcher' then redis.call('HDEL', fleet, 'w:' .. f[3]) end
   if f[2] == '1' then
     add(fleet, 'busy:' .. f[1], -1)
     hset(job, 'slot_held', 0)

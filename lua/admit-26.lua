@@ -74,10 +74,10 @@ end
 -- A number an operator set (redis-cli may have set anything), else the default.
 local function setting(value, default) return tonumber(value) or tonumber(default) end
 
--- Queued jobs of `class`, less the one this admission supersedes (it leaves in the same step).
-local function queued(class, leaving)
-  local rank = class_rank(class)
-  local n = redis.call('ZCOUNT', G.queue, rank, '(' .. (rank + tonumber(BATCH_RANK)))
+-- Queued jobs of `class` (`n`: the shard's `jobs:<class>:queued`, which count_move keeps equal to the
+-- class's range of the queue), less the one this admission supersedes (it leaves in the same step).
+local function queued(class, n, leaving)
+  n = tonumber(n or '0')
   return leaving == class and n - 1 or n
 end
 
@@ -86,8 +86,12 @@ end
 local function over_fleet_limits(class, deadline_ms, leaving)
   local cfg = redis.call('HMGET', KEYS[20], 'queue_cap:' .. class, 'target_s:interactive')
   local slots = math.max(1, tonumber(ARGV[11]))
-  local depth = {interactive = queued('interactive', leaving), batch = queued('batch', leaving)}
-  local known = redis.call('HMGET', G.stats, 'service_ms:interactive', 'service_ms:batch')
+  -- read with the total this admission's reservation adds to, so the call's end reads none again
+  preload(G.stats, {'service_ms:interactive', 'service_ms:batch', 'jobs:interactive:queued', 'jobs:batch:queued',
+    'ledger:reserved'})
+  local known = hmget(G.stats, 'service_ms:interactive', 'service_ms:batch', 'jobs:interactive:queued',
+    'jobs:batch:queued')
+  local depth = {interactive = queued('interactive', known[3], leaving), batch = queued('batch', known[4], leaving)}
   local estimate = {interactive = tonumber(known[1] or ''), batch = tonumber(known[2] or '')}
   local own = estimate[class]
   local turn = own and math.max(1000, math.ceil(own / slots)) or 5000  -- Retry-After: a slot's turn
@@ -121,7 +125,7 @@ if seen[1] then
   return {2, seen[2], tonumber(seen[4])}
 end
 
-local ledger = redis.call('HMGET', KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
+local ledger = hmget(KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
 if not ledger[1] then return {6} end
 local older, leaving = '', nil
 if ARGV[9] ~= '' then
@@ -152,12 +156,13 @@ if ceiling > available then return refuse('insufficient_allowance', 5, available
 
 if tokens then redis.call('HSET', KEYS[16], 'tokens', tostring(tokens - 1), 'at', now) end
 ledger_add(KEYS[2], 'reserved', ceiling)
-local seq = redis.call('HINCRBY', KEYS[2], 'job_seq', 1)
+local seq = hincrby(KEYS[2], 'job_seq', 1)
 local fields = {}
 for field, value in pairs(record) do
   fields[#fields + 1] = field
   fields[#fields + 1] = value
 end
+created(KEYS[3])
 hset(KEYS[3], 'seq', seq, unpack(fields))
 hset(KEYS[3], 'created_at', now, 'updated_at', now,
   'deadline', now + 1000 * tonumber(hget(KEYS[3], 'deadline_s')))

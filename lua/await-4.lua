@@ -7,7 +7,8 @@
 -- id, attempt and deadline (the watcher renews no lease past the deadline). The job stays `running` with its slot; the watcher renews its
 -- lease (heartbeat with the new generation) while the prompt is pending or running,
 -- and a collect message claims it when the prompt ends. If every watcher is gone,
--- the lease expires and the sweeper reconciles the job, as for a dead worker.
+-- the lease expires and the sweeper reconciles the job, as for a dead worker. The watcher's lease
+-- is the record's (`renew` in _lib.lua: the leases index keeps its earlier entry).
 --
 -- KEYS[1] job record (hash)          KEYS[3] fleet (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[4] wake set (zset)
@@ -26,10 +27,9 @@ if f[2] ~= '1' then return {8, 'not_submitted'} end
 local now = clock(ARGV[2])
 local expires = now + tonumber(ARGV[3])
 local gen = hincrby(job, 'lease_gen', 1)
-hset(job, 'lease_owner', 'watcher', 'lease_expires', expires)
+hset(job, 'lease_owner', 'watcher')
+renew(job, KEYS[2], KEYS[4], expires)
 if ARGV[4] ~= '' then hset(job, 'refusal', ARGV[4]) end  -- kept across hand-backs
-redis.call('ZADD', KEYS[2], expires, f[1])
-wake(KEYS[4], job, expires)
 redis.call('HSET', KEYS[3], 'w:' .. f[1], cjson.encode({server = f[3], gen = gen, op = f[4], attempt = tonumber(f[5]),
   deadline = tonumber(f[6])}))
 return {0, gen}

@@ -50,14 +50,19 @@ use_globals(15)
 local job = KEYS[1]
 local now = clock(ARGV[1])
 local f = hmget(job, 'state', 'id', 'deadline')
-redis.call('ZREM', KEYS[14], ARGV[7])  -- a call is answered by this claim, whatever it finds
 if f[1] ~= 'queued' then
+  redis.call('ZREM', KEYS[14], ARGV[7])  -- a call is answered by this claim, whatever it finds
   redis.call('ZREM', KEYS[13], ARGV[7])  -- a parked entry of a job that moved on (or is gone) goes
   if not f[1] then return {7} end
   return {8, f[1]}
 end
+-- Whether jobs wait parked in the shard (this one among them, if it waits). With none, no job is
+-- ahead of this one and none is called (a called job stays parked until it claims; a call of a job
+-- that left the parked set lapses in `promised`), so neither set is read or written.
+local waiting = redis.call('ZCARD', KEYS[13]) > 0
+if waiting then redis.call('ZREM', KEYS[14], ARGV[7]) end  -- a call is answered by this claim, whatever it finds
 if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
-  redis.call('ZREM', KEYS[13], ARGV[7])
+  if waiting then redis.call('ZREM', KEYS[13], ARGV[7]) end
   expire_queued(job, {ledger = KEYS[7], queued = KEYS[3], dead = KEYS[8], events = KEYS[5], counts = KEYS[6],
     done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'deadline_passed_while_queued')
   return {14}
@@ -78,14 +83,17 @@ if paused_for(KEYS[12], g[1] or 'interactive') then  -- `reckon pause --class`: 
   return {16}
 end
 local server
-local calls = promised(KEYS[14], KEYS[13], now)
-local open = free_slots(KEYS[12], servers) - #calls
-local low = paused_for(KEYS[12], 'interactive') and BATCH_RANK or '-inf'  -- a paused class waits behind
-local ahead = redis.call('ZCOUNT', KEYS[13], low, '(' .. rank)
-for _, id in ipairs(calls) do  -- a called job holds a promised slot: counted in `open`, not ahead
-  local r = tonumber(redis.call('ZSCORE', KEYS[13], id))
-  if r < rank and (low == '-inf' or r >= tonumber(low)) then ahead = ahead - 1 end
+local calls, ahead = {}, 0
+if waiting then
+  calls = promised(KEYS[14], KEYS[13], now)
+  local low = paused_for(KEYS[12], 'interactive') and BATCH_RANK or '-inf'  -- a paused class waits behind
+  ahead = redis.call('ZCOUNT', KEYS[13], low, '(' .. rank)
+  for _, id in ipairs(calls) do  -- a called job holds a promised slot: counted in `open`, not ahead
+    local r = tonumber(redis.call('ZSCORE', KEYS[13], id))
+    if r < rank and (low == '-inf' or r >= tonumber(low)) then ahead = ahead - 1 end
+  end
 end
+local open = free_slots(KEYS[12], servers) - #calls
 if ahead < open then
   server = take_slot(KEYS[12], servers)  -- else better jobs wait parked for the free slots
 end
@@ -103,12 +111,13 @@ hset(job, 'lease_owner', ARGV[2], 'lease_expires', expires, 'sends', 0,
 redis.call('ZADD', KEYS[2], expires, job_id)
 wake(KEYS[11], job, expires)
 redis.call('ZREM', KEYS[3], job_id)
-redis.call('ZREM', KEYS[13], job_id)
+if waiting then redis.call('ZREM', KEYS[13], job_id) end
 redis.call('HSET', KEYS[4], n, cjson.encode({
   number = n, worker = ARGV[2], generation = gen, provider = ARGV[5], server = server, price = price,
   operation_id = ARGV[4], state = 'running', started_at = now,
   submitted_at = cjson.null, ended_at = cjson.null, error_class = cjson.null}))
 move(job, KEYS[6], KEYS[5], now, 'queued', 'running', 'claimed')
 local inputs = hmget(job, 'outputs_requested', 'priority', 'deadline')
-return {0, gen, n, now, server, inputs[1], inputs[2], inputs[3], redis.call('GET', KEYS[10]) or '',
-  unpack(redis.call('HKEYS', KEYS[18]))}
+-- outputs are stored only by attempts (and the reconciliations of theirs): a first attempt finds none
+local stored = n > 1 and redis.call('HKEYS', KEYS[18]) or {}
+return {0, gen, n, now, server, inputs[1], inputs[2], inputs[3], redis.call('GET', KEYS[10]) or '', unpack(stored)}

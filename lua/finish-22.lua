@@ -34,13 +34,13 @@ use_globals(14)
 -- The class's service-time estimate (ms a job holds a dispatch slot, claim to completion)
 -- moves a fifth of the way towards this attempt's time: an exponentially weighted average,
 -- so old samples decay and a slower provider shows within a few jobs.
+-- Written with the call's other stats figures (lua/_cache.lua `toward`); the attempt is read into
+-- the copy end_attempt closes.
 local function update_estimate(job, attempts, now)
-  local raw = redis.call('HGET', attempts, hget(job, 'attempt_count'))
+  local raw = hget(attempts, hget(job, 'attempt_count'))
   local started = raw and cjson.decode(raw).started_at
   if not started then return end
-  local field = 'service_ms:' .. hget(job, 'priority')
-  local old, sample = tonumber(redis.call('HGET', G.stats, field) or ''), now - started
-  redis.call('HSET', G.stats, field, math.floor(old and (old + (sample - old) / 5) or sample))
+  toward(G.stats, 'service_ms:' .. hget(job, 'priority'), now - started, 5)
 end
 
 local job, now, outcome = KEYS[1], clock(ARGV[2]), ARGV[3]
@@ -62,9 +62,9 @@ if outcome == 'completed' and from == 'running' then update_estimate(job, KEYS[4
 finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12], parts = parts_at(18)},
   now, outcome)
 end_attempt(job, KEYS[4], now, outcome, ARGV[4])
-release(job, KEYS[3], job_id)
 free_slot(job, KEYS[13])
-redis.call('ZREM', KEYS[8], job_id)
+release(job, KEYS[3], job_id)
+if from == 'reconciling' then redis.call('ZREM', KEYS[8], job_id) end  -- only a reconciling job is there
 hset(job, 'error_class', ARGV[4], 'error_reason', ARGV[5], 'error_detail', ARGV[6])
 if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end
 move(job, KEYS[7], KEYS[5], now, from, outcome, ARGV[5])

@@ -1,6 +1,7 @@
 -- heartbeat: renews a running job's lease, only for the current generation.
 --
--- The new expiry is on Redis's clock (now + lease length), never the worker's.
+-- The new expiry is on Redis's clock (now + lease length), never the worker's. It is the record's;
+-- the leases index keeps its earlier entry (`renew` in _lib.lua).
 --
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant's leases (zset)
@@ -13,6 +14,5 @@
 
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local expires = clock(ARGV[2]) + tonumber(ARGV[3])
-hset(KEYS[1], 'lease_expires', expires)
-redis.call('ZADD', KEYS[2], expires, hget(KEYS[1], 'id'))
+renew(KEYS[1], KEYS[2], nil, expires)
 return {0, expires}

@@ -4,7 +4,8 @@
 -- provider before paying again; a job whose cancel was requested is never
 -- submitted (the cancel and this check are each atomic, so exactly one wins).
 -- The lease is renewed in the same step, so the worker knows it holds the job
--- for a full lease length from the moment it sent this call. A job with too little
+-- for a full lease length from the moment it sent this call (on the record: the leases index keeps
+-- its earlier entry, `renew` in _lib.lua). A job with too little
 -- time left before its deadline is not submitted (the caller fails it).
 --
 -- KEYS[1] job record (hash)
@@ -27,8 +28,8 @@ if paused_for(KEYS[4], f[3] or 'interactive', f[4]) then return {16} end
 local now = clock(ARGV[2])
 if now + tonumber(ARGV[5]) >= tonumber(f[2]) then return {14} end
 local expires = now + tonumber(ARGV[4])
-hset(KEYS[1], 'submitted', 1, 'submit_epoch', ARGV[3], 'submitted_at', now, 'lease_expires', expires)
-redis.call('ZADD', KEYS[3], expires, hget(KEYS[1], 'id'))
+hset(KEYS[1], 'submitted', 1, 'submit_epoch', ARGV[3], 'submitted_at', now)
+renew(KEYS[1], KEYS[3], nil, expires)
 local n = hget(KEYS[1], 'attempt_count')
 local attempt = cjson.decode(redis.call('HGET', KEYS[2], n))
 attempt.submitted_at = now

@@ -9,6 +9,9 @@
 -- missing outputs at its server's price (`attempt_price`, recorded by the claim; a job
 -- claimed before claims recorded it: its own `price`) moves from reserved to uncertain
 -- until reconciliation resolves it.
+-- A renewal writes only the record's expiry (`renew` in _lib.lua), so the sweeper finds a
+-- renewed lease's entry due early: then the entry (and the tenant's wake entry) moves to the
+-- record's expiry, and nothing else changes (NOT_DUE).
 -- The job keeps its dispatch slot (its prompt may still occupy the server) but
 -- leaves the watch list: reconciliation asks the server from now on.
 --
@@ -40,7 +43,11 @@ else
     if f[4] then redis.call('ZREM', KEYS[3], f[4]) end
     return {7}
   end
-  if tonumber(f[3]) > now then return {11} end
+  if tonumber(f[3]) > now then  -- renewed since its entry was written: the entry moves to the expiry
+    redis.call('ZADD', KEYS[3], f[3], f[4])
+    wake(KEYS[9], job, f[3])
+    return {11}
+  end
 end
 
 local held = 0

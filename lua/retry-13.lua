@@ -41,8 +41,8 @@ if ARGV[5] == '1' then  -- nothing reached a server that could run it: the attem
 else
   end_attempt(job, KEYS[3], now, 'failed', ARGV[4])
 end
-release(job, KEYS[2], job_id)
 free_slot(job, KEYS[9])
+release(job, KEYS[2], job_id)
 redis.call('ZREM', KEYS[7], job_id)
 redis.call('ZADD', KEYS[6], due, job_id)
 wake(KEYS[8], job, due)

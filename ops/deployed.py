@@ -46,6 +46,8 @@ SCRIPT_STEPS = {
 CLIENT_STEPS = {"web": "api", "worker": "worker", "sweeper": "sweeper share", "watcher": "watcher share",
                 "broker-web": "broker: publish", "broker-worker": "broker: worker",
                 "broker-watcher": "broker: watcher", "broker-sweeper": "broker: sweeper"}
+#: The client name of this tool's own connections.
+TOOL = "deployed-measure"
 _MONITOR_RE = re.compile(r'^\d+\.\d+ \[(\d+) ([^\]]+)\] "([^"]+)"(?: "([^"]*)")?')
 _ARG_RE = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
@@ -139,7 +141,9 @@ class Deployed:
             **(env or {}),
         }
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.client = redis.Redis(port=self.redis_port, decode_responses=True)
+        #: This tool's own connection (its commands are left out of every figure: ``Monitor`` skips its
+        #: name, ``run`` subtracts the polls it makes from the commandstats total).
+        self.client = redis.Redis(port=self.redis_port, decode_responses=True, client_name=TOOL)
 
     def start(self, name: str, *argv: str) -> None:
         log = open(self.work / f"{name}.log", "ab")
@@ -242,28 +246,32 @@ class Monitor:
         self.trips: Counter[str] = Counter()
         self.lines: list[str] = []
         self._names: dict[str, str] = {}
-        self._stop = threading.Event()
+        self._stop, self._listening = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._conn = redis.Redis(port=port, decode_responses=True)
+        self._conn = redis.Redis(port=port, decode_responses=True, client_name=TOOL)
 
     def __enter__(self) -> "Monitor":
         self._thread.start()
+        if not self._listening.wait(timeout=10):  # every command from here on is seen
+            raise RuntimeError("MONITOR did not start")
         return self
 
     def _run(self) -> None:
-        with self._conn.monitor() as monitor:
+        with self._conn.monitor() as monitor:  # Redis has answered MONITOR's OK here
+            self._listening.set()
             conn = monitor.connection
             while not self._stop.is_set():
                 self.lines.append(conn.read_response())
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        redis.Redis(port=self.port).ping()  # one more line so the reader wakes and sees the stop
+        redis.Redis(port=self.port, client_name=TOOL).ping()  # one more line so the reader wakes and sees the stop
         self._thread.join(timeout=10)
         self._attribute()
 
     def _attribute(self) -> None:
-        names = {c["addr"]: c["name"] for c in redis.Redis(port=self.port, decode_responses=True).client_list()}
+        names = {c["addr"]: c["name"] for c in redis.Redis(port=self.port, decode_responses=True,
+                                                            client_name=TOOL).client_list()}
         step = detail = "other"  # a script's own commands follow the line of the call that ran them
         for line in self.lines:
             match = _MONITOR_RE.match(str(line))
@@ -276,7 +284,8 @@ class Monitor:
                 if step.startswith("broker"):
                     self.broker[detail] += 1
                 continue
-            if command in ("info", "monitor", "client", "ping") and not names.get(addr, "").startswith("broker"):
+            if names.get(addr) == TOOL or (command in ("info", "monitor", "client", "ping")
+                                           and not names.get(addr, "").startswith("broker")):
                 step = "other"  # this tool's own (a broker's ping or setname is the broker's)
                 continue
             if command in ("fcall", "fcall_ro"):
@@ -329,10 +338,17 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
         monitor = Monitor(stack.redis_port) if steps else None
         with monitor or _nothing():
             post(stack.web_port, api_key, [f"job-{i}" for i in range(jobs)], concurrency, body)
-            wait_for(lambda: completed(client) >= jobs + 1, timeout=60 + jobs, what="the jobs did not complete")
+            polls = 0
+
+            def done() -> bool:
+                nonlocal polls
+                polls += 1
+                return completed(client) >= jobs + 1
+
+            wait_for(done, timeout=60 + jobs, what="the jobs did not complete")
             seconds = time.perf_counter() - t0
             time.sleep(2.5)  # the sweeper's and watcher's passes after the last completion
-        calls = total_calls(client) - calls0
+        calls = total_calls(client) - calls0 - polls  # each poll: one HGET of this tool's
         redis_s, cpu_s = redis_cpu(client) - redis0, stack.stack_cpu() - cpu0
         mem = client.info("memory")["used_memory"] - mem0
         if monitor is None:

@@ -157,6 +157,41 @@ def test_finish_needs_all_outputs_and_settles_once(acme: Store) -> None:
     assert acme.outputs(held.job_id)[1]["sha256"] == "b" * 64
 
 
+def test_a_claim_hands_back_the_outputs_earlier_attempts_stored(acme: Store) -> None:
+    admit(acme, outputs=2)
+    first = claim(acme)
+    assert (first.attempt, first.inputs.stored) == (1, frozenset())
+    acme.store_output(first, 1, {"sha256": "a" * 64}, now_ms=NOW + 1)
+    acme.retry(first, delay_ms=0, error_class="transient", now_ms=NOW + 2)
+    assert acme.promote(first.job_id, now_ms=NOW + 3) == "queued"
+    second = claim(acme, now=NOW + 4, op="op-2")
+    assert (second.attempt, second.inputs.stored) == (2, frozenset({1}))
+
+
+def test_the_watch_list_holds_a_job_exactly_while_the_watcher_holds_its_lease(acme: Store) -> None:
+    fleet = TenantKeys("acme").shard.fleet
+    admit(acme)
+    worker = claim(acme)
+    acme.mark_submit(worker, epoch="e", lease_ms=1000, now_ms=NOW + 10)
+    watched = acme.await_provider(worker, lease_ms=1000, now_ms=NOW + 20)
+    assert list(acme.watched()) == [worker.job_id]
+    collector = acme.collect_claim(worker.job_id, worker="w2", lease_ms=1000, now_ms=NOW + 30).claim
+    assert acme.watched() == {}
+    with pytest.raises(StaleLease):  # the watcher's generation ended with the collect
+        acme.heartbeat(watched, lease_ms=1000, now_ms=NOW + 31)
+    acme.store_output(collector, 0, {"sha256": "a" * 64}, now_ms=NOW + 40)
+    acme.finish(collector, "completed", now_ms=NOW + 50)  # taken off the list by the collect already
+    assert acme.watched() == {} and acme.redis.hget(fleet, "busy:sim") == "0"
+
+    admit(acme, key="k2", job_id="acme.00000000000000000002")
+    worker = claim(acme, job_id="acme.00000000000000000002")
+    acme.mark_submit(worker, epoch="e", lease_ms=1000, now_ms=NOW + 60)
+    watched = acme.await_provider(worker, lease_ms=1000, now_ms=NOW + 70)
+    acme.store_output(watched, 0, {"sha256": "b" * 64}, now_ms=NOW + 80)
+    acme.finish(watched, "completed", now_ms=NOW + 90)  # by the watcher's own generation: the entry goes
+    assert acme.watched() == {} and acme.redis.hget(fleet, "busy:sim") == "0"
+
+
 @pytest.mark.parametrize("charged_before_crash", [False, True])
 def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Store, charged_before_crash) -> None:
     admit(acme, outputs=2, ceiling=60)
@@ -175,5 +210,7 @@ def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Stor
     assert acme.resolve_uncertain(rec.claim, executed=True) == held_units
     for index in (0, 1):
         acme.store_output(rec.claim, index, {"sha256": str(index) * 64}, now_ms=NOW + 2002)
+    assert acme.redis.zscore(TenantKeys("acme").reconcile, held.job_id) == NOW + 3001  # while its lease lives
     acme.finish(rec.claim, "completed", now_ms=NOW + 2003)
+    assert acme.redis.zcard(TenantKeys("acme").reconcile) == 0  # a finished reconciliation leaves the index
     assert acme.ledger("acme") == {"allowance": 100, "reserved": 0, "uncertain": 0, "settled": 20, "available": 80}

@@ -200,8 +200,15 @@ def test_marking_the_submission_renews_the_lease(store, admit) -> None:
     claim = store.claim(job_id, worker="w", lease_ms=1_000, operation_id="op", servers={"sim": 1000}, now_ms=10_000)
     store.mark_submit(claim, epoch="e", lease_ms=1_000, now_ms=10_900)
     assert store.job(job_id)["lease_expires"] == "11900"
-    assert store.redis.zscore(TenantKeys("acme").leases, job_id) == 11_900
-    assert store.begin_reconcile(job_id, reason="lease_expired", now_ms=11_500) is False  # still alive
+    leases, wake = TenantKeys("acme").leases, TenantKeys("acme").shard.wake
+    assert store.redis.zscore(leases, job_id) == 11_000  # the renewal is the record's: the index keeps the claim's
+    store.redis.zadd(wake, {"acme": 20_000})  # as a sweeper's hold leaves it
+    assert store.begin_reconcile(job_id, reason="lease_expired", now_ms=11_000) is False  # still alive
+    # the sweeper found the entry early: it moved to the record's expiry, and so did the tenant's wake entry
+    assert (store.redis.zscore(leases, job_id), store.redis.zscore(wake, "acme")) == (11_900, 11_900)
+    assert store.job(job_id)["state"] == "running"
+    assert store.begin_reconcile(job_id, reason="lease_expired", now_ms=11_899) is False
+    assert store.begin_reconcile(job_id, reason="lease_expired", now_ms=11_900) is True  # expired: seen at once
 
 
 class LateSubmit(ComfyUI):

@@ -87,6 +87,21 @@ def test_the_wake_entry_is_the_true_next_due_time(store, settings, admit, make_e
     assert sweeper(store, settings, ahead=46).sweep_once()["retries_promoted"] == 1
 
 
+def test_a_renewed_lease_is_taken_over_when_its_renewal_runs_out(store, settings, admit) -> None:
+    job_id = admit()
+    claim = store.claim(job_id, worker="w", lease_ms=10_000, operation_id="op", servers={"sim": 1000})
+    store.heartbeat(claim, lease_ms=30_000)  # the record's expiry moves; the index keeps the claim's
+    leases, expires = TenantKeys("acme").leases, int(store.job(job_id)["lease_expires"])
+    assert store.redis.zscore(leases, job_id) < expires
+    assert sweeper(store, settings, ahead=11).sweep_once().get("leases_expired", 0) == 0  # renewed: not taken
+    assert store.redis.zscore(leases, job_id) == expires  # the entry moved to the renewed expiry
+    assert store.redis.zscore(keys.ShardKeys(0).wake, "acme") <= expires
+    assert sweeper(store, settings, ahead=25).sweep_once().get("leases_expired", 0) == 0
+    assert store.job(job_id)["state"] == "running"
+    assert sweeper(store, settings, ahead=31).sweep_once()["leases_expired"] == 1
+    assert store.job(job_id)["state"] == "reconciling"
+
+
 def test_two_sweepers_at_once_take_different_tenants(store, settings) -> None:
     for n in range(10):
         create_tenant(store.redis, f"t{n}", 100)
