@@ -20,7 +20,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -33,9 +32,8 @@ from typing import Iterator
 import orjson
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-TICK = os.sysconf("SC_CLK_TCK")
+from ops.bench_drain import Phase
+from ops.benchlib import BIN, ROOT, free_port, group_cpu, redis_cpu, wait_for
 #: FCALL function (a script's verb) -> the step of a job's path it is.
 SCRIPT_STEPS = {
     "admit": "admission", "claim": "claim", "mark-submit": "submit mark", "await": "hand-over",
@@ -53,13 +51,11 @@ _ARG_RE = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
-class Figures:
-    jobs: int
-    seconds: float
-    commands: int
-    redis_s: float
-    cpu_s: float
-    bytes_per_job: float
+class Figures(Phase):
+    """A run's figures: ``Phase``'s (jobs, seconds, Redis and other CPU) and Redis's commands and bytes."""
+
+    commands: int = 0
+    bytes_per_job: float = 0.0
     steps: Counter = field(default_factory=Counter)
     calls: Counter = field(default_factory=Counter)
     #: The broker's commands by what sent them (``Monitor.broker``) and how many calls that was.
@@ -71,49 +67,11 @@ class Figures:
     def commands_per_job(self) -> float:
         return self.commands / self.jobs
 
-    @property
-    def rate(self) -> float:
-        return self.jobs / self.seconds
-
-    @property
-    def redis_us(self) -> float:
-        return self.redis_s / self.jobs * 1e6
-
-    @property
-    def machine_us(self) -> float:
-        return (self.redis_s + self.cpu_s) / self.jobs * 1e6
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
-def group_cpu(pgid: int) -> float:
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / TICK
 
-
-def wait_for(check, timeout: float = 30.0, what: str = "a process did not come up") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (OSError, redis.RedisError):
-            pass
-        time.sleep(0.02)
-    raise RuntimeError(what)
 
 
 def total_calls(client: redis.Redis) -> int:
@@ -121,9 +79,6 @@ def total_calls(client: redis.Redis) -> int:
     return sum(v["calls"] for name, v in stats.items() if name not in ("cmdstat_info", "cmdstat_monitor"))
 
 
-def redis_cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 class Deployed:
@@ -352,9 +307,10 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
         redis_s, cpu_s = redis_cpu(client) - redis0, stack.stack_cpu() - cpu0
         mem = client.info("memory")["used_memory"] - mem0
         if monitor is None:
-            return Figures(jobs, seconds, calls, redis_s, cpu_s, mem / jobs)
-        return Figures(jobs, seconds, calls, redis_s, cpu_s, mem / jobs, monitor.steps, monitor.calls,
-                       monitor.broker, monitor.broker_calls, monitor.trips)
+            return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem / jobs)
+        return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem / jobs, steps=monitor.steps,
+                       calls=monitor.calls, broker=monitor.broker, broker_calls=monitor.broker_calls,
+                       trips=monitor.trips)
     finally:
         stack.down()
 

@@ -1,6 +1,7 @@
-"""Review findings (readers): a reader that reads a job's record before its outputs, in one pipeline
-that is not a transaction, can see the job between the two: the record from before the step that ended
-it (no archive yet), the outputs hash from after it (packed and deleted).
+"""Readers of a job that is packed meanwhile: one that read a job's record before its outputs, in one
+pipeline that is not a transaction, could see the job between the two: the record from before the step
+that ended it (no archive yet), the outputs hash from after it (packed and deleted). Readers read the
+outputs first (the review of the change found it; these tests failed before).
 
 A pipeline (``transaction=False``) is one round trip, not one atomic step: Redis runs another client's
 commands between two of its commands whenever its bytes arrive in more than one read (a listing of
@@ -63,16 +64,22 @@ def acme(store: Store) -> Store:
     return store
 
 
-def test_a_listing_shows_the_outputs_of_a_job_that_completes_while_it_is_read(acme: Store) -> None:
-    """``GET /v1/jobs`` (pipeline/views.py ``jobs_with_outputs``) reads each job's view fields, then its
-    outputs hash. The job completes in between: the listing shows it `running` with no outputs at all,
-    though both of its outputs were stored before the listing began (and are in its archive after)."""
+def _running_with_two_outputs(acme: Store) -> tuple[str, Any]:
+    """A running job with both of its outputs stored and charged: the next step finishes it."""
     job_id = admit(acme, outputs=2).job_id
     held = claim(acme)
     for index in (0, 1):
         acme.store_output(held, index, {"sha256": str(index) * 64, "bytes": 1, "content_type": "image/png"},
                           now_ms=NOW + 1)
     acme.charge(held, 20)
+    return job_id, held
+
+
+def test_a_listing_shows_the_outputs_of_a_job_that_completes_while_it_is_read(acme: Store) -> None:
+    """``GET /v1/jobs`` (pipeline/views.py ``jobs_with_outputs``) reads each job's view fields, then its
+    outputs hash. The job completes in between: the listing shows it `running` with no outputs at all,
+    though both of its outputs were stored before the listing began (and are in its archive after)."""
+    job_id, held = _running_with_two_outputs(acme)
     assert [len(outputs) for _, outputs in views.jobs_with_outputs(acme.redis, [job_id])] == [2]
 
     finish = lambda: acme.finish(held, "completed", now_ms=NOW + 5)  # noqa: E731 (another client's step)
@@ -84,12 +91,7 @@ def test_a_listing_shows_the_outputs_of_a_job_that_completes_while_it_is_read(ac
 def test_the_store_s_jobs_with_outputs_sees_no_half_finished_job(acme: Store) -> None:
     """The same order in ``Reads.jobs_with_outputs`` (the CLI's ``reckon jobs`` and the router read it):
     the record's HGETALL, then the outputs hash."""
-    job_id = admit(acme, outputs=2).job_id
-    held = claim(acme)
-    for index in (0, 1):
-        acme.store_output(held, index, {"sha256": str(index) * 64, "bytes": 1, "content_type": "image/png"},
-                          now_ms=NOW + 1)
-    acme.charge(held, 20)
+    job_id, held = _running_with_two_outputs(acme)
 
     reader = Store(Split(acme.redis, 1, lambda: acme.finish(held, "completed", now_ms=NOW + 5)),
                    scripts=acme.scripts)

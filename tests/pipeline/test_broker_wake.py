@@ -2,14 +2,43 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import dramatiq
+import pytest
 import redis
 
 from pipeline.waking import WakingRedisBroker
-from tests.conftest import REDIS_PORT, wait_until
+from tests.conftest import REDIS_PORT, free_port, wait_until
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[int]:
+    """A redis-server of this test alone (its port), stopped by its PID: the tests that count the
+    server's commands or its subscribers must not see the suite's other brokers (the actors' broker
+    keeps its subscription for the whole session)."""
+    port = free_port()
+    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind",
+                             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+                             "--notify-keyspace-events", "Kl"], stdout=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _answers(port))
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _answers(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port).ping())
+    except redis.ConnectionError:
+        return False
 
 
 def message(n: int) -> dramatiq.Message:
@@ -85,8 +114,8 @@ def listening(broker: WakingRedisBroker, queue: str = "wake-test") -> bool:
     return broker.doorbell.mark(f"__keyspace@1__:waketest:{queue}".encode()).listening
 
 
-def test_a_consumer_that_emptied_its_queue_fetches_only_when_a_push_comes(redis_server: str) -> None:
-    client = redis.Redis(port=REDIS_PORT, db=1)
+def test_a_consumer_that_emptied_its_queue_fetches_only_when_a_push_comes(own_redis: int) -> None:
+    client = redis.Redis(port=own_redis, db=1)
     broker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
     broker.doorbell.ping_s = 60  # no ping within the test: every command is counted
     broker.declare_queue("wake-test")
@@ -119,8 +148,8 @@ def test_a_consumer_that_emptied_its_queue_fetches_only_when_a_push_comes(redis_
         client.close()
 
 
-def test_after_its_subscription_is_killed_a_consumer_polls_then_listens_again(redis_server: str) -> None:
-    client = redis.Redis(port=REDIS_PORT, db=1)
+def test_after_its_subscription_is_killed_a_consumer_polls_then_listens_again(own_redis: int) -> None:
+    client = redis.Redis(port=own_redis, db=1)
     broker = WakingRedisBroker(client=client, namespace="waketest")
     broker.declare_queue("wake-test")
     consumer = broker.consume("wake-test", prefetch=4, timeout=200)
@@ -178,8 +207,8 @@ def test_an_idle_consumer_redelivers_a_dead_workers_message_without_the_maintena
         client.close()
 
 
-def test_one_subscription_serves_every_queue_of_a_process_and_pings_when_silent(redis_server: str) -> None:
-    client = redis.Redis(port=REDIS_PORT, db=1)
+def test_one_subscription_serves_every_queue_of_a_process_and_pings_when_silent(own_redis: int) -> None:
+    client = redis.Redis(port=own_redis, db=1)
     broker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
     broker.doorbell.ping_s = 0.3
     for queue in ("wake-test", "wake-other"):
