@@ -76,15 +76,33 @@ class Doorbell:
         self.lost = False
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
+        #: Consumers open per channel: the subscription lives while any is open.
+        self.watchers: dict[bytes, int] = {}
+        #: Threads told to stop when their last consumer closed, joined by ``stop``.
+        self.retired: list[threading.Thread] = []
 
     def watch(self, channel: bytes) -> None:
         """Subscribe to ``channel`` too (within ``READ_S``); the thread starts with the first."""
         with self.lock:
             if channel not in self.pushes:
                 self.pushes[channel], self.bells[channel] = 0, threading.Condition(self.lock)
+            self.watchers[channel] = self.watchers.get(channel, 0) + 1
             if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="doorbell", daemon=True)
+                self.stopping = threading.Event()  # the thread's own: a stopped one never sees its successor's
+                self.thread = threading.Thread(target=self._run, args=(self.stopping,), name="doorbell",
+                                               daemon=True)
                 self.thread.start()
+
+    def unwatch(self, channel: bytes) -> None:
+        """A consumer of ``channel`` closed; with the last consumer gone the subscription ends (a worker
+        that stopped listens no more), and the next ``watch`` starts it again."""
+        with self.lock:
+            self.watchers[channel] = max(0, self.watchers.get(channel, 0) - 1)
+            if any(self.watchers.values()) or self.thread is None:
+                return
+            self.stopping.set()
+            self.retired.append(self.thread)
+            self.thread = None
 
     def mark(self, channel: bytes) -> Mark:
         with self.lock:
@@ -107,30 +125,33 @@ class Doorbell:
             self.lost = True
 
     def stop(self) -> None:
-        self.stopping.set()
-        if self.thread is not None:
-            self.thread.join(timeout=READ_S * 8)
+        with self.lock:
+            threads = [t for t in (self.thread, *self.retired) if t is not None]
+            self.thread, self.retired = None, []
+            self.stopping.set()
+        for thread in threads:
+            thread.join(timeout=READ_S * 8)
 
-    def _run(self) -> None:
-        while not self.stopping.is_set():
+    def _run(self, stopping: threading.Event) -> None:
+        while not stopping.is_set():
             try:
-                self._listen()
+                self._listen(stopping)
             except (redis.RedisError, OSError) as error:
                 log.debug("keyspace events unavailable (%s): consumers poll until subscribed again", error)
             with self.lock:
                 self.listening.clear()
                 for bell in self.bells.values():
                     bell.notify_all()
-            self.stopping.wait(RESUBSCRIBE_S)
+            stopping.wait(RESUBSCRIBE_S)
 
-    def _listen(self) -> None:
+    def _listen(self, stopping: threading.Event) -> None:
         events = self.client.pubsub()
         subscribed: set[bytes] = set()
         heard, pinged = time.monotonic(), False
         with self.lock:
             self.lost = False
         try:
-            while not self.stopping.is_set():
+            while not stopping.is_set():
                 with self.lock:
                     if self.lost:
                         raise redis.ConnectionError("a consumer lost the broker")
@@ -244,6 +265,13 @@ class WakingConsumer(_RedisConsumer):
         #: The doorbell's mark before the last fetch, if that fetch found the queue empty (None: fetch).
         self.emptied: Mark | None = None
         self.fetched_at = self.maintained_at = time.monotonic()
+
+    def close(self) -> None:
+        """The worker stops this consumer: its queue's subscription goes with the process's last one."""
+        if self.doorbell is not None:
+            self.doorbell.unwatch(self.channel)
+            self.doorbell = None
+        super().close()
 
     def __next__(self) -> Any:
         """A message, or None at least every worker timeout (the worker checks whether to stop)."""

@@ -231,3 +231,30 @@ def test_one_subscription_serves_every_queue_of_a_process_and_pings_when_silent(
         broker.flush_all()
         broker.close()
         client.close()
+
+
+def test_the_subscription_ends_with_the_last_consumer_and_starts_again_with_the_next(own_redis: int) -> None:
+    """A worker that stopped (its consumers closed) keeps no subscription: nothing of it pings Redis
+    any more. A consumer opened later subscribes again and wakes on a push."""
+    client = redis.Redis(port=own_redis, db=1)
+    broker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
+    broker.declare_queue("wake-test")
+    first, second = broker.consume("wake-test", prefetch=4, timeout=200), broker.consume("wake-test", 4, 200)
+    try:
+        wait_until(lambda: listening(broker))
+        first.close()
+        assert len(client.client_list(_type="pubsub")) == 1  # the other consumer still listens
+        second.close()
+        wait_until(lambda: client.client_list(_type="pubsub") == [], timeout=5)
+        again = broker.consume("wake-test", prefetch=4, timeout=200)
+        wait_until(lambda: listening(broker) and len(client.client_list(_type="pubsub")) == 1)
+        assert next(again) is None  # the fetch that finds the queue empty, now that it listens
+        broker.enqueue(message(9))
+        started = time.monotonic()
+        assert first_message(again, limit_s=5).args == ("job-9",)
+        assert time.monotonic() - started < 5  # woken by the push, not the 15 s recheck
+        again.close()
+    finally:
+        broker.flush_all()
+        broker.close()
+        client.close()
