@@ -29,5 +29,5 @@ def test_a_job_as_deployed_stays_within_its_redis_budget(tmp_path: Path) -> None
         assert figures.calls[step] == JOBS, (step, figures.calls[step])
     assert figures.calls["outputs"] == 2 * JOBS
     # a prompt's end may be seen twice (its websocket message, then /history): the second collect finds
-    # the job taken and writes nothing
-    assert JOBS <= figures.calls["collect"] <= JOBS + 3
+    # the job taken and writes nothing (2 commands, within the step's figure); every job is collected
+    assert figures.calls["collect"] >= JOBS
