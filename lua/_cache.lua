@@ -100,11 +100,27 @@ local function hgetall(key)
   return r.f
 end
 
+-- How many fields a record (not a partial one) has.
+local function hlen(key)
+  local n = 0
+  for _ in pairs(hgetall(key)) do n = n + 1 end
+  return n
+end
+
 -- Adds `amount` to a field: in the copy if the call has read it, else at once (HINCRBY, no read).
 local function add(key, field, amount)
   local r = RECORDS[key]
   if r and (r.all or r.known[field]) then return hincrby(key, field, amount) end
   return redis.call('HINCRBY', key, field, amount)
+end
+
+-- The record is written anew when the call ends (the caller DELs its key): every field it keeps, in
+-- one HSET, less `dropped` (a list of field names).
+local function rewrite(key, dropped)
+  local r = record_of(key)
+  known(r, key, '')
+  for _, field in ipairs(dropped) do r.f[field] = nil end
+  r.rewrite = true
 end
 
 -- The record is gone (DEL): nothing of it is written back.
@@ -182,9 +198,11 @@ local function save(key, r, b)
     end
   end
   if r then
-    for name in pairs(r.dirty) do
-      args[#args + 1] = name
-      args[#args + 1] = r.f[name]
+    for name in pairs(r.rewrite and r.f or r.dirty) do
+      if not (b and (b.by[name] or b.toward[name])) then
+        args[#args + 1] = name
+        args[#args + 1] = r.f[name]
+      end
     end
   end
   if #args > 0 then redis.call('HSET', key, unpack(args)) end

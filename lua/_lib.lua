@@ -21,11 +21,26 @@ local function wake(wakeset, job, at)
   redis.call('ZADD', wakeset, 'LT', at, hget(job, 'tenant'))
 end
 
+-- Event list -> the events this call appends to it, in order: pushed in one RPUSH when the call
+-- ends (`push_events`), or packed with the job's earlier ones if the call packs the job.
+local EVENTS = {}
+
 -- Appends one state-change event to the job's event list (seq counts from 1).
 local function append_event(job, events, now, from, to, reason)
   local seq = hincrby(job, 'event_seq', 1)
-  redis.call('RPUSH', events, cjson.encode({
-    seq = seq, at = tonumber(now), from = (from ~= '' and from) or cjson.null, to = to, reason = reason}))
+  local pending = EVENTS[events]
+  if not pending then
+    pending = {}
+    EVENTS[events] = pending
+  end
+  pending[#pending + 1] = cjson.encode({
+    seq = seq, at = tonumber(now), from = (from ~= '' and from) or cjson.null, to = to, reason = reason})
+end
+
+-- Pushes the events of this call (run by the library after `pack_finished`).
+local function push_events()
+  for events, pending in pairs(EVENTS) do redis.call('RPUSH', events, unpack(pending)) end
+  EVENTS = {}
 end
 
 -- Figures over all tenants of the shard (a script's keys are all in one shard, `{s<n>}`), kept in
@@ -217,25 +232,30 @@ end
 -- A finished job becomes one key, its record: its attempts, state events and outputs are packed into
 -- the record's field `archive`, JSON {"a": [attempt...], "e": [event...], "o": {"<index>": output}},
 -- each item the very JSON it was stored as (so a reader decodes what it decoded before), and their
--- keys go, with the workflow, the progress points and the fields of LIVE_FIELDS.
+-- keys go, with the workflow, the progress points and the fields of LIVE_FIELDS. The events this call
+-- appended are packed with the stored ones, never pushed; the record is written anew (DEL, then
+-- one HSET of every field it keeps: `rewrite` in _cache.lua), so dropping LIVE_FIELDS costs no HDEL.
 local function pack_finished()
   for job, pack in pairs(PACKS) do
     local p = pack.parts
     local stored, a = hgetall(p.attempts), {}
     while stored[tostring(#a + 1)] do a[#a + 1] = stored[tostring(#a + 1)] end
     forget(p.attempts)
-    local flat, indexes, o, by = redis.call('HGETALL', p.outputs), {}, {}, {}
-    for i = 1, #flat, 2 do
-      indexes[#indexes + 1] = tonumber(flat[i])
-      by[tonumber(flat[i])] = flat[i + 1]
+    local indexes, o, by = {}, {}, {}
+    for index, output in pairs(hgetall(p.outputs)) do
+      indexes[#indexes + 1] = tonumber(index)
+      by[tonumber(index)] = output
     end
+    forget(p.outputs)
     table.sort(indexes)
     for _, index in ipairs(indexes) do o[#o + 1] = '"' .. index .. '":' .. by[index] end
     local e = redis.call('LRANGE', p.events, 0, -1)
+    for _, event in ipairs(EVENTS[p.events] or {}) do e[#e + 1] = event end
+    EVENTS[p.events] = nil
     hset(job, 'archive', '{"a":[' .. table.concat(a, ',') .. '],"e":[' .. table.concat(e, ',') .. '],"o":{'
       .. table.concat(o, ',') .. '}}')
-    hdel(job, unpack(LIVE_FIELDS))
-    redis.call('DEL', p.attempts, p.events, p.outputs, p.progress, p.seen, pack.workflow)
+    rewrite(job, LIVE_FIELDS)
+    redis.call('DEL', job, p.attempts, p.events, p.outputs, p.progress, p.seen, pack.workflow)
   end
   PACKS = {}
 end

@@ -2,10 +2,11 @@
 --
 -- Guarantees: the job leaves the outbox, and its idempotency record (if it
 -- still names this job and is pending) becomes `done`, so retries of the
--- request replay the first response instead of answering 409. A job still
--- queued counts as just sent, so the sweeper does not redeliver it before a
--- full window has passed without a claim (the tenant's
--- wake entry, set at admission, is earlier still).
+-- request replay the first response instead of answering 409. A job the sweeper
+-- published from the outbox (ARGV[3] = '1') and still queued counts as just sent, so
+-- the sweeper does not redeliver it before a full window has passed without a claim
+-- (the tenant's wake entry, set at admission, is earlier still); the API's publish
+-- right after admission leaves the time admission gave it.
 --
 -- KEYS[1] tenant's outbox (zset)
 -- KEYS[2] the job's idempotency record (hash; may have expired)
@@ -13,12 +14,13 @@
 --
 -- ARGV[1] job id
 -- ARGV[2] now (ms; '' = Redis's clock)
+-- ARGV[3] '1' when the sweeper sent the message from the outbox, else ''
 --
 -- Returns {0 OK, 1 if this call took the job out of the outbox, else 0}: of two sweepers
 -- republishing the same entry, only the one that took it publishes.
 
 local taken = redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[3], 'XX', clock(ARGV[2]), ARGV[1])
+if ARGV[3] == '1' then redis.call('ZADD', KEYS[3], 'XX', clock(ARGV[2]), ARGV[1]) end
 local seen = redis.call('HMGET', KEYS[2], 'job_id', 'state')
 if seen[1] == ARGV[1] and seen[2] == 'pending' then
   redis.call('HSET', KEYS[2], 'state', 'done')

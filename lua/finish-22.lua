@@ -46,7 +46,7 @@ end
 local job, now, outcome = KEYS[1], clock(ARGV[2]), ARGV[3]
 if not holds_lease(job, ARGV[1]) then return {9} end
 if outcome == 'completed' then
-  local stored = redis.call('HLEN', KEYS[6])
+  local stored = hlen(KEYS[6])
   local requested = tonumber(hget(job, 'outputs_requested'))
   if stored < requested then return {10, stored, requested} end
   -- cancelled while the provider worked: the outputs are kept, the job ends cancelled

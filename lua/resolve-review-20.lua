@@ -28,7 +28,7 @@ local f = hmget(job, 'state', 'id', 'outputs_requested')
 if f[1] ~= 'needs_review' then return {8, f[1] or ''} end
 local job_id = f[2]
 if decision == 'completed' then
-  local stored = redis.call('HLEN', KEYS[9])
+  local stored = hlen(KEYS[9])
   if stored < tonumber(f[3]) then return {10, stored, tonumber(f[3])} end
 end
 redis.call('ZREM', KEYS[3], job_id)

@@ -7,10 +7,10 @@ raises the figure here in the same commit, and says why in its message.
 """
 
 #: Redis commands per job (``INFO commandstats`` delta over both databases, ``info`` and the measuring
-#: tool's own left out), at most. Measured 144 to 150 (100 jobs, no job parked, under MONITOR); the rest
+#: tool's own left out), at most. Measured 137 (100 jobs, no job parked, under MONITOR); the rest
 #: is headroom for the time-driven shares (broker rechecks, watcher ticks, sweeper passes: about 3
 #: commands a second in all) on a slower machine. The issue's target is 90.
-COMMANDS_PER_JOB = 170
+COMMANDS_PER_JOB = 155
 
 #: Commands per job of each step of a job's own path, at most (ops/deployed.py ``STEPS``). These
 #: are the scripts' own counts and the same for every job of a run; the rest of the total is the
@@ -22,8 +22,8 @@ STEPS = {  # what the scripts of each step cost (FCALL included), per job
     "hand-over": 5,
     "progress": 14,  # 7 a point; the watcher writes the first at once, then at most one a second
     "collect": 6,  # 5, and 2 for each duplicate collect message (a prompt's end seen twice)
-    "outputs": 10,
+    "outputs": 6,  # one call records all of a job's outputs (HGETALL of the record and of the outputs, TIME, two HSETs)
     "charge": 3,
-    "finish": 23,
-    "confirm-publish": 6,
+    "finish": 20,
+    "confirm-publish": 4,
 }

@@ -248,16 +248,33 @@ class Executor:
             self.sleep(self.settings.poll_interval_seconds)
 
     def _store_outputs(self, claim: Claim, provider: Provider, refs: list[OutputRef], heartbeat: Held) -> None:
-        """Copy each output into the blob store and record it on the job at once: a stored blob is
-        never left unrecorded by a worker that dies before the job finishes."""
-        for ref in refs:
+        """Copy each output into the blob store, then record them on the job in one step. An output
+        copied before a later one fails is recorded before the error goes on (a stored blob is never
+        left unrecorded by a worker that lives to see the failure); a worker that dies meanwhile
+        leaves them to the reconciler, which reads the same outputs from the provider again."""
+        copied: dict[int, dict[str, Any]] = {}
+        try:
+            for ref in refs:
+                heartbeat.check()
+                data, content_type = describe(provider.fetch(ref), ref.filename)  # never the embedded workflow
+                copied[ref.index] = {"sha256": self.blobs.put(data), "bytes": len(data), "content_type": content_type}
+                heartbeat.progress()
+        except Exception:
+            if copied:
+                self._record_outputs(claim, copied, heartbeat)
+            raise
+        if copied:
+            heartbeat.check()  # given up by the keeper while it fetched: the reconciler records them
+            self.store.store_outputs(claim, copied)
+
+    def _record_outputs(self, claim: Claim, copied: dict[int, dict[str, Any]], heartbeat: Held) -> None:
+        """Record the outputs copied before a failure; an error here is logged, the failure goes on."""
+        try:
             heartbeat.check()
-            data, content_type = describe(provider.fetch(ref), ref.filename)  # never the embedded workflow
-            digest = self.blobs.put(data)
-            record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": content_type}
-            heartbeat.check()  # given up by the keeper while it fetched: the reconciler records it
-            self.store.store_output(claim, ref.index, record)
-            heartbeat.progress()
+            self.store.store_outputs(claim, copied)
+        except Exception:
+            log.warning("outputs %s of %s copied but not recorded; the reconciler records them", sorted(copied),
+                        claim.job_id, exc_info=True)
 
     # -- reconciliation ---------------------------------------------------------------
 

@@ -42,9 +42,10 @@ local KEYS, ARGV = {{}}, {{}}
 {prelude}
 local function run(body)
   return function(keys, args)
-    KEYS, ARGV, MOVES, HELD, G, RECORDS, BUMPS, PACKS = keys, args, {{}}, {{}}, nil, {{}}, {{}}, {{}}
+    KEYS, ARGV, MOVES, HELD, G, RECORDS, BUMPS, PACKS, EVENTS = keys, args, {{}}, {{}}, nil, {{}}, {{}}, {{}}, {{}}
     local reply = body()
     pack_finished()
+    push_events()
     save_records()
     if type(reply) == 'table' and reply.err then return reply end
     return {{MOVES, reply}}

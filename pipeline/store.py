@@ -237,11 +237,13 @@ class Store(Reads):
             return Admission(code, reply[1], created_ms=int(reply[2]))
         return Admission(code, reply[1])
 
-    def confirm_published(self, job_id: str, idem_key: str, *, now_ms: int | None = None) -> bool:
+    def confirm_published(self, job_id: str, idem_key: str, *, late: bool = False, now_ms: int | None = None) -> bool:
         """The job's message is (or is about to be) in the broker; True if this call took the job
-        out of the outbox (False: someone else did)."""
+        out of the outbox (False: someone else did). ``late``: sent by the sweeper from the outbox,
+        so a job still queued counts as sent now."""
         t = JobKeys(job_id).tenant
-        reply = self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key), t.queued], [job_id, _at(now_ms)])
+        reply = self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key), t.queued],
+                             [job_id, _at(now_ms), "1" if late else ""])
         return bool(reply[1])
 
     def claim(
@@ -318,12 +320,16 @@ class Store(Reads):
         self._check(reply, j)
 
     def store_output(self, claim: Claim, index: int, record: dict[str, Any], *, now_ms: int | None = None) -> bool:
+        return self.store_outputs(claim, {index: record}, now_ms=now_ms) == 1
+
+    def store_outputs(self, claim: Claim, records: dict[int, dict[str, Any]], *, now_ms: int | None = None) -> int:
+        """Record outputs copied into the blob store (index -> sha256, bytes, content_type), in one
+        step; an index already recorded keeps its first record. Returns how many were recorded now."""
         j = JobKeys(claim.job_id)
-        reply = self._fenced(
-            "store-output", j, [j.record, j.outputs], [claim.generation, _at(now_ms), index, orjson.dumps(record)],
-            durable=True,
-        )
-        return bool(reply[1])
+        pairs = [part for index in sorted(records) for part in (index, orjson.dumps(records[index]))]
+        reply = self._fenced("store-output", j, [j.record, j.outputs], [claim.generation, _at(now_ms), *pairs],
+                             durable=True)
+        return int(reply[1])
 
     def charge(self, claim: Claim, units: int) -> int:
         """Book what the provider charged for this attempt (once per attempt), in full; whatever

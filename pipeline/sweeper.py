@@ -144,7 +144,7 @@ class Sweeper:
         first, so of two sweepers on one tenant (a visit longer than the hold) one publishes; one
         that dies between the take and the publish leaves a queued job the redelivery sends."""
         record = self.store.job(job_id) or {}
-        taken = self.store.confirm_published(job_id, record.get("idem_key", ""), now_ms=now)
+        taken = self.store.confirm_published(job_id, record.get("idem_key", ""), late=True, now_ms=now)
         sent = taken and record.get("state") == "queued"
         if sent:
             self.publish(job_id, record["priority"])

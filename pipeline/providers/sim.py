@@ -19,6 +19,8 @@ Faults are injected per run, for the next N prompts, with ``POST /sim/faults``
 - ``read_error`` (``path``, ``status``): a read (GET) whose path starts with ``path`` (``/history``,
   ``/queue``, ``/view``, ``/system_stats``) answers ``status`` (default 500; 0 closes the connection
   unanswered); nothing changes at the provider
+
+Any fault with ``after`` lets that many matching requests pass before it takes effect.
 - ``trickle`` (``path``, ``seconds``, ``close``): a read whose path starts with ``path`` sends its body
   one byte every ``seconds`` (default 2), each inside any read timeout; with ``close``, its answer
   says ``Connection: close``
@@ -134,6 +136,9 @@ class SimComfy:
         with self.cond:
             for fault in self.faults:
                 if fault["kind"] in kinds and fault.get("times", 1) > 0 and path.startswith(fault.get("path", "")):
+                    if fault.get("after", 0) > 0:  # lets this many matching uses pass first
+                        fault["after"] -= 1
+                        continue
                     fault["times"] = fault.get("times", 1) - 1
                     return dict(fault)
         return None

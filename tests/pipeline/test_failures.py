@@ -301,6 +301,24 @@ def test_a_partial_failure_found_by_reconciliation_is_charged_for_what_it_made(
     assert balanced(store) == {"allowance": 10_000, "reserved": 90, "uncertain": 0, "settled": 0, "available": 9_910}
 
 
+def test_outputs_copied_before_a_failed_copy_are_recorded_and_the_rest_reconciled(
+        store, admit, make_executor, make_router, sim) -> None:
+    """An attempt records its outputs in one step after copying them all; one that fails partway
+    records the outputs it copied before the failure goes on."""
+    job_id = admit(outputs=3)
+    inject(sim, {"kind": "read_error", "path": "/view", "after": 1})  # the second output's read fails
+    executor, router = make_executor(sim), make_router(retry_base_seconds=0.0)
+    assert attempt(executor, router, job_id) == "reconcile"
+    assert sorted(store.outputs(job_id)) == [0]
+    first = store.outputs(job_id)[0]
+    assert reconcile(executor, router, job_id) == "reconciled"
+    assert store.job(job_id)["state"] == "completed"
+    assert sorted(store.outputs(job_id)) == [0, 1, 2] and store.outputs(job_id)[0] == first
+    assert units(sim) == [30]
+    assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 30,
+                               "available": 9_970}
+
+
 def test_unknowable_outcome_within_the_duplicate_allowance_is_retried_and_paid(
         store, settings, admit, make_executor, make_router) -> None:
     server = simulated.start(delay=0.1)
