@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import dramatiq
@@ -187,12 +188,18 @@ class Doorbell:
             self.bells[channel].notify_all()
 
 
+#: reckon's dispatch script for Dramatiq's Redis broker: the same calls, fewer commands (its header).
+DISPATCH = (Path(__file__).resolve().parent.parent / "lua" / "broker.lua").read_bytes()
+
+
 class WakingRedisBroker(RedisBroker):
-    """Dramatiq's Redis broker with one ``Doorbell`` per process for its consumers, and no delay
-    queues (reckon delays nothing in the broker: a retry waits in the state's due set)."""
+    """Dramatiq's Redis broker with one ``Doorbell`` per process for its consumers, reckon's own
+    dispatch script (lua/broker.lua: enqueue 3 commands, fetch 5, ack 3), and no delay queues
+    (reckon delays nothing in the broker: a retry waits in the state's due set)."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
+        self.scripts["dispatch"] = self.client.register_script(DISPATCH)
         self.doorbell = Doorbell(self.client)
         #: Whether Redis publishes the list events (checked at the first consume; None: not yet).
         self.events: bool | None = None

@@ -138,10 +138,10 @@ def test_a_consumer_that_emptied_its_queue_fetches_only_when_a_push_comes(own_re
         consumer.ack(got)
         assert next(consumer) is None
         assert fetches(client) == before + 3  # the ack; no fetch after the message
-        # the message's whole cost: enqueue 4 (EVALSHA, heartbeat, HSET, RPUSH), fetch 6 (EVALSHA,
-        # heartbeat, LPOP, SADD, the LPOP that finds the list empty, HMGET), ack 4 (EVALSHA, heartbeat,
-        # SREM, HDEL), and nothing else: no subscription, no length check, no empty fetch
-        assert commands(client) == total + 14
+        # the message's whole cost (lua/broker.lua): enqueue 3 (EVALSHA, HSET, RPUSH), fetch 5 (EVALSHA,
+        # heartbeat, one LPOP of up to 4, SADD, HMGET), ack 3 (EVALSHA, SREM, HDEL), and nothing else:
+        # no subscription, no length check, no empty fetch
+        assert commands(client) == total + 11
     finally:
         broker.flush_all()
         broker.close()
@@ -254,6 +254,38 @@ def test_the_subscription_ends_with_the_last_consumer_and_starts_again_with_the_
         assert first_message(again, limit_s=5).args == ("job-9",)
         assert time.monotonic() - started < 5  # woken by the push, not the 15 s recheck
         again.close()
+    finally:
+        broker.flush_all()
+        broker.close()
+        client.close()
+
+
+def test_reckons_dispatch_script_keeps_dramatiqs_calls(own_redis: int) -> None:
+    """lua/broker.lua answers Dramatiq's calls as its own script does: a fetch takes up to its count in
+    order and holds them for the worker, an ack drops one, a nack dead-letters one, a requeue puts one
+    back, qsize counts what waits and what is held; only a fetch writes the heartbeat."""
+    client = redis.Redis(port=own_redis, db=1)
+    broker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
+    broker.declare_queue("wake-test")
+    ids = [broker.enqueue(message(n)).options["redis_message_id"] for n in range(5)]
+    try:
+        assert client.zcard("waketest:__heartbeats__") == 0  # enqueues write none
+        held = [dramatiq.Message.decode(raw).args for raw in broker.do_fetch("wake-test", 3)]
+        assert held == [("job-0",), ("job-1",), ("job-2",)]
+        acks = f"waketest:__acks__.{broker.broker_id}.wake-test"
+        assert client.lrange("waketest:wake-test", 0, -1) == [i.encode() for i in ids[3:]]
+        assert client.smembers(acks) == {i.encode() for i in ids[:3]}
+        assert client.zscore("waketest:__heartbeats__", broker.broker_id) is not None
+        broker.do_ack("wake-test", ids[0])
+        broker.do_nack("wake-test", ids[1])
+        broker.do_requeue("wake-test", ids[2])
+        assert client.smembers(acks) == set()
+        assert client.zrange("waketest:wake-test.XQ", 0, -1) == [ids[1].encode()]
+        assert client.hkeys("waketest:wake-test.XQ.msgs") == [ids[1].encode()]
+        assert sorted(client.hkeys("waketest:wake-test.msgs")) == sorted(i.encode() for i in ids[2:])
+        assert client.lrange("waketest:wake-test", 0, -1) == [i.encode() for i in (ids[3], ids[4], ids[2])]
+        assert broker.do_qsize("wake-test") == 3
+        assert broker.do_fetch("wake-test", 8) and broker.do_fetch("wake-test", 8) == []  # all 3, then none
     finally:
         broker.flush_all()
         broker.close()
