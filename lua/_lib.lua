@@ -191,6 +191,25 @@ local function shift(job, ledger, from, to, amount)
   return amount
 end
 
+-- Books what the provider charged for the job's current attempt (`units`), once per attempt (a
+-- second call books 0): whatever the attempt held as uncertain goes back to reserved first (the
+-- provider's own report replaces the guess), then `units` move from reserved to charged. More than
+-- the job holds is booked too (the money was spent): recorded on the job (`overrun`) and counted
+-- (`charge_overruns_total`). Returns the units booked and those beyond what the job held.
+local function charge_attempt(job, ledger, units)
+  if hget(job, 'attempt_charged') == '1' then return 0, 0 end
+  hset(job, 'attempt_charged', 1)
+  shift(job, ledger, 'uncertain', 'reserved', hget(job, 'uncertain') or '0')
+  local over = units - shift(job, ledger, 'reserved', 'charged', units)
+  if over > 0 then
+    hincrby(job, 'charged', over)
+    hincrby(job, 'overrun', over)
+    ledger_add(ledger, 'reserved', over)
+    redis.call('HINCRBY', G.stats, 'charge_overruns_total', 1)
+  end
+  return units, over
+end
+
 -- Whether a provider execution happened for the job: `occurred` (something was
 -- charged), `possible` (submitted, or cost held uncertain) or `none`.
 local function external_effect(job)

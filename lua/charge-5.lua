@@ -26,15 +26,5 @@
 
 use_globals(3)
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
-if hget(KEYS[1], 'attempt_charged') == '1' then return {0, 0, 0} end
-hset(KEYS[1], 'attempt_charged', 1)
-shift(KEYS[1], KEYS[2], 'uncertain', 'reserved', hget(KEYS[1], 'uncertain') or '0')
-local units = tonumber(ARGV[2])
-local over = units - shift(KEYS[1], KEYS[2], 'reserved', 'charged', units)
-if over > 0 then
-  hincrby(KEYS[1], 'charged', over)
-  hincrby(KEYS[1], 'overrun', over)
-  ledger_add(KEYS[2], 'reserved', over)
-  redis.call('HINCRBY', G.stats, 'charge_overruns_total', 1)
-end
+local units, over = charge_attempt(KEYS[1], KEYS[2], tonumber(ARGV[2]))
 return {0, units, over}

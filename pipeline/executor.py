@@ -62,6 +62,13 @@ UNCONFIRMED_RETRY_MS = 1_000
 HOST = socket.gethostname()
 
 
+def _given(seen: OperationStatus | ProviderError) -> OperationStatus:
+    """A status read earlier, or the error that read raised, raised again now."""
+    if isinstance(seen, ProviderError):
+        raise seen
+    return seen
+
+
 def worker_name() -> str:
     return f"{HOST}/{os.getpid()}/{threading.get_ident()}"
 
@@ -143,8 +150,18 @@ class Executor:
 
     def collect(self, job_id: str, worker: str | None = None) -> bool:
         """Store the outputs of a prompt that ended at its server and finish the job (the
-        watcher saw it end); False if the job is not waiting at a server (a duplicate message)."""
-        taken = self.store.collect_claim(job_id, worker=worker or worker_name(), lease_ms=self.lease_ms)
+        watcher saw it end); False if the job is not waiting at a server (a duplicate message).
+
+        The prompt is read at its server before the claim (the watch list names server and
+        operation), so a claim of an ended prompt books its cost in the same step; what that read
+        found (or how it failed) is then what the collect goes on with, as a read under the claim
+        would have."""
+        seen = self._read_watched(job_id)
+        charge = None
+        if seen and isinstance(seen[1], OperationStatus) and seen[1].state not in ("pending", "running", "unknown"):
+            charge = (seen[0], self._units(self.fleet[seen[2]], seen[1]))
+        taken = self.store.collect_claim(job_id, worker=worker or worker_name(), lease_ms=self.lease_ms,
+                                         charge=charge)
         if taken is None:
             return False
         claim = taken.claim
@@ -154,7 +171,10 @@ class Executor:
         provider = self.fleet[claim.server]
         with self.keeper.hold(claim, deadline_ms=taken.deadline_ms) as heartbeat:
             try:
-                status = self._submitted(lambda: provider.status(claim.operation_id))
+                if seen and seen[0] == claim.operation_id:
+                    status = self._submitted(lambda: _given(seen[1]))
+                else:
+                    status = self._submitted(lambda: provider.status(claim.operation_id))
                 if status.state in ("pending", "running") and taken.cancel_requested:
                     after = self._cancel_at_provider(claim, provider, status, taken.epoch)
                     if after is None:  # taken off the server's queue before it ran: ended here
@@ -165,12 +185,29 @@ class Executor:
                         raise UnknownOutcome("deadline_passed_while_running")
                     self.store.await_provider(claim, lease_ms=self.lease_ms)  # not ended yet: back to the watcher
                     return True
-                self._complete(claim, provider, status, heartbeat)
+                self._complete(claim, provider, status, heartbeat, charged=taken.charged)
             except LOST as exc:  # a paid output gone: reconciliation asks again, then an operator
                 raise AttemptFailed(claim, UnknownOutcome(exc.reason)) from exc
             except ProviderError as exc:
                 raise AttemptFailed(claim, exc) from exc
         return True
+
+    def _read_watched(self, job_id: str) -> tuple[str, OperationStatus | ProviderError, str] | None:
+        """The watched prompt's operation id, its status at its server (or the error reading it
+        raised) and the server's name; None if the job is not watched or its server not configured."""
+        watched = self.store.watch_entry(job_id)
+        if watched is None or watched["server"] not in self.fleet:
+            return None
+        try:
+            status: OperationStatus | ProviderError = self.fleet[watched["server"]].status(watched["op"])
+        except ProviderError as exc:
+            status = exc
+        return watched["op"], status, watched["server"]
+
+    @staticmethod
+    def _units(provider: Provider, status: OperationStatus) -> int:
+        """What an ended prompt cost: a whole run, up to what was reserved, at its server's price."""
+        return max(len(status.outputs), status.produced or 0) * provider.price_per_output
 
     def _cancel_at_provider(self, claim: Claim, provider: Provider, before: OperationStatus,
                             epoch: str) -> OperationStatus | None:
@@ -205,13 +242,14 @@ class Executor:
         except ProviderError as exc:
             raise UnknownOutcome(f"read_failed_{exc.reason}") from exc
 
-    def _complete(self, claim: Claim, provider: Provider, status: OperationStatus, heartbeat: Held) -> None:
+    def _complete(self, claim: Claim, provider: Provider, status: OperationStatus, heartbeat: Held, *,
+                  charged: bool = False) -> None:
         """Book, store and finish what an ended prompt produced: its cost first (the evidence that it
-        ran outlives this worker), then each output as it is copied."""
+        ran outlives this worker; ``charged``: the claim booked it already), then its outputs."""
         if status.state == "unknown":
             raise UnknownOutcome("operation_not_found")
-        made = max(len(status.outputs), status.produced or 0)  # a whole run, up to what was reserved
-        self.store.charge(claim, made * provider.price_per_output)
+        if not charged:
+            self.store.charge(claim, self._units(provider, status))
         self._submitted(lambda: self._store_outputs(claim, provider, status.outputs, heartbeat))
         faultpoints.reached("after_outputs")
         if status.state == "interrupted":  # stopped at the server (an operator): honoured as a cancel

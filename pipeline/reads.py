@@ -109,6 +109,11 @@ class Reads:
         raw = self.fleet_hash()
         return {field[2:]: orjson.loads(value) for field, value in raw.items() if field.startswith("w:")}
 
+    def watch_entry(self, job_id: str) -> dict[str, Any] | None:
+        """The job's entry in the watch list ({server, gen, op, attempt}), or None if it is not watched."""
+        raw = self.redis.hget(JobKeys(job_id).shard.fleet, f"w:{job_id}")
+        return orjson.loads(raw) if raw else None
+
     def fleet(self, caps: dict[str, int]) -> dict[str, dict[str, Any]]:
         """Each server's slots in use, cap, stops (reason -> since, ms) and watched prompts."""
         return fleet_view(self.fleet_hash(), caps)

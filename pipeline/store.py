@@ -145,6 +145,14 @@ class Collect:
     deadline_ms: int
     #: The provider epoch seen just before submission ('' when the provider shows none).
     epoch: str
+    #: Whether the claim booked the prompt's cost (``collect_claim``'s ``charge``), so no charge step follows.
+    charged: bool = False
+
+
+def _overrun(claim: Claim, units: int, over: int) -> None:
+    """A charge beyond what the job held: booked in full all the same (the money was spent), logged."""
+    log.error("charge overrun: job %s attempt %d on server %s charged %d units, %d more than it held",
+              claim.job_id, claim.attempt, claim.server, units, over)
 
 
 def _at(now_ms: int | None) -> int | str:
@@ -280,16 +288,22 @@ class Store(Reads):
                              [claim.generation, _at(now_ms), lease_ms, orjson.dumps(refused) if refused else ""])
         return replace(claim, generation=int(reply[1]))
 
-    def collect_claim(self, job_id: str, *, worker: str, lease_ms: int,
+    def collect_claim(self, job_id: str, *, worker: str, lease_ms: int, charge: tuple[str, int] | None = None,
                       now_ms: int | None = None) -> Collect | None:
-        """Take a job the watcher holds, to collect its outputs; None if it is not watched (any more)."""
+        """Take a job the watcher holds, to collect its outputs; None if it is not watched (any more).
+        ``charge``: (operation id, units) of a prompt whose end the caller read at the provider, booked
+        in the same step if that operation is still the job's (``Collect.charged``)."""
         j = JobKeys(job_id)
-        reply = self.scripts("collect-claim", [j.record, j.tenant.leases, j.shard.fleet, j.shard.wake],
-                             [_at(now_ms), worker, lease_ms])
+        operation, units = charge or ("", 0)
+        reply = self.scripts("collect-claim", [j.record, j.tenant.leases, j.shard.fleet, j.shard.wake, j.tenant.ledger,
+                                               *j.shard.globals], [_at(now_ms), worker, lease_ms, operation, units],
+                             durable=charge is not None)
         if Code(reply[0]) is not Code.OK:
             return None
         claim = Claim(job_id, int(reply[1]), int(reply[2]), reply[3], int(reply[5]), reply[4])
-        return Collect(claim, bool(reply[6]), int(reply[7]), reply[8])
+        if int(reply[10]):
+            _overrun(claim, units, int(reply[10]))
+        return Collect(claim, bool(reply[6]), int(reply[7]), reply[8], int(reply[9]) >= 0)
 
     def unpark(self, shard: keys.ShardKeys, servers: Mapping[str, int], *, call_ms: int = CALL_MS,
                now_ms: int | None = None) -> list[str]:
@@ -338,9 +352,8 @@ class Store(Reads):
         j = JobKeys(claim.job_id)
         reply = self._fenced("charge", j, [j.record, j.tenant.ledger, *j.shard.globals], [claim.generation, units],
                              durable=True)
-        if int(reply[2]):  # booked in full all the same: the money was spent
-            log.error("charge overrun: job %s attempt %d on server %s charged %d units, %d more than it held",
-                      claim.job_id, claim.attempt, claim.server, units, int(reply[2]))
+        if int(reply[2]):
+            _overrun(claim, units, int(reply[2]))
         return int(reply[1])
 
     def finish(

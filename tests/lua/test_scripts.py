@@ -192,6 +192,24 @@ def test_the_watch_list_holds_a_job_exactly_while_the_watcher_holds_its_lease(ac
     assert acme.watched() == {} and acme.redis.hget(fleet, "busy:sim") == "0"
 
 
+def test_a_collect_claim_books_the_ended_prompts_cost_once_and_only_for_the_current_operation(acme: Store) -> None:
+    admit(acme, outputs=2, ceiling=60)
+    worker = claim(acme, op="op-1")
+    acme.mark_submit(worker, epoch="e", lease_ms=1000, now_ms=NOW + 10)
+    acme.await_provider(worker, lease_ms=1000, now_ms=NOW + 20)
+    assert acme.watch_entry(worker.job_id)["op"] == "op-1"
+    stale = acme.collect_claim(worker.job_id, worker="w2", lease_ms=1000, charge=("op-0", 20), now_ms=NOW + 30)
+    assert stale is not None and stale.charged is False  # another operation's cost: nothing booked
+    assert acme.job(worker.job_id)["charged"] == "0"
+    acme.await_provider(stale.claim, lease_ms=1000, now_ms=NOW + 40)  # back to the watcher
+    taken = acme.collect_claim(worker.job_id, worker="w2", lease_ms=1000, charge=("op-1", 20), now_ms=NOW + 50)
+    assert taken.charged is True and acme.watch_entry(worker.job_id) is None
+    job = acme.job(worker.job_id)
+    assert (job["charged"], job["reserved"], job["attempt_charged"]) == ("20", "40", "1")
+    assert acme.charge(taken.claim, 20) == 0  # once per attempt
+    assert acme.ledger("acme") == {"allowance": 100, "reserved": 60, "uncertain": 0, "settled": 0, "available": 40}
+
+
 @pytest.mark.parametrize("charged_before_crash", [False, True])
 def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Store, charged_before_crash) -> None:
     admit(acme, outputs=2, ceiling=60)
