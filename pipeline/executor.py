@@ -83,8 +83,8 @@ class Executor:
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.min_attempt_ms = int(settings.min_attempt_seconds * 1000)
         self.new_operation_id, self.sleep = new_operation_id, sleep
-        self.keeper = Keeper(store, lease_ms=self.lease_ms, refund=lambda successes: store.budget(
-            BUDGET, "refund", successes * settings.retry_refund_tokens, settings.retry_budget_tokens),
+        self.keeper = Keeper(store, lease_ms=self.lease_ms, refund=lambda successes: store.refund_budget(
+            BUDGET, successes * settings.retry_refund_tokens, settings.retry_budget_tokens),
             grace_s=settings.deadline_grace_seconds, stall_s=settings.stall_seconds)
 
     # -- attempts ---------------------------------------------------------------------

@@ -37,6 +37,8 @@ from .store import Claim, Store
 log = logging.getLogger(__name__)
 #: How often (s) at most the keeper's thread wakes while it holds claims or unsent refunds.
 FLUSH_S = 1.0
+#: How long (s) a process sends no refund after one found the bucket full.
+FULL_S = 10.0
 
 
 class Held:
@@ -69,13 +71,16 @@ class Keeper:
     def __init__(self, store: Store, *, lease_ms: int, refund: Callable[[int], object],
                  flush_s: float = FLUSH_S, grace_s: float = DEFAULT_DEADLINE_GRACE_SECONDS,
                  stall_s: float = DEFAULT_STALL_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
-        """``refund(n)`` gives back the retry budget of n successes; the thread wakes at least every
+        """``refund(n)`` gives back the retry budget of n successes (True: the bucket is full after it);
+        the thread wakes at least every
         ``flush_s`` while it holds claims. A claim is given up ``grace_s`` past its deadline, or
         ``stall_s`` after its thread's last progress. ``clock``: monotonic seconds."""
         self.store, self.lease_ms, self._refund, self.flush_s = store, lease_ms, refund, flush_s
         self.grace_s, self.stall_s, self.clock = grace_s, stall_s, clock
         self._held: set[Held] = set()
         self._refunds = 0
+        #: Until when (``clock``) successes send no refund: the last one sent found the bucket full.
+        self._full_until = float("-inf")
         #: When the thread sends the unsent refunds (``flush_s`` after the first of them).
         self._flush_at = 0.0
         self._lock = threading.Lock()
@@ -105,6 +110,8 @@ class Keeper:
         """A success, inside ``hold``: its refund goes out with the thread's next pass, or as the
         last claim ends."""
         with self._lock:
+            if self.clock() < self._full_until:
+                return
             if not self._refunds:
                 self._flush_at = self.clock() + self.flush_s
             self._refunds += 1
@@ -164,6 +171,8 @@ class Keeper:
 
     def _send(self, refunds: int) -> None:
         try:
-            self._refund(refunds)
+            if self._refund(refunds) is True:
+                with self._lock:
+                    self._full_until = self.clock() + FULL_S
         except Exception:
             log.warning("retry budget refund of %d successes failed; not sent again", refunds, exc_info=True)

@@ -516,6 +516,11 @@ class Store(Reads):
         reply = self.scripts("budget", [ProviderKeys(provider).budget], [operation, tokens, capacity])
         return Code(reply[0]) is Code.OK
 
+    def refund_budget(self, provider: str, tokens: float, capacity: float) -> bool:
+        """Give ``tokens`` back to the provider's retry budget; True if the bucket is full after it."""
+        reply = self.scripts("budget", [ProviderKeys(provider).budget], ["refund", tokens, capacity])
+        return float(reply[1]) >= capacity
+
     def block_provider(self, server: str, reason: str, *, now_ms: int | None = None) -> bool:
         """Stop dispatch to a server (one of ``SERVER_BLOCKS``) until cleared; False if it already was."""
         if reason not in SERVER_BLOCKS:

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.errors import StaleLease
 from pipeline.keys import JobKeys, ProviderKeys
-from pipeline.leases import Keeper
+from pipeline.leases import FULL_S, Keeper
 from pipeline.store import Store
 from tests.conftest import wait_until
 
@@ -94,3 +94,28 @@ def test_a_hanging_renewal_does_not_make_the_thread_spin(store, admit) -> None:
         busy = time.process_time() - before
         release.set()
     assert busy < 0.3  # a spinning thread takes the whole second
+
+
+def test_after_a_refund_finds_the_bucket_full_successes_send_none_for_a_while(store, admit) -> None:
+    """A full bucket takes no more: for FULL_S after a refund that found it full, a process sends none."""
+    sent: list[int] = []
+    now = [1000.0]
+
+    def refund(successes: int) -> bool:
+        sent.append(successes)
+        return True  # the bucket is full after it
+
+    keeper = Keeper(store, lease_ms=60_000, refund=refund, flush_s=3600, clock=lambda: now[0])
+    job = claimed(store, admit, "a", 60_000)
+    with keeper.hold(job):
+        keeper.refund()
+    assert sent == [1]
+    now[0] += FULL_S - 1
+    with keeper.hold(job):
+        keeper.refund()
+        keeper.refund()
+    assert sent == [1]  # within FULL_S: none sent
+    now[0] += 2
+    with keeper.hold(job):
+        keeper.refund()
+    assert sent == [1, 1]  # past it: refunded again
