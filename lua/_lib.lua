@@ -237,7 +237,7 @@ end
 local PACKS = {}
 
 -- Record fields only a live attempt uses, and copies of its last attempt's (kept in the archive): a
--- packed job drops them.
+-- packed job drops them, and its progress marks (`pm:<attempt>:<node>`, lua/progress-2.lua).
 local LIVE_FIELDS = {'lease_owner', 'lease_expires', 'slot_held', 'sends', 'attempt_charged', 'submit_epoch',
   'operation_id', 'provider', 'server', 'attempt_price', 'submitted_at'}
 
@@ -273,7 +273,11 @@ local function pack_finished()
     EVENTS[p.events] = nil
     hset(job, 'archive', '{"a":[' .. table.concat(a, ',') .. '],"e":[' .. table.concat(e, ',') .. '],"o":{'
       .. table.concat(o, ',') .. '}}')
-    rewrite(job, LIVE_FIELDS)
+    local dropped = {unpack(LIVE_FIELDS)}
+    for field in pairs(hgetall(job)) do
+      if string.sub(field, 1, 3) == 'pm:' then dropped[#dropped + 1] = field end  -- progress marks
+    end
+    rewrite(job, dropped)
     redis.call('DEL', job, p.attempts, p.events, p.outputs, p.progress, p.seen, pack.workflow)
   end
   PACKS = {}

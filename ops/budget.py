@@ -20,7 +20,7 @@ STEPS = {  # what the scripts of each step cost (FCALL included), per job
     "claim": 18,
     "submit mark": 7,
     "hand-over": 5,
-    "progress": 14,  # 7 a point; the watcher writes the first at once, then at most one a second
+    "progress": 10,  # 5 a point; the watcher writes the first at once, then at most one a second
     "collect": 6,  # 5 (the prompt's cost booked in the same step), and 2 for each duplicate collect message
     "outputs": 6,  # one call records all of a job's outputs (HGETALL of the record and of the outputs, TIME, two HSETs)
     "finish": 20,

@@ -1,6 +1,6 @@
 """Progress events: a provider's progress messages become job events, each recorded once.
 
-``lua/progress-3.lua`` records a point only for the job's running attempt and only when its
+``lua/progress-2.lua`` records a point only for the job's running attempt and only when its
 value is new for that node (so a replayed or reconnected websocket adds nothing), with a seq
 from the counter the job's state events use. State events stay in their own list, all kept;
 progress keeps the newest ``keep`` points. Readers merge the two lists by seq.
@@ -40,7 +40,7 @@ def record(
     if not all(_finite(n) for n in (value, max_value)):
         return False
     j = JobKeys(job_id)
-    reply = scripts("progress", [j.record, j.progress, j.progress_seen],
+    reply = scripts("progress", [j.record, j.progress],
                     [attempt, operation_id, node, value, max_value, keep, "" if now_ms is None else now_ms])
     code = Code(reply[0])
     if code not in (Code.CREATED, Code.OK):

@@ -1,4 +1,4 @@
-"""lua/progress-3.lua through pipeline.progress: once per (attempt, node, value), only for the running attempt."""
+"""lua/progress-2.lua through pipeline.progress: once per (attempt, node, value), only for the running attempt."""
 
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ def points(store: Store) -> list[dict]:
     return [orjson.loads(raw) for raw in store.redis.lrange(JobKeys(JOB).progress, 0, -1)]
 
 
+def marks(store: Store) -> dict[str, str]:
+    """The job's progress marks: record fields ``pm:<attempt>:<node>`` -> highest value recorded."""
+    return {field: value for field, value in store.redis.hgetall(JobKeys(JOB).record).items()
+            if field.startswith("pm:")}
+
+
 def test_a_replayed_stream_of_messages_is_recorded_once(acme: Store) -> None:
     admit(acme)
     held = claim(acme, "op-1")
@@ -66,7 +72,7 @@ def test_a_late_message_of_an_earlier_attempt_is_dropped(acme: Store) -> None:
     assert send(acme, second, "3", 6, attempt=1, op="op-2") is False
     assert send(acme, second, "3", 1) is True  # a new attempt starts its nodes again
     assert [(p["attempt"], p["value"]) for p in points(acme)] == [(1, 5), (2, 1)]
-    assert acme.redis.hgetall(JobKeys(JOB).progress_seen) == {"attempt": "2", "node:3": "1"}
+    assert marks(acme) == {"pm:1:3": "5", "pm:2:3": "1"}  # each attempt's marks are its own
 
 
 def test_only_a_running_job_records_progress(acme: Store) -> None:
@@ -77,7 +83,7 @@ def test_only_a_running_job_records_progress(acme: Store) -> None:
     held = claim(acme, "op-1")
     acme.finish(held, "failed", error_class="invalid_input", now_ms=NOW + 5)
     assert send(acme, held, "3", 1) is False
-    assert acme.redis.exists(JobKeys(JOB).progress, JobKeys(JOB).progress_seen) == 0
+    assert acme.redis.exists(JobKeys(JOB).progress) == 0 and marks(acme) == {}
     assert acme.redis.hget(JobKeys(JOB).record, "event_seq") == "3"  # queued, running, failed
 
 
@@ -105,10 +111,10 @@ def test_progress_keeps_the_last_n_points_and_state_events_keep_every_change(acm
     assert progress.snapshot(acme.redis, "acme.00000000000000000009", 0) == (None, [])
 
 
-def test_a_point_costs_six_commands_inside_the_script_and_a_dropped_one_two(acme: Store) -> None:
-    """The script's cost, pinned (INFO commandstats counts the commands a function runs):
-    HMGET job, HMGET marks, HSET, HINCRBY, RPUSH (and TIME when no clock is given);
-    DEL only when another attempt's marks are there, LTRIM only once the list is full."""
+def test_a_point_costs_four_commands_inside_the_script_and_a_dropped_one_one(acme: Store) -> None:
+    """The script's cost, pinned (INFO commandstats counts the commands a function runs): one HMGET
+    of the record (its fields and the node's mark), RPUSH, one HSET of the record (the mark and the
+    event counter), and TIME when no clock is given; LTRIM only once the list is full."""
     admit(acme)
     held = claim(acme, "op-1")
 
@@ -119,26 +125,27 @@ def test_a_point_costs_six_commands_inside_the_script_and_a_dropped_one_two(acme
         return {name[len("cmdstat_"):]: v["calls"] for name, v in stats.items()
                 if not name.startswith("cmdstat_config")}
 
-    written = {"fcall": 1, "hmget": 2, "hset": 2, "rpush": 1}  # the marks, then the event counter (at the end)
-    assert cost(lambda: send(acme, held, "3", 1, keep=2)) == written  # the attempt's first: no marks to clear
+    written = {"fcall": 1, "hmget": 1, "hset": 1, "rpush": 1}
+    assert cost(lambda: send(acme, held, "3", 1, keep=2)) == written
     assert cost(lambda: send(acme, held, "3", 2, keep=2)) == written
     assert cost(lambda: send(acme, held, "3", 3, keep=2)) == written | {"ltrim": 1}  # a third point, two kept
     assert cost(lambda: progress.record(acme.scripts, JOB, held.attempt, held.operation_id, "3", 4, 20)) == (
         written | {"time": 1})  # Redis's clock, as the watcher calls it (50 kept: no trim)
-    assert cost(lambda: send(acme, held, "3", 4)) == {"fcall": 1, "hmget": 2}  # not new for its node
+    assert cost(lambda: send(acme, held, "3", 4)) == {"fcall": 1, "hmget": 1}  # not new for its node
     assert cost(lambda: send(acme, held, "3", 9, op="op-0")) == {"fcall": 1, "hmget": 1}  # not the running prompt
     assert [p["value"] for p in points(acme)] == [2, 3, 4]
-    assert acme.redis.hgetall(JobKeys(JOB).progress_seen) == {"attempt": "1", "node:3": "4"}
+    assert marks(acme) == {"pm:1:3": "4"}
 
 
-def test_a_new_attempt_clears_the_marks_of_the_one_before(acme: Store) -> None:
+def test_a_new_attempt_starts_its_own_marks_and_a_packed_job_keeps_none(acme: Store) -> None:
     admit(acme)
     first = claim(acme, "op-1")
     assert send(acme, first, "3", 5) and send(acme, first, "7", 2)
     acme.retry(first, delay_ms=0, error_class="transient", now_ms=NOW + 10)
     assert acme.promote(JOB, now_ms=NOW + 20) == "queued"
     second = claim(acme, "op-2", now=NOW + 30)
-    acme.redis.config_resetstat()
-    assert send(acme, second, "7", 1) is True
-    assert acme.redis.info("commandstats")["cmdstat_del"]["calls"] == 1
-    assert acme.redis.hgetall(JobKeys(JOB).progress_seen) == {"attempt": "2", "node:7": "1"}
+    assert send(acme, second, "7", 1) is True  # below the first attempt's mark: a mark of its own
+    assert marks(acme) == {"pm:1:3": "5", "pm:1:7": "2", "pm:2:7": "1"}
+    acme.store_output(second, 0, {"sha256": "a" * 64, "bytes": 1, "content_type": "image/png"}, now_ms=NOW + 40)
+    acme.finish(second, "completed", now_ms=NOW + 50)
+    assert marks(acme) == {} and acme.redis.exists(JobKeys(JOB).progress) == 0

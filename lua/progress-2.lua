@@ -6,15 +6,15 @@
 -- replayed or reconnected websocket records nothing twice. Its seq comes from the job's
 -- `event_seq`, the counter state events take theirs from, so both share one order. The
 -- list keeps the last `keep` points (state events are in their own list, all kept). The
--- marks describe the current attempt only: they are cleared when the attempt changes.
+-- marks are fields of the record, `pm:<attempt>:<node>` -> highest value recorded, read with the
+-- record's fields and written with its `event_seq`; another attempt's marks are never read, and
+-- a job packed when it ends drops them all (`pack_finished` in _lib.lua).
 --
--- Cost: a point recorded is 6 commands besides the FCALL (HMGET of the job, HMGET of the
--- marks, HSET, HINCRBY, TIME, RPUSH), 7 when it replaces another attempt's marks (DEL) or
--- the list is full (LTRIM); a point dropped is 1 or 2.
+-- Cost: a point recorded is 4 commands besides the FCALL (HMGET of the record, TIME, RPUSH, one
+-- HSET of the record), 5 when the list is full (LTRIM); a point dropped is 1.
 --
 -- KEYS[1] job record (hash)
 -- KEYS[2] job's progress list
--- KEYS[3] job's progress marks (hash: `attempt`, `node:<id>` -> highest value recorded)
 --
 -- ARGV[1] attempt number         ARGV[5] max (a finite number)
 -- ARGV[2] operation id           ARGV[6] points kept (at least 1)
@@ -23,20 +23,14 @@
 --
 -- Returns {1 CREATED, seq} | {0 OK} (dropped: nothing written)
 
-preload(KEYS[1], {'state', 'attempt_count', 'operation_id', 'event_seq'})  -- one HMGET: the record is large
-local f = hmget(KEYS[1], 'state', 'attempt_count', 'operation_id')
+local mark = 'pm:' .. ARGV[1] .. ':' .. ARGV[3]
+preload(KEYS[1], {'state', 'attempt_count', 'operation_id', 'event_seq', mark})  -- one HMGET: the record is large
+local f = hmget(KEYS[1], 'state', 'attempt_count', 'operation_id', mark)
 if f[1] ~= 'running' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return {0} end
 
 local value = tonumber(ARGV[4])
-local field = 'node:' .. ARGV[3]
-local marks = redis.call('HMGET', KEYS[3], 'attempt', field)
-if marks[1] == ARGV[1] then
-  if marks[2] and value <= tonumber(marks[2]) then return {0} end
-  redis.call('HSET', KEYS[3], field, ARGV[4])
-else  -- another attempt's marks, or none yet (no hash: nothing to clear)
-  if marks[1] then redis.call('DEL', KEYS[3]) end
-  redis.call('HSET', KEYS[3], 'attempt', ARGV[1], field, ARGV[4])
-end
+if f[4] and value <= tonumber(f[4]) then return {0} end
+hset(KEYS[1], mark, ARGV[4])
 
 local seq = hincrby(KEYS[1], 'event_seq', 1)
 local kept = redis.call('RPUSH', KEYS[2], cjson.encode({
