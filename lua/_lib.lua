@@ -43,6 +43,26 @@ local function push_events()
   EVENTS = {}
 end
 
+-- An idempotency record is one string, `<state> <first response status> <fingerprint> <job id>`
+-- (state `pending` until the job's message is in the broker, then `done`), written with its expiry
+-- in one SET. `idem_read` answers {fingerprint, job id, state, status, hash}, or nil when there is
+-- none; a record an earlier version wrote as a hash (fields of those names) is read as it is until it
+-- expires (`hash` true).
+local function idem_read(key)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' and raw.err then
+    local f = redis.call('HMGET', key, 'fingerprint', 'job_id', 'state', 'status')
+    return f[1] and {f[1], f[2], f[3], f[4], true} or nil
+  end
+  if not raw then return nil end
+  local state, status, fingerprint, job_id = string.match(raw, '^(%S+) (%S+) (%S+) (.+)$')
+  return {fingerprint, job_id, state, status, false}
+end
+
+local function idem_text(state, status, fingerprint, job_id)
+  return state .. ' ' .. status .. ' ' .. fingerprint .. ' ' .. job_id
+end
+
 -- Figures over all tenants of the shard (a script's keys are all in one shard, `{s<n>}`), kept in
 -- step by every script that moves a job or money, so /metrics, `reckon status` and admission read
 -- them in O(1) whatever the number of tenants (readers add the shards up):

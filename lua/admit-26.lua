@@ -29,7 +29,7 @@
 -- from the job's fields that never change (id, kind, priority, outputs, ceiling,
 -- deadline_s, created_at), so a replay is the same bytes.
 --
--- KEYS[1] idempotency record (hash)      KEYS[9]  superseded job's record (hash; the new
+-- KEYS[1] idempotency record (string)    KEYS[9]  superseded job's record (hash; the new
 -- KEYS[2] tenant ledger (hash)                    job's own when nothing is superseded)
 -- KEYS[3] job record (hash)              KEYS[10] superseded job's event list (likewise)
 -- KEYS[4] tenant's job index (zset)      KEYS[11] tenant's retry index (zset)
@@ -118,8 +118,8 @@ local function over_fleet_limits(class, deadline_ms, leaving)
   return nil
 end
 
-local seen = redis.call('HMGET', KEYS[1], 'fingerprint', 'job_id', 'state', 'status')
-if seen[1] then
+local seen = idem_read(KEYS[1])
+if seen then
   if seen[1] ~= fingerprint then return {4, seen[2]} end
   if seen[3] ~= 'done' then return {3, seen[2]} end
   return {2, seen[2], tonumber(seen[4])}
@@ -172,8 +172,7 @@ redis.call('ZADD', KEYS[5], now, job_id)
 redis.call('ZADD', KEYS[6], now + tonumber(ARGV[6]), job_id)
 wake(KEYS[15], KEYS[3], now + tonumber(ARGV[6]))
 move(KEYS[3], KEYS[8], KEYS[7], now, '', 'queued', 'admitted')
-redis.call('HSET', KEYS[1], 'fingerprint', fingerprint, 'job_id', job_id, 'state', 'pending', 'status', ARGV[8])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('SET', KEYS[1], idem_text('pending', ARGV[8], fingerprint, job_id), 'EX', ARGV[5])
 
 if older == 'queued' or older == 'retry_wait' then
   hset(KEYS[9], 'cancel_requested', 1, 'external_effect', external_effect(KEYS[9]))

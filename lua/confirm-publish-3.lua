@@ -9,7 +9,7 @@
 -- right after admission leaves the time admission gave it.
 --
 -- KEYS[1] tenant's outbox (zset)
--- KEYS[2] the job's idempotency record (hash; may have expired)
+-- KEYS[2] the job's idempotency record (string, `idem_read` in _lib.lua; may have expired)
 -- KEYS[3] tenant's queued (zset)
 --
 -- ARGV[1] job id
@@ -21,8 +21,12 @@
 
 local taken = redis.call('ZREM', KEYS[1], ARGV[1])
 if ARGV[3] == '1' then redis.call('ZADD', KEYS[3], 'XX', clock(ARGV[2]), ARGV[1]) end
-local seen = redis.call('HMGET', KEYS[2], 'job_id', 'state')
-if seen[1] == ARGV[1] and seen[2] == 'pending' then
-  redis.call('HSET', KEYS[2], 'state', 'done')
+local seen = idem_read(KEYS[2])
+if seen and seen[2] == ARGV[1] and seen[3] == 'pending' then
+  if seen[5] then  -- an earlier version's record
+    redis.call('HSET', KEYS[2], 'state', 'done')
+  else
+    redis.call('SET', KEYS[2], idem_text('done', seen[4], seen[1], seen[2]), 'KEEPTTL')
+  end
 end
 return {0, taken}

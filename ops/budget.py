@@ -16,7 +16,7 @@ COMMANDS_PER_JOB = 145
 #: are the scripts' own counts and the same for every job of a run; the rest of the total is the
 #: broker's, the watcher's and the sweeper's share, which depends on how long the processes idle.
 STEPS = {  # what the scripts of each step cost (FCALL included), per job
-    "admission": 22,
+    "admission": 21,
     "claim": 18,
     "submit mark": 7,
     "hand-over": 5,

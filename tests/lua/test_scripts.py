@@ -84,11 +84,27 @@ def test_admit_reserves_and_creates_then_replays(acme: Store) -> None:
     acme.confirm_published(first.job_id, "k1")
     replay = admit(acme, job_id="acme.00000000000000000002")
     assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
-    assert "body" not in acme.redis.hgetall(TenantKeys("acme").idempotency("k1"))  # rebuilt, not stored
+    # one string, its expiry set; no body (a replay rebuilds it)
+    assert acme.redis.get(TenantKeys("acme").idempotency("k1")) == f"done 202 fp {first.job_id}"
+    assert 0 < acme.redis.ttl(TenantKeys("acme").idempotency("k1")) <= 60
     assert admit(acme, fingerprint="other").code is Code.FINGERPRINT_MISMATCH
     assert acme.ledger("acme")["reserved"] == 30
     assert acme.redis.zcard(TenantKeys("acme").jobs) == 1
     assert acme.state_counts("acme") == {"queued": 1}
+
+
+def test_an_idempotency_record_an_earlier_version_wrote_as_a_hash_still_answers(acme: Store) -> None:
+    first = admit(acme)
+    key = TenantKeys("acme").idempotency("k1")
+    acme.redis.delete(key)
+    acme.redis.hset(key, mapping={"fingerprint": "fp", "job_id": first.job_id, "state": "pending", "status": "202"})
+    assert admit(acme, job_id="acme.00000000000000000002").code is Code.IN_PROGRESS
+    acme.confirm_published(first.job_id, "k1")
+    assert acme.redis.hget(key, "state") == "done"
+    replay = admit(acme, job_id="acme.00000000000000000002")
+    assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
+    assert admit(acme, fingerprint="other").code is Code.FINGERPRINT_MISMATCH
+    assert acme.redis.zcard(TenantKeys("acme").jobs) == 1
 
 
 def test_admit_refuses_over_allowance_and_writes_nothing(acme: Store) -> None:
