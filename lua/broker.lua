@@ -1,26 +1,30 @@
 -- broker: the dispatch script of reckon's Redis broker (pipeline/waking.py), in place of the one
--- Dramatiq ships: the same calls, keys and replies, so Dramatiq's Python side is unchanged, with
--- fewer Redis commands per message. Not part of the state library (pipeline/scripts.py loads only
+-- Dramatiq ships: the same calls and replies, so Dramatiq's Python side is unchanged, with fewer
+-- Redis commands per message. Not part of the state library (pipeline/scripts.py loads only
 -- `<verb>-<keys>.lua`): the broker registers it itself, on the broker's own Redis database.
 --
--- Keys, under the namespace KEYS[1] (Dramatiq's layout):
---   <ns>:<queue>                 list of message ids waiting
---   <ns>:<queue>.msgs            hash message id -> message
---   <ns>:__acks__.<worker>.<queue>  set of ids a worker fetched and has not acked
---   <ns>:__heartbeats__          zset worker -> its last fetch (ms)
---   <ns>:<queue>.XQ(.msgs)       dead-lettered ids by when, and their messages
+-- Keys, under the namespace KEYS[1]:
+--   <ns>:<queue>                      list of waiting messages, each `<message id> <message>`
+--   <ns>:__held__.<worker>.<queue>    hash message id -> message: fetched by that worker, not acked
+--   <ns>:__heartbeats__               zset worker -> its last heartbeat (ms)
+--   <ns>:<queue>.XQ, <ns>:<queue>.XQ.msgs   dead-lettered ids by when, and their messages
+-- and, written by Dramatiq's own script (a broker of an earlier version), read until they are
+-- empty: list items that are bare message ids, whose messages are in the hash `<ns>:<queue>.msgs`,
+-- and a worker's fetched ids in the set `<ns>:__acks__.<worker>.<queue>`.
 --
 -- ARGV: command, now (ms), queue, worker id, heartbeat timeout (ms), dead message ttl (ms),
 -- maintenance ('1' to run it), largest unpack, then the command's own arguments.
 --
 -- What differs from Dramatiq's script, and why it holds:
--- - Only a fetch writes the worker's heartbeat, not an enqueue or an ack: a process that only
---   publishes (the API, the watcher) holds no message, so it needs none; a consumer fetches at
---   least every recheck (a quarter of the heartbeat timeout) while it has room for a message, and
---   an ack gives it that room, so its heartbeat is as fresh as the acks kept it.
--- - A fetch takes its messages with one LPOP of a count and marks them with one SADD, not an
---   LPOP and an SADD per message and a last LPOP that finds the list empty.
--- Per message: enqueue 3 commands, fetch 5, ack 3 (Dramatiq's: 4, 6, 4).
+-- - A message is stored once, in its queue's list while it waits and in its worker's held hash
+--   from its fetch to its ack: an enqueue is one RPUSH, a fetch one LPOP of up to its count and one
+--   HSET, an ack one HDEL (Dramatiq's: a hash of messages and a list and a set of ids).
+-- - The heartbeat is written when the caller asks (a fetch whose last argument is not '' (Dramatiq's
+--   own fetch passes none), or `heartbeat`):
+--   the consumer asks at most every quarter of the timeout, when it fetches and, while it holds as
+--   many messages as it may, on its own (pipeline/waking.py), so a live worker is never taken for
+--   dead; a process that only publishes writes none.
+-- Per message: enqueue 2 commands, fetch 3 (4 with a heartbeat), ack 2 (Dramatiq's: 4, 6, 4).
 
 local ns = KEYS[1]
 local command, now, queue, worker = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -29,32 +33,36 @@ local timeout, dead_ttl, maintain, max_unpack = tonumber(ARGV[5]), tonumber(ARGV
 local canonical = queue
 if string.sub(queue, -3) == '.DQ' then canonical = string.sub(queue, 1, -4) end
 local heartbeats = ns .. ':__heartbeats__'
-local worker_acks = ns .. ':__acks__.' .. worker
-local acks = worker_acks .. '.' .. queue
 local list = ns .. ':' .. queue
-local messages = list .. '.msgs'
+local held = ns .. ':__held__.' .. worker .. '.' .. queue
+local legacy_messages = list .. '.msgs'
+local legacy_acks = ns .. ':__acks__.' .. worker .. '.' .. queue
 local dead = ns .. ':' .. canonical .. '.XQ'
 local dead_messages = dead .. '.msgs'
 
--- Calls `fn` with the items of `ids` in slices no longer than Lua's stack allows.
-local function in_slices(ids, fn)
-  for first = 1, #ids, max_unpack do
-    fn(unpack(ids, first, math.min(first + max_unpack - 1, #ids)))
+-- Calls `fn` with the items of `items` in slices no longer than Lua's stack allows.
+local function in_slices(items, fn)
+  for first = 1, #items, max_unpack do
+    fn(unpack(items, first, math.min(first + max_unpack - 1, #items)))
   end
 end
 
--- The messages of workers whose heartbeat is older than the timeout go back to this queue; a dead
--- worker with no unacked messages left anywhere leaves the heartbeats; expired dead letters go.
+-- Workers whose heartbeat is older than the timeout: their held messages of this queue go back to
+-- it (and their ids of an earlier version's set); a dead worker holding nothing anywhere leaves the
+-- heartbeats. Expired dead letters go.
 local function maintenance()
   local gone = redis.call('ZRANGEBYSCORE', heartbeats, 0, tonumber(now) - timeout)
   for _, other in ipairs(gone) do
-    local held = ns .. ':__acks__.' .. other .. '.' .. queue
-    local ids = redis.call('SMEMBERS', held)
-    for _, id in ipairs(ids) do
-      if redis.call('HEXISTS', messages, id) == 1 then redis.call('RPUSH', list, id) end
+    local theirs = ns .. ':__held__.' .. other .. '.' .. queue
+    local flat = redis.call('HGETALL', theirs)
+    for i = 1, #flat, 2 do redis.call('RPUSH', list, flat[i] .. ' ' .. flat[i + 1]) end
+    local old = ns .. ':__acks__.' .. other .. '.' .. queue
+    for _, id in ipairs(redis.call('SMEMBERS', old)) do
+      if redis.call('HEXISTS', legacy_messages, id) == 1 then redis.call('RPUSH', list, id) end
     end
-    if #ids > 0 then redis.call('DEL', held) end
-    if #redis.call('KEYS', ns .. ':__acks__.' .. other .. '*') == 0 then
+    redis.call('DEL', theirs, old)
+    if #redis.call('KEYS', ns .. ':__held__.' .. other .. '.*') == 0
+        and #redis.call('KEYS', ns .. ':__acks__.' .. other .. '.*') == 0 then
       redis.call('ZREM', heartbeats, other)
     end
   end
@@ -65,40 +73,67 @@ local function maintenance()
   end)
 end
 
-if command == 'fetch' then redis.call('ZADD', heartbeats, now, worker) end  -- before a maintenance finds it old
+-- Takes the fetched message `id` out of the worker's hands: its message, or nil if it held none.
+local function release(id)
+  local message = redis.call('HGET', held, id)
+  if message then
+    redis.call('HDEL', held, id)
+    return message
+  end
+  if redis.call('SREM', legacy_acks, id) == 1 then  -- fetched by an earlier version's script
+    message = redis.call('HGET', legacy_messages, id)
+    if message then redis.call('HDEL', legacy_messages, id) end
+    return message
+  end
+  return nil
+end
+
+if command == 'heartbeat' or maintain == '1' or (command == 'fetch' and ARGV[10] ~= '') then
+  redis.call('ZADD', heartbeats, now, worker)  -- before a maintenance pass finds it old
+end
 if maintain == '1' then maintenance() end
 
 if command == 'enqueue' then
-  redis.call('HSET', messages, ARGV[9], ARGV[10])
-  redis.call('RPUSH', list, ARGV[9])
+  redis.call('RPUSH', list, ARGV[9] .. ' ' .. ARGV[10])
 elseif command == 'fetch' then
-  local ids = redis.call('LPOP', list, math.min(tonumber(ARGV[9]), max_unpack))
-  if not ids then return {} end
-  redis.call('SADD', acks, unpack(ids))
-  return redis.call('HMGET', messages, unpack(ids))
-elseif command == 'ack' then
-  if redis.call('SREM', acks, ARGV[9]) == 1 then redis.call('HDEL', messages, ARGV[9]) end
-elseif command == 'nack' then
-  if redis.call('SREM', acks, ARGV[9]) == 1 then
-    local message = redis.call('HGET', messages, ARGV[9])
-    if message then
-      redis.call('ZADD', dead, now, ARGV[9])
-      redis.call('HSET', dead_messages, ARGV[9], message)
-      redis.call('HDEL', messages, ARGV[9])
+  local items = redis.call('LPOP', list, math.min(tonumber(ARGV[9]), max_unpack))
+  if not items then return {} end
+  local messages, pairs_ = {}, {}
+  for i, item in ipairs(items) do
+    local id, message = string.match(item, '^(%S+) (.*)$')
+    if not id then  -- a bare id: an earlier version's message, kept in the queue's hash
+      id, message = item, redis.call('HGET', legacy_messages, item)
+      if message then redis.call('HDEL', legacy_messages, id) end
     end
+    messages[i] = message or false
+    if message then
+      pairs_[#pairs_ + 1] = id
+      pairs_[#pairs_ + 1] = message
+    end
+  end
+  if #pairs_ > 0 then redis.call('HSET', held, unpack(pairs_)) end
+  return messages
+elseif command == 'ack' then
+  if redis.call('HDEL', held, ARGV[9]) == 0 and redis.call('SREM', legacy_acks, ARGV[9]) == 1 then
+    redis.call('HDEL', legacy_messages, ARGV[9])
+  end
+elseif command == 'nack' then
+  local message = release(ARGV[9])
+  if message then
+    redis.call('ZADD', dead, now, ARGV[9])
+    redis.call('HSET', dead_messages, ARGV[9], message)
   end
 elseif command == 'requeue' then
   for i = 9, #ARGV do
-    if redis.call('SREM', acks, ARGV[i]) == 1 and redis.call('HEXISTS', messages, ARGV[i]) == 1 then
-      redis.call('RPUSH', list, ARGV[i])
-    end
+    local message = release(ARGV[i])
+    if message then redis.call('RPUSH', list, ARGV[i] .. ' ' .. message) end
   end
 elseif command == 'purge' then
-  redis.call('DEL', list, acks, messages, dead, dead_messages)
+  redis.call('DEL', list, held, legacy_messages, legacy_acks, dead, dead_messages)
 elseif command == 'qsize' then
   local base = ns .. ':' .. canonical
-  return redis.call('HLEN', base .. '.DQ.msgs') + redis.call('SCARD', worker_acks .. '.' .. canonical .. '.DQ')
-    + redis.call('HLEN', base .. '.msgs') + redis.call('SCARD', worker_acks .. '.' .. canonical)
-else
+  return redis.call('LLEN', base) + redis.call('HLEN', ns .. ':__held__.' .. worker .. '.' .. canonical)
+    + redis.call('HLEN', base .. '.msgs') + redis.call('SCARD', ns .. ':__acks__.' .. worker .. '.' .. canonical)
+elseif command ~= 'heartbeat' then
   return redis.error_reply('broker: unknown command ' .. command)
 end

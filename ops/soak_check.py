@@ -258,24 +258,29 @@ def stalled(jobs: dict[str, dict[str, Any]], margin_s: float, limits: dict[str, 
 
 
 def whereabouts(broker: Client, job_ids: set[str]) -> dict[str, list[str]]:
-    """Where each job's messages are in Dramatiq's broker (a queue, a worker's ack set, dead letters), with
-    that worker's last heartbeat: a message in a dead worker's ack set is stranded. SCAN: diagnostics only."""
-    messages = {}
-    for key in broker.scan_iter("dramatiq:*.msgs"):
-        for message_id, raw in broker.hscan_iter(key):
-            args = orjson.loads(raw).get("args") or [None]
-            if args[0] in job_ids:
-                messages[message_id] = args[0]
+    """Where each job's messages are in the broker (lua/broker.lua: a queue's list, a worker's held hash,
+    dead letters), with that worker's last heartbeat: a message a dead worker holds is stranded. SCAN:
+    diagnostics only."""
     beats, now = dict(broker.zrange("dramatiq:__heartbeats__", 0, -1, withscores=True)), time.time() * 1000
     found: dict[str, list[str]] = defaultdict(list)
+
+    def note(message_id: str, raw: str, where: str) -> None:
+        args = orjson.loads(raw).get("args") or [None]
+        if args[0] in job_ids:
+            found[args[0]].append(f"message {message_id} in {where}")
+
     for key in broker.scan_iter("dramatiq:*"):
         kind = broker.type(key)
-        members = (broker.smembers(key) if kind == "set" else broker.lrange(key, 0, -1) if kind == "list"
-                   else broker.zrange(key, 0, -1) if kind == "zset" else [])
-        worker = key.split(".")[1] if key.startswith("dramatiq:__acks__.") else None
-        beat = f" (worker's last heartbeat {(now - beats[worker]) / 1000:.0f} s ago)" if worker in beats else ""
-        for message_id in set(members) & set(messages):
-            found[messages[message_id]].append(f"message {message_id} in {key}{beat}")
+        if kind == "list":
+            for item in broker.lrange(key, 0, -1):
+                message_id, _, raw = item.partition(" ")
+                if raw:
+                    note(message_id, raw, key)
+        elif kind == "hash" and (key.startswith("dramatiq:__held__.") or key.endswith(".XQ.msgs")):
+            worker = key.split(".")[1] if key.startswith("dramatiq:__held__.") else None
+            beat = f" (worker's last heartbeat {(now - beats[worker]) / 1000:.0f} s ago)" if worker in beats else ""
+            for message_id, raw in broker.hscan_iter(key):
+                note(message_id, raw, f"{key}{beat}")
     return found
 
 

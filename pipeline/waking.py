@@ -194,8 +194,9 @@ DISPATCH = (Path(__file__).resolve().parent.parent / "lua" / "broker.lua").read_
 
 class WakingRedisBroker(RedisBroker):
     """Dramatiq's Redis broker with one ``Doorbell`` per process for its consumers, reckon's own
-    dispatch script (lua/broker.lua: enqueue 3 commands, fetch 5, ack 3), and no delay queues
-    (reckon delays nothing in the broker: a retry waits in the state's due set)."""
+    dispatch script (lua/broker.lua: enqueue 2 commands, fetch 3, ack 2, and the process's heartbeat
+    at most every quarter of its timeout), and no delay queues (reckon delays nothing in the
+    broker: a retry waits in the state's due set)."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -204,6 +205,8 @@ class WakingRedisBroker(RedisBroker):
         #: Whether Redis publishes the list events (checked at the first consume; None: not yet).
         self.events: bool | None = None
         self._maintain = threading.local()
+        #: When this process last wrote its heartbeat (monotonic s; lua/broker.lua writes it when asked).
+        self._beaten = float("-inf")
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> dramatiq.Consumer:
         if self.events is None:
@@ -240,12 +243,27 @@ class WakingRedisBroker(RedisBroker):
 
     def fetch(self, queue_name: str, count: int, *, maintain: bool) -> list[bytes]:
         """Dramatiq's fetch of up to ``count`` messages; ``maintain``: with its maintenance pass on this
-        queue (requeue dead workers' messages, expire dead letters), else as ``maintenance_chance`` says."""
+        queue (requeue dead workers' messages, expire dead letters), else as ``maintenance_chance`` says.
+        It writes the process's heartbeat when one is due (``beat_due``)."""
         self._maintain.now = maintain
         try:
-            return list(self.do_fetch(queue_name, count))
+            return list(self.do_fetch(queue_name, count, "1" if self._beat() else ""))
         finally:
             self._maintain.now = False
+
+    def heartbeat(self, queue_name: str) -> None:
+        """Write the process's heartbeat if one is due (a consumer that holds as many messages as it
+        may, so fetches none)."""
+        if self._beat():
+            self.do_heartbeat(queue_name)
+
+    def _beat(self) -> bool:
+        """Whether a heartbeat is due (a quarter of the timeout since the last), taking it if so."""
+        now = time.monotonic()
+        if now - self._beaten < self.heartbeat_timeout / 1000 / RECHECK_SHARE:
+            return False
+        self._beaten = now
+        return True
 
     def _should_do_maintenance(self, command: str) -> int:
         return 1 if getattr(self._maintain, "now", False) else int(super()._should_do_maintenance(command))
@@ -282,6 +300,8 @@ class WakingConsumer(_RedisConsumer):
 
     def __next__(self) -> Any:
         """A message, or None at least every worker timeout (the worker checks whether to stop)."""
+        if not self.message_cache and self.outstanding_message_count >= self.prefetch:
+            self.waker.heartbeat(self.queue_name)  # busy with all it may hold: alive all the same
         if not self.message_cache and self.outstanding_message_count < self.prefetch:
             if self.emptied is not None and not self._rung():
                 return None

@@ -81,9 +81,11 @@ def moved(path: Path) -> Counter[str]:
 def messages() -> Counter[str]:
     """Job id -> how many broker messages carry it, over every Dramatiq queue (database 1)."""
     broker = redis.Redis(port=REDIS_PORT, db=1)
-    try:
-        return Counter(orjson.loads(raw)["args"][0] for key in broker.scan_iter("dramatiq:*.msgs")
-                       for raw in broker.hvals(key))
+    try:  # lua/broker.lua: a waiting message is "<id> <message>" in its queue's list, a fetched one held by its worker
+        waiting = [item.split(b" ", 1)[1] for key in broker.scan_iter("dramatiq:*", _type="list")
+                   for item in broker.lrange(key, 0, -1)]
+        fetched = [raw for key in broker.scan_iter("dramatiq:__held__.*") for raw in broker.hvals(key)]
+        return Counter(orjson.loads(raw)["args"][0] for raw in waiting + fetched)
     finally:
         broker.close()
 

@@ -138,10 +138,11 @@ def test_a_consumer_that_emptied_its_queue_fetches_only_when_a_push_comes(own_re
         consumer.ack(got)
         assert next(consumer) is None
         assert fetches(client) == before + 3  # the ack; no fetch after the message
-        # the message's whole cost (lua/broker.lua): enqueue 3 (EVALSHA, HSET, RPUSH), fetch 5 (EVALSHA,
-        # heartbeat, one LPOP of up to 4, SADD, HMGET), ack 3 (EVALSHA, SREM, HDEL), and nothing else:
-        # no subscription, no length check, no empty fetch
-        assert commands(client) == total + 11
+        # the message's whole cost (lua/broker.lua): enqueue 2 (EVALSHA, RPUSH), fetch 3 (EVALSHA, one
+        # LPOP of up to 4, HSET of what it holds; the heartbeat went with the first fetch, under a
+        # quarter of its timeout ago), ack 2 (EVALSHA, HDEL), and nothing else: no subscription, no
+        # length check, no empty fetch
+        assert commands(client) == total + 7
     finally:
         broker.flush_all()
         broker.close()
@@ -263,29 +264,61 @@ def test_the_subscription_ends_with_the_last_consumer_and_starts_again_with_the_
 def test_reckons_dispatch_script_keeps_dramatiqs_calls(own_redis: int) -> None:
     """lua/broker.lua answers Dramatiq's calls as its own script does: a fetch takes up to its count in
     order and holds them for the worker, an ack drops one, a nack dead-letters one, a requeue puts one
-    back, qsize counts what waits and what is held; only a fetch writes the heartbeat."""
+    back, qsize counts what waits and what is held; an enqueue writes no heartbeat."""
     client = redis.Redis(port=own_redis, db=1)
     broker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
     broker.declare_queue("wake-test")
     ids = [broker.enqueue(message(n)).options["redis_message_id"] for n in range(5)]
     try:
         assert client.zcard("waketest:__heartbeats__") == 0  # enqueues write none
-        held = [dramatiq.Message.decode(raw).args for raw in broker.do_fetch("wake-test", 3)]
+        held = [dramatiq.Message.decode(raw).args for raw in broker.fetch("wake-test", 3, maintain=False)]
         assert held == [("job-0",), ("job-1",), ("job-2",)]
-        acks = f"waketest:__acks__.{broker.broker_id}.wake-test"
-        assert client.lrange("waketest:wake-test", 0, -1) == [i.encode() for i in ids[3:]]
-        assert client.smembers(acks) == {i.encode() for i in ids[:3]}
-        assert client.zscore("waketest:__heartbeats__", broker.broker_id) is not None
+        holding = f"waketest:__held__.{broker.broker_id}.wake-test"
+        assert [item.split(b" ", 1)[0] for item in client.lrange("waketest:wake-test", 0, -1)] == [
+            i.encode() for i in ids[3:]]
+        assert sorted(client.hkeys(holding)) == sorted(i.encode() for i in ids[:3])
+        assert client.zscore("waketest:__heartbeats__", broker.broker_id) is not None  # the first fetch's
         broker.do_ack("wake-test", ids[0])
         broker.do_nack("wake-test", ids[1])
         broker.do_requeue("wake-test", ids[2])
-        assert client.smembers(acks) == set()
+        assert client.hlen(holding) == 0
         assert client.zrange("waketest:wake-test.XQ", 0, -1) == [ids[1].encode()]
         assert client.hkeys("waketest:wake-test.XQ.msgs") == [ids[1].encode()]
-        assert sorted(client.hkeys("waketest:wake-test.msgs")) == sorted(i.encode() for i in ids[2:])
-        assert client.lrange("waketest:wake-test", 0, -1) == [i.encode() for i in (ids[3], ids[4], ids[2])]
+        assert [item.split(b" ", 1)[0] for item in client.lrange("waketest:wake-test", 0, -1)] == [
+            i.encode() for i in (ids[3], ids[4], ids[2])]
         assert broker.do_qsize("wake-test") == 3
-        assert broker.do_fetch("wake-test", 8) and broker.do_fetch("wake-test", 8) == []  # all 3, then none
+        again = [dramatiq.Message.decode(raw).args for raw in broker.fetch("wake-test", 8, maintain=False)]
+        assert again == [("job-3",), ("job-4",), ("job-2",)] and broker.fetch("wake-test", 8, maintain=False) == []
+    finally:
+        broker.flush_all()
+        broker.close()
+        client.close()
+
+
+def test_messages_an_earlier_versions_script_stored_are_fetched_acked_and_redelivered(own_redis: int) -> None:
+    """A queue written by Dramatiq's own script (ids in the list, messages in ``<queue>.msgs``, fetched ids in
+    a worker's ``__acks__`` set) is read by lua/broker.lua: fetched, acked, and a dead worker's put back."""
+    client = redis.Redis(port=own_redis, db=1)
+    broker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0,
+                               heartbeat_timeout=1000)
+    broker.declare_queue("wake-test")
+    old = [message(n) for n in range(3)]
+    for m in old:
+        m.options["redis_message_id"] = m.message_id
+        client.hset("waketest:wake-test.msgs", m.message_id, m.encode())
+    client.rpush("waketest:wake-test", old[0].message_id, old[1].message_id)
+    client.sadd("waketest:__acks__.gone.wake-test", old[2].message_id)  # held by a worker that died
+    client.zadd("waketest:__heartbeats__", {"gone": 1})
+    try:
+        got = [dramatiq.Message.decode(raw) for raw in broker.fetch("wake-test", 8, maintain=False)]
+        assert [m.args for m in got] == [("job-0",), ("job-1",)]
+        broker.do_ack("wake-test", old[0].message_id)
+        assert client.hkeys(f"waketest:__held__.{broker.broker_id}.wake-test") == [old[1].message_id.encode()]
+        assert client.hkeys("waketest:wake-test.msgs") == [old[2].message_id.encode()]
+        back = [dramatiq.Message.decode(raw).args for raw in broker.fetch("wake-test", 8, maintain=True)]
+        assert back == [("job-2",)]  # the dead worker's, put back by the maintenance pass
+        assert client.zscore("waketest:__heartbeats__", "gone") is None
+        assert client.exists("waketest:__acks__.gone.wake-test", "waketest:wake-test.msgs") == 0
     finally:
         broker.flush_all()
         broker.close()
