@@ -54,6 +54,8 @@ BUDGET = "comfyui"
 T = TypeVar("T")
 #: A completed run's output the server cannot hand over intact: paid for, never retried blindly.
 LOST = (OutputLost, OutputMalformed)
+#: How often (s) at most a worker process reads a server's epoch for the submissions it marks (``_epoch``).
+EPOCH_READ_S = 5.0
 #: An attempt whose submit mark no replica confirmed waits this long (ms) before it is tried again.
 UNCONFIRMED_RETRY_MS = 1_000
 
@@ -86,6 +88,8 @@ class Executor:
         self.keeper = Keeper(store, lease_ms=self.lease_ms, refund=lambda successes: store.refund_budget(
             BUDGET, successes * settings.retry_refund_tokens, settings.retry_budget_tokens),
             grace_s=settings.deadline_grace_seconds, stall_s=settings.stall_seconds)
+        #: Server -> (when read, monotonic s; its epoch), for submissions only (``_epoch``).
+        self._epochs: dict[str, tuple[float, str]] = {}
 
     # -- attempts ---------------------------------------------------------------------
 
@@ -130,7 +134,7 @@ class Executor:
         missing = [index for index in range(inputs.outputs_requested) if index not in inputs.stored]
         if not missing:
             return OperationStatus("completed")
-        epoch = provider.epoch()
+        epoch = self._epoch(claim.server, provider)
         marked = time.monotonic()
         try:
             self.store.mark_submit(claim, epoch=epoch, lease_ms=self.lease_ms,  # renews the lease from `marked`
@@ -265,6 +269,20 @@ class Executor:
                 reason = "provider_refused_output_nodes" if refused else "provider_outputs_missing"
                 raise ExecutionFailed(reason, detail=refused) from None
             self.keeper.refund()
+
+    def _epoch(self, server: str, provider: Provider) -> str:
+        """The server's epoch to record with a submission, read at most every ``EPOCH_READ_S``.
+
+        Safe for the mark only: an epoch read before a restart that the submission then followed is
+        another boot's, and every check that compares it (a cancel's, reconciliation's) then finds a
+        restart since the submission and takes the careful path; it never proves a non-execution.
+        Those checks read the server's epoch afresh, never from here."""
+        now = time.monotonic()
+        read = self._epochs.get(server)
+        if read is None or now - read[0] >= EPOCH_READ_S:
+            read = (now, provider.epoch())
+            self._epochs[server] = read
+        return read[1]
 
     def _server_down(self, claim: Claim, exc: ProviderError) -> None:
         """The server refused before anything was sent: mark it (the watcher probes it and puts it

@@ -148,3 +148,19 @@ def test_sweeper_publishes_what_admission_never_sent(store, settings, broker, te
     assert sweeper.sweep_once()["republished"] == 0
     replay = admitter.submit("acme", "k", body)
     assert replay.replayed and replay.status == 202
+
+
+def test_a_worker_reads_a_servers_epoch_for_its_submissions_at_most_every_few_seconds(
+        store, admit, make_executor, sim) -> None:
+    """The epoch recorded with a submission may be a few seconds old (the checks that compare it read the
+    server's afresh); every submission within EPOCH_READ_S of a read records that read's epoch."""
+    executor = make_executor(sim)
+    provider = executor.fleet["sim"]
+    reads: list[str] = []
+    read = provider.epoch
+    provider.epoch = lambda: reads.append(read()) or reads[-1]
+    jobs = [admit(key=f"k{n}") for n in range(3)]
+    for job_id in jobs:
+        assert executor.run(job_id) is True
+    assert len(reads) == 1  # one read for the three submissions
+    assert [store.job(job_id)["state"] for job_id in jobs] == ["completed"] * 3
