@@ -493,7 +493,7 @@ class Store(Reads):
         t = j.tenant
         reply = self.scripts(
             "cancel", [j.record, t.ledger, t.queued, t.retry, j.events, t.counts, t.review, t.done,
-                       j.workflow, t.shard.wake, t.shard.parked, *t.shard.globals, *j.parts],
+                       j.workflow, t.shard.wake, t.shard.parked, *t.shard.globals, *j.parts, t.shard.fleet],
             [_at(now_ms)],
             durable=True,
         )

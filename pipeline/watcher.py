@@ -159,13 +159,11 @@ class ServerWatch:
         self.progress.keep_only(self.watched)
 
     def _cancels(self) -> None:
-        """A watched job whose client cancelled: a worker takes its prompt off the server (collect)."""
-        pipe = self.store.redis.pipeline(transaction=False)
-        for job_id in self.watched:
-            pipe.hget(keys.JobKeys(job_id).record, "cancel_requested")
-        for job_id, flag in zip(list(self.watched), pipe.execute(), strict=True):
-            if flag == "1" and self.cancelling.get(job_id) != self.watched[job_id]["gen"]:
-                self.cancelling[job_id] = self.watched[job_id]["gen"]  # once per hand-over
+        """A watched job whose client cancelled (its watch entry says so: lua/cancel-20.lua, await-4.lua):
+        a worker takes its prompt off the server (collect)."""
+        for job_id, entry in list(self.watched.items()):
+            if entry.get("cancel") and self.cancelling.get(job_id) != entry["gen"]:
+                self.cancelling[job_id] = entry["gen"]  # once per hand-over
                 self._collect(job_id)
 
     def tick(self) -> None:

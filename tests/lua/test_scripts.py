@@ -226,6 +226,22 @@ def test_a_collect_claim_books_the_ended_prompts_cost_once_and_only_for_the_curr
     assert acme.ledger("acme") == {"allowance": 100, "reserved": 60, "uncertain": 0, "settled": 0, "available": 40}
 
 
+def test_a_cancel_before_or_after_the_hand_over_is_on_the_watch_entry(acme: Store) -> None:
+    admit(acme)
+    worker = claim(acme)
+    acme.mark_submit(worker, epoch="e", lease_ms=1000, now_ms=NOW + 10)
+    assert acme.cancel(worker.job_id, now_ms=NOW + 15)[0] == "running"  # the prompt is on its way
+    acme.await_provider(worker, lease_ms=1000, now_ms=NOW + 20)
+    assert acme.watch_entry(worker.job_id)["cancel"] == 1
+    admit(acme, key="k2", job_id="acme.00000000000000000002")
+    other = claim(acme, job_id="acme.00000000000000000002")
+    acme.mark_submit(other, epoch="e", lease_ms=1000, now_ms=NOW + 30)
+    acme.await_provider(other, lease_ms=1000, now_ms=NOW + 40)
+    assert "cancel" not in acme.watch_entry(other.job_id)
+    assert acme.cancel(other.job_id, now_ms=NOW + 50)[0] == "running"
+    assert acme.watch_entry(other.job_id)["cancel"] == 1
+
+
 @pytest.mark.parametrize("charged_before_crash", [False, True])
 def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Store, charged_before_crash) -> None:
     admit(acme, outputs=2, ceiling=60)

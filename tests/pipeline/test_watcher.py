@@ -180,3 +180,23 @@ def test_the_interval_is_a_setting_of_zero_or_more() -> None:
     for bad in ("-1", "nan"):
         with pytest.raises(ValueError, match="RECKON_PROGRESS_INTERVAL_SECONDS"):
             Settings.from_env({"RECKON_PROGRESS_INTERVAL_SECONDS": bad})
+
+
+def test_a_cancel_reaches_the_watcher_on_the_watch_list_without_a_read_of_the_jobs_record(store, watched) -> None:
+    """A tick reads the watch list once (HGETALL) and no job record: a cancel is marked on the entry."""
+    w = watched()
+    w.watch.tick()
+    assert w.published == []
+    store.redis.config_resetstat()
+    w.clock.now += 2  # the next tick is due
+    w.watch.tick()
+    stats = store.redis.info("commandstats")
+    assert "cmdstat_hget" not in stats  # no record read per watched job
+    assert store.cancel(w.job_id)[0] == "running"
+    assert store.watch_entry(w.job_id)["cancel"] == 1
+    w.clock.now += 2
+    w.watch.tick()
+    assert w.published == [(w.job_id, "collect")]  # a worker takes the prompt off its server
+    w.clock.now += 2
+    w.watch.tick()
+    assert w.published == [(w.job_id, "collect")]  # once per hand-over

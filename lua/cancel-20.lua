@@ -8,7 +8,9 @@
 -- starts after it (mark-submit checks it), and the job ends cancelled once its
 -- outcome is known. Cancelling again changes nothing. `external_effect` says
 -- whether a provider execution may already have happened: none, possible or occurred.
--- A cancelled job leaves the fleet's parked set, so no free slot is spent on it.
+-- A cancelled job leaves the fleet's parked set, so no free slot is spent on it. A job at its
+-- server's watcher has the request marked on its watch entry too (`cancel`), so the watcher
+-- learns of it from the watch list it reads anyway, with no read of each job's record.
 --
 -- KEYS[1] job record (hash)          KEYS[6]  tenant's per-state counts (hash)
 -- KEYS[2] tenant ledger (hash)       KEYS[7]  tenant's review index (zset)
@@ -20,6 +22,7 @@
 -- KEYS[12] global stats (hash), KEYS[13] queue (zset), KEYS[14] due (zset):
 --   see use_globals in _lib.lua
 -- KEYS[15] to KEYS[19] the job's parts, packed when it ends (`parts_at` in _lib.lua)
+-- KEYS[20] fleet (hash: the watch list)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 --
@@ -43,6 +46,12 @@ if state == 'running' or state == 'reconciling' then
   if hget(job, 'cancel_requested') ~= '1' then
     hset(job, 'cancel_requested', 1, 'external_effect', effect)
     append_event(job, KEYS[5], now, state, state, 'cancel_requested')
+    local watched = hget(job, 'lease_owner') == 'watcher' and redis.call('HGET', KEYS[20], 'w:' .. f[2])
+    if watched then
+      local entry = cjson.decode(watched)
+      entry.cancel = 1
+      redis.call('HSET', KEYS[20], 'w:' .. f[2], cjson.encode(entry))
+    end
   end
   return {0, state, effect}
 end
