@@ -307,7 +307,9 @@ end
 -- tenant's done index for the retention period (then the sweeper purges it), and, unless it
 -- failed, packed into one key when the call ends (`pack_finished`: its workflow goes then). A dead
 -- letter keeps its keys and its workflow: what a replay needs. `k` names the keys: ledger, done,
--- workflow, wake, and parts (`parts_at`) unless the job can only fail here.
+-- workflow, wake, and parts (`parts_at`) unless the job can only fail here; and `retention`, the
+-- caller's retention (ms, a string; '' or none: 0): the tenant is woken when the job is due for
+-- purging, not at once (a visit per finished job was a sweeper pass of every index of its tenant).
 local function finalize(job, k, now, outcome)
   settle(job, k.ledger, now)
   redis.call('ZADD', k.done, now, hget(job, 'id'))
@@ -315,7 +317,7 @@ local function finalize(job, k, now, outcome)
     if not k.parts then error('finalize: a job that ends ' .. outcome .. ' needs its parts to be packed') end
     PACKS[job] = {workflow = k.workflow, parts = k.parts}
   end
-  wake(k.wake, job, now)
+  wake(k.wake, job, now + (tonumber(k.retention or '') or 0))
 end
 
 -- Ends a job that is queued, waiting to retry or waiting for review: it leaves those

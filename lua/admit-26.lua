@@ -55,6 +55,7 @@
 -- ARGV[12], ARGV[13] default queue cap of interactive, batch (jobs)
 -- ARGV[14] default target wait of interactive jobs (s)
 -- ARGV[15] shards the state is split into: a queue cap is fleet-wide, each shard keeps its share
+-- ARGV[16] retention (ms; '' = 0: see finalize in _lib.lua)
 --
 -- Returns {1 CREATED, job_id, now (ms)} | {2 REPLAYED, job_id, status}
 --   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
@@ -178,7 +179,7 @@ if older == 'queued' or older == 'retry_wait' then
   hset(KEYS[9], 'cancel_requested', 1, 'external_effect', external_effect(KEYS[9]))
   end_waiting(KEYS[9], {ledger = KEYS[2], queued = KEYS[5], retry = KEYS[11],
     events = KEYS[10], counts = KEYS[8], done = KEYS[13], workflow = KEYS[14], wake = KEYS[15],
-    parts = parts_at(22)},
+    parts = parts_at(22), retention = ARGV[16]},
     now, older, 'cancelled', 'superseded')
 elseif older == 'running' or older == 'reconciling' or older == 'needs_review' then
   hset(KEYS[9], 'obsolete', 1)

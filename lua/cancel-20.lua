@@ -25,6 +25,7 @@
 -- KEYS[20] fleet (hash: the watch list)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
+-- ARGV[2] retention (ms; '' = 0: see finalize in _lib.lua)
 --
 -- Returns {0 OK, state, external_effect} | {7 NOT_FOUND}
 
@@ -39,7 +40,7 @@ if state == 'queued' or state == 'retry_wait' or state == 'needs_review' then
   redis.call('ZREM', KEYS[11], f[2])
   hset(job, 'cancel_requested', 1, 'external_effect', effect)
   end_waiting(job, {ledger = KEYS[2], queued = KEYS[3], retry = KEYS[4], events = KEYS[5], counts = KEYS[6],
-    done = KEYS[8], workflow = KEYS[9], wake = KEYS[10], parts = parts_at(15)}, now, state, 'cancelled', 'cancelled')
+    done = KEYS[8], workflow = KEYS[9], wake = KEYS[10], parts = parts_at(15), retention = ARGV[2]}, now, state, 'cancelled', 'cancelled')
   return {0, 'cancelled', effect}
 end
 if state == 'running' or state == 'reconciling' then

@@ -64,7 +64,7 @@ if waiting then redis.call('ZREM', KEYS[14], ARGV[7]) end  -- a call is answered
 if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
   if waiting then redis.call('ZREM', KEYS[13], ARGV[7]) end
   expire_queued(job, {ledger = KEYS[7], queued = KEYS[3], dead = KEYS[8], events = KEYS[5], counts = KEYS[6],
-    done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'deadline_passed_while_queued')
+    done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'deadline_passed_while_queued')  -- rare: woken at once
   return {14}
 end
 

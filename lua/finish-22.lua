@@ -27,6 +27,7 @@
 -- ARGV[4] error class ('' when completed)
 -- ARGV[5] safe reason (an identifier, never provider text)
 -- ARGV[6] JSON safe summary of the failure (node id, class type, error type, message), or ''
+-- ARGV[7] retention (ms; '' = 0: see finalize in _lib.lua)
 --
 -- Returns {0 OK, outcome, jobs parked in the shard} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
 
@@ -59,8 +60,8 @@ if outcome == 'cancelled' then
   hset(job, 'external_effect', external_effect(job))
 end
 if outcome == 'completed' and from == 'running' then update_estimate(job, KEYS[4], now) end
-finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12], parts = parts_at(18)},
-  now, outcome)
+finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12], parts = parts_at(18),
+  retention = ARGV[7]}, now, outcome)
 end_attempt(job, KEYS[4], now, outcome, ARGV[4])
 free_slot(job, KEYS[13])
 release(job, KEYS[3], job_id)

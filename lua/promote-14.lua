@@ -16,6 +16,7 @@
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] job id
+-- ARGV[3] retention (ms; '' = 0: see finalize in _lib.lua)
 --
 -- Returns {0 OK, new state} | {11 NOT_DUE} | {7 NOT_FOUND} (also cleans the index)
 
@@ -29,7 +30,7 @@ end
 if tonumber(f[2]) > now then return {11} end
 redis.call('ZREM', KEYS[3], job_id)
 if tonumber(f[3]) <= now then
-  finalize(job, {ledger = KEYS[2], done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'failed')
+  finalize(job, {ledger = KEYS[2], done = KEYS[9], workflow = KEYS[10], wake = KEYS[11], retention = ARGV[3]}, now, 'failed')
   hset(job, 'error_class', 'deadline_exceeded', 'error_reason', 'deadline_exceeded')
   redis.call('ZADD', KEYS[8], now, job_id)
   move(job, KEYS[7], KEYS[6], now, 'retry_wait', 'failed', 'deadline_exceeded')

@@ -21,6 +21,7 @@
 -- ARGV[2] job id
 -- ARGV[3] state the index holds: queued | reconciling
 -- ARGV[4] redelivery window (ms)
+-- ARGV[5] retention (ms; '' = 0: see finalize in _lib.lua)
 --
 -- Returns {0 OK, sends so far, priority} (publish now) | {14 EXPIRED} | {11 NOT_DUE}
 --   | {7 NOT_FOUND} (index cleaned)
@@ -38,7 +39,7 @@ if state == 'queued' then score = score + tonumber(ARGV[4]) end
 if score > now then return {11} end
 if state == 'queued' and tonumber(f[2]) <= now then
   expire_queued(job, {ledger = KEYS[3], queued = KEYS[2], dead = KEYS[4], events = KEYS[5], counts = KEYS[6],
-    done = KEYS[7], workflow = KEYS[8], wake = KEYS[9]}, now, 'deadline_passed_while_queued')
+    done = KEYS[7], workflow = KEYS[8], wake = KEYS[9], retention = ARGV[5]}, now, 'deadline_passed_while_queued')
   return {14}
 end
 local sends = hincrby(job, 'sends', 1)

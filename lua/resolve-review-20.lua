@@ -19,6 +19,7 @@
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] decision: retry | failed | completed
 -- ARGV[3] reason
+-- ARGV[4] retention (ms; '' = 0: see finalize in _lib.lua)
 --
 -- Returns {0 OK, new state} | {8 NOT_CLAIMABLE, state} | {10 OUTPUTS_MISSING, stored, requested}
 
@@ -42,8 +43,8 @@ if decision == 'retry' then
   move(job, KEYS[8], KEYS[7], now, 'needs_review', 'queued', ARGV[3])
   return {0, 'queued'}
 end
-finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12], parts = parts_at(16)},
-  now, decision)
+finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12], parts = parts_at(16),
+  retention = ARGV[4]}, now, decision)
 if decision == 'failed' then
   redis.call('ZADD', KEYS[6], now, job_id)
   hset(job, 'error_class', 'needs_review', 'error_reason', ARGV[3])

@@ -53,7 +53,8 @@ def open_store(settings: Settings, *, check: bool = True, wait_s: float = STARTU
     while True:
         try:
             client = redisconn.connect(settings)  # a RedisCluster asks its nodes for the slots right away
-            store = Store(client, Scripts.of(client, settings), shards=settings.shards)
+            store = Store(client, Scripts.of(client, settings), shards=settings.shards,
+                          retention_ms=settings.retention_seconds * 1000)
             if check:
                 store.check_shards()
             return store
@@ -164,9 +165,13 @@ def _at(now_ms: int | None) -> int | str:
 class Store(Reads):
     """Every write is one Lua script; ``now_ms`` arguments default to Redis's own clock."""
 
-    def __init__(self, client: redis.Redis, scripts: Scripts | None = None, *, shards: int | None = None) -> None:
+    def __init__(self, client: redis.Redis, scripts: Scripts | None = None, *, shards: int | None = None,
+                 retention_ms: int | None = None) -> None:
         """``shards``: the deployment's shard count (``RECKON_SHARDS``), set for the whole process;
-        None leaves the count as it is (1 unless set)."""
+        None leaves the count as it is (1 unless set). ``retention_ms``: how long a finished job is
+        kept (``RECKON_RETENTION_SECONDS``): its tenant is woken for the sweeper's purge then, not
+        when it finishes (None: at once)."""
+        self.retention = "" if retention_ms is None else retention_ms
         #: Typed Any: the client decodes replies to str, which redis-py's stubs cannot express.
         self.redis: Any = client
         self.scripts = scripts or Scripts(client)
@@ -225,7 +230,7 @@ class Store(Reads):
              *t.shard.globals, t.shard.admission, t.shard.fleet, *older.parts],
             [_at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
              orjson.dumps(fields), status, supersedes, workflow, limits.slots, limits.queue_cap_interactive,
-             limits.queue_cap_batch, limits.interactive_target_s, keys.shard_count()],
+             limits.queue_cap_batch, limits.interactive_target_s, keys.shard_count(), self.retention],
             durable=True,
         )
         code = Code(reply[0])
@@ -369,7 +374,7 @@ class Store(Reads):
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
              j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals, t.shard.parked, *j.parts],
             [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome,
-             orjson.dumps(detail) if detail else ""],
+             orjson.dumps(detail) if detail else "", self.retention],
             durable=True,
         )
 
@@ -437,7 +442,7 @@ class Store(Reads):
             "resolve-review",
             [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs, t.done,
              j.workflow, t.shard.wake, *t.shard.globals, *j.parts],
-            [_at(now_ms), decision, reason],
+            [_at(now_ms), decision, reason, self.retention],
             durable=True,
         )
         return self._check(reply, j)[1]
@@ -449,7 +454,7 @@ class Store(Reads):
         reply = self.scripts(
             "promote", [j.record, t.ledger, t.retry, t.queued, t.outbox, j.events, t.counts, t.dead, t.done,
                         j.workflow, t.shard.wake, *t.shard.globals],
-            [_at(now_ms), job_id],
+            [_at(now_ms), job_id, self.retention],
         )
         return reply[1] if Code(reply[0]) is Code.OK else None
 
@@ -461,7 +466,7 @@ class Store(Reads):
         index = t.queued if state == "queued" else t.reconcile
         reply = self.scripts("redeliver", [j.record, index, t.ledger, t.dead, j.events, t.counts, t.done,
                                            j.workflow, t.shard.wake, *t.shard.globals],
-                             [_at(now_ms), job_id, state, window_ms])
+                             [_at(now_ms), job_id, state, window_ms, self.retention])
         return reply[2] if Code(reply[0]) is Code.OK else None
 
     def purge(self, job_id: str, *, retention_ms: int, now_ms: int | None = None) -> bool:
@@ -494,7 +499,7 @@ class Store(Reads):
         reply = self.scripts(
             "cancel", [j.record, t.ledger, t.queued, t.retry, j.events, t.counts, t.review, t.done,
                        j.workflow, t.shard.wake, t.shard.parked, *t.shard.globals, *j.parts, t.shard.fleet],
-            [_at(now_ms)],
+            [_at(now_ms), self.retention],
             durable=True,
         )
         self._check(reply, j)

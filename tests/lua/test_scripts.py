@@ -242,6 +242,19 @@ def test_a_cancel_before_or_after_the_hand_over_is_on_the_watch_entry(acme: Stor
     assert acme.watch_entry(other.job_id)["cancel"] == 1
 
 
+@pytest.mark.parametrize("retention_ms", [None, 60_000])
+def test_a_finished_job_wakes_its_tenant_when_it_is_due_for_purging(acme: Store, retention_ms) -> None:
+    """With the retention known (every process's store has it), finishing a job wakes its tenant for
+    the sweeper only when the job is due for purging; without it, at once (a sweeper pass then)."""
+    store = Store(acme.redis, acme.scripts, retention_ms=retention_ms)
+    admit(store)
+    held = claim(store)  # its lease expiry, NOW + 1000, is the tenant's next due work
+    store.store_output(held, 0, {"sha256": "a" * 64, "bytes": 1, "content_type": "image/png"}, now_ms=NOW + 40)
+    store.finish(held, "completed", now_ms=NOW + 50)
+    woken = store.redis.zscore(TenantKeys("acme").shard.wake, "acme")
+    assert woken == (NOW + 50 if retention_ms is None else NOW + 1000)
+
+
 @pytest.mark.parametrize("charged_before_crash", [False, True])
 def test_lease_expiry_after_submission_holds_the_attempt_as_uncertain(acme: Store, charged_before_crash) -> None:
     admit(acme, outputs=2, ceiling=60)
