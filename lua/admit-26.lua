@@ -173,7 +173,7 @@ redis.call('ZADD', KEYS[5], now, job_id)
 redis.call('ZADD', KEYS[6], now + tonumber(ARGV[6]), job_id)
 wake(KEYS[15], KEYS[3], now + tonumber(ARGV[6]))
 move(KEYS[3], KEYS[8], KEYS[7], now, '', 'queued', 'admitted')
-redis.call('SET', KEYS[1], idem_text('pending', ARGV[8], fingerprint, job_id), 'EX', ARGV[5])
+redis.call('SET', KEYS[1], idem_text('pending', ARGV[8], fingerprint, job_id), 'EX', math.max(1, tonumber(ARGV[5])))
 
 if older == 'queued' or older == 'retry_wait' then
   hset(KEYS[9], 'cancel_requested', 1, 'external_effect', external_effect(KEYS[9]))

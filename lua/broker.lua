@@ -12,22 +12,35 @@
 -- empty: list items that are bare message ids, whose messages are in the hash `<ns>:<queue>.msgs`,
 -- and a worker's fetched ids in the set `<ns>:__acks__.<worker>.<queue>`.
 --
--- ARGV: command, now (ms), queue, worker id, heartbeat timeout (ms), dead message ttl (ms),
--- maintenance ('1' to run it), largest unpack, then the command's own arguments.
+-- ARGV: command, the caller's clock (ms; not used: every time here is Redis's own, so a host
+-- whose clock is off is neither taken for dead nor keeps a dead worker alive), queue, worker id,
+-- heartbeat timeout (ms), dead message ttl (ms), maintenance ('1' to run it), largest unpack, then
+-- the command's own arguments.
 --
 -- What differs from Dramatiq's script, and why it holds:
 -- - A message is stored once, in its queue's list while it waits and in its worker's held hash
 --   from its fetch to its ack: an enqueue is one RPUSH, a fetch one LPOP of up to its count and one
 --   HSET, an ack one HDEL (Dramatiq's: a hash of messages and a list and a set of ids).
 -- - The heartbeat is written when the caller asks (a fetch whose last argument is not '' (Dramatiq's
---   own fetch passes none), or `heartbeat`):
---   the consumer asks at most every quarter of the timeout, when it fetches and, while it holds as
---   many messages as it may, on its own (pipeline/waking.py), so a live worker is never taken for
---   dead; a process that only publishes writes none.
--- Per message: enqueue 2 commands, fetch 3 (4 with a heartbeat), ack 2 (Dramatiq's: 4, 6, 4).
+--   own fetch passes none), or `heartbeat`): the consumer asks at most every quarter of the timeout,
+--   when it fetches and, while it holds as many messages as it may, on its own (pipeline/waking.py),
+--   so a live worker is never taken for dead; a process that only publishes writes none. A worker
+--   that holds messages and has no heartbeat at all (taken for dead and dropped from the heartbeats
+--   while it was silent, it came back and fetched before its next heartbeat was due) is dead to the
+--   maintenance pass too, so no held message can outlive its worker unseen.
+-- Per message: enqueue 2 commands, fetch 3 (5 with a heartbeat: TIME and ZADD), ack 2 (Dramatiq's: 4, 6, 4).
 
 local ns = KEYS[1]
-local command, now, queue, worker = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local command, queue, worker = ARGV[1], ARGV[3], ARGV[4]
+-- Redis's clock in ms, read once and only by a call that needs it (a heartbeat, maintenance, a nack).
+local clock_ms
+local function now()
+  if not clock_ms then
+    local t = redis.call('TIME')
+    clock_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return clock_ms
+end
 local timeout, dead_ttl, maintain, max_unpack = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
 
 local canonical = queue
@@ -51,7 +64,17 @@ end
 -- it (and their ids of an earlier version's set); a dead worker holding nothing anywhere leaves the
 -- heartbeats. Expired dead letters go.
 local function maintenance()
-  local gone = redis.call('ZRANGEBYSCORE', heartbeats, 0, tonumber(now) - timeout)
+  local gone = redis.call('ZRANGEBYSCORE', heartbeats, 0, now() - timeout)
+  local known = {}
+  for _, other in ipairs(gone) do known[other] = true end
+  local prefix, suffix = ns .. ':__held__.', '.' .. queue
+  for _, key in ipairs(redis.call('KEYS', prefix .. '*' .. suffix)) do
+    local other = string.sub(key, #prefix + 1, #key - #suffix)
+    if not known[other] and not redis.call('ZSCORE', heartbeats, other) then
+      known[other] = true
+      gone[#gone + 1] = other
+    end
+  end
   for _, other in ipairs(gone) do
     local theirs = ns .. ':__held__.' .. other .. '.' .. queue
     local flat = redis.call('HGETALL', theirs)
@@ -66,7 +89,7 @@ local function maintenance()
       redis.call('ZREM', heartbeats, other)
     end
   end
-  local expired = redis.call('ZRANGEBYSCORE', dead, 0, tonumber(now) - dead_ttl)
+  local expired = redis.call('ZRANGEBYSCORE', dead, 0, now() - dead_ttl)
   in_slices(expired, function(...)
     redis.call('ZREM', dead, ...)
     redis.call('HDEL', dead_messages, ...)
@@ -89,14 +112,16 @@ local function release(id)
 end
 
 if command == 'heartbeat' or maintain == '1' or (command == 'fetch' and ARGV[10] ~= '') then
-  redis.call('ZADD', heartbeats, now, worker)  -- before a maintenance pass finds it old
+  redis.call('ZADD', heartbeats, now(), worker)  -- before a maintenance pass finds it old
 end
 if maintain == '1' then maintenance() end
 
 if command == 'enqueue' then
   redis.call('RPUSH', list, ARGV[9] .. ' ' .. ARGV[10])
 elseif command == 'fetch' then
-  local items = redis.call('LPOP', list, math.min(tonumber(ARGV[9]), max_unpack))
+  local count = math.min(tonumber(ARGV[9]), max_unpack)
+  if count < 1 then return {} end
+  local items = redis.call('LPOP', list, count)
   if not items then return {} end
   local messages, pairs_ = {}, {}
   for i, item in ipairs(items) do
@@ -120,7 +145,7 @@ elseif command == 'ack' then
 elseif command == 'nack' then
   local message = release(ARGV[9])
   if message then
-    redis.call('ZADD', dead, now, ARGV[9])
+    redis.call('ZADD', dead, now(), ARGV[9])
     redis.call('HSET', dead_messages, ARGV[9], message)
   end
 elseif command == 'requeue' then

@@ -22,7 +22,7 @@ STEPS = {  # what the scripts of each step cost (FCALL included), per job
     "hand-over": 5,
     "progress": 10,  # 5 a point; the watcher writes the first at once, then at most one a second
     "collect": 6,  # 5 (the prompt's cost booked in the same step), and 2 for each duplicate collect message
-    "outputs": 6,  # one call records all of a job's outputs (HGETALL of the record and of the outputs, TIME, two HSETs)
+    "outputs": 10,  # 5 an output, each recorded right after its copy (HGETALL of the record, HSETNX, TIME, HSET)
     "finish": 20,
     "confirm-publish": 4,
 }

@@ -159,7 +159,8 @@ class Executor:
         The prompt is read at its server before the claim (the watch list names server and
         operation), so a claim of an ended prompt books its cost in the same step; what that read
         found (or how it failed) is then what the collect goes on with, as a read under the claim
-        would have."""
+        would have, except for a cancel: a prompt still pending or running is read again under the
+        claim before it is taken off its server (that proof needs a read a moment before the delete)."""
         seen = self._read_watched(job_id)
         charge = None
         if seen and isinstance(seen[1], OperationStatus) and seen[1].state not in ("pending", "running", "unknown"):
@@ -180,10 +181,14 @@ class Executor:
                 else:
                     status = self._submitted(lambda: provider.status(claim.operation_id))
                 if status.state in ("pending", "running") and taken.cancel_requested:
-                    after = self._cancel_at_provider(claim, provider, status, taken.epoch)
-                    if after is None:  # taken off the server's queue before it ran: ended here
-                        return True
-                    status = after
+                    # the proof of non-execution needs "pending" read a moment before the delete:
+                    # read again, as the read before the claim spans the claim's round trip
+                    status = self._submitted(lambda: provider.status(claim.operation_id))
+                    if status.state in ("pending", "running"):
+                        after = self._cancel_at_provider(claim, provider, status, taken.epoch)
+                        if after is None:  # taken off the server's queue before it ran: ended here
+                            return True
+                        status = after
                 if status.state in ("pending", "running"):
                     if claim.claimed_ms >= taken.deadline_ms:  # as a worker's own wait: reconcile it
                         raise UnknownOutcome("deadline_passed_while_running")
@@ -304,33 +309,17 @@ class Executor:
             self.sleep(self.settings.poll_interval_seconds)
 
     def _store_outputs(self, claim: Claim, provider: Provider, refs: list[OutputRef], heartbeat: Held) -> None:
-        """Copy each output into the blob store, then record them on the job in one step. An output
-        copied before a later one fails is recorded before the error goes on (a stored blob is never
-        left unrecorded by a worker that lives to see the failure); a worker that dies meanwhile
-        leaves them to the reconciler, which reads the same outputs from the provider again."""
-        copied: dict[int, dict[str, Any]] = {}
-        try:
-            for ref in refs:
-                heartbeat.check()
-                data, content_type = describe(provider.fetch(ref), ref.filename)  # never the embedded workflow
-                copied[ref.index] = {"sha256": self.blobs.put(data), "bytes": len(data), "content_type": content_type}
-                heartbeat.progress()
-        except Exception:
-            if copied:
-                self._record_outputs(claim, copied, heartbeat)
-            raise
-        if copied:
-            heartbeat.check()  # given up by the keeper while it fetched: the reconciler records them
-            self.store.store_outputs(claim, copied)
-
-    def _record_outputs(self, claim: Claim, copied: dict[int, dict[str, Any]], heartbeat: Held) -> None:
-        """Record the outputs copied before a failure; an error here is logged, the failure goes on."""
-        try:
+        """Copy each output into the blob store and record it on the job at once: a stored blob is
+        never left unrecorded by a worker that dies before the job finishes (recording them all in
+        one step after the last copy would spare a call an output, and leave every earlier copy
+        unrecorded should the worker die in a later one)."""
+        for ref in refs:
             heartbeat.check()
-            self.store.store_outputs(claim, copied)
-        except Exception:
-            log.warning("outputs %s of %s copied but not recorded; the reconciler records them", sorted(copied),
-                        claim.job_id, exc_info=True)
+            data, content_type = describe(provider.fetch(ref), ref.filename)  # never the embedded workflow
+            record: dict[str, Any] = {"sha256": self.blobs.put(data), "bytes": len(data), "content_type": content_type}
+            heartbeat.check()  # given up by the keeper while it fetched: the reconciler records it
+            self.store.store_outputs(claim, {ref.index: record})
+            heartbeat.progress()
 
     # -- reconciliation ---------------------------------------------------------------
 

@@ -192,6 +192,8 @@ class Settings:
             raise ValueError("RECKON_RETENTION_SECONDS must be at least RECKON_IDEMPOTENCY_TTL_SECONDS")
         if self.shards < 1:
             raise ValueError("RECKON_SHARDS must be at least 1")
+        if self.idempotency_ttl_seconds < 1:  # the record is written with its expiry (SET ... EX)
+            raise ValueError("RECKON_IDEMPOTENCY_TTL_SECONDS must be at least 1")
         if not 0 < self.ack_timeout_ms <= MAX_ACK_TIMEOUT_MS:  # a WAIT cut by the socket timeout is sent again
             raise ValueError(f"RECKON_ACK_TIMEOUT_MS must be between 1 and {MAX_ACK_TIMEOUT_MS}")
         if self.stall_seconds <= self.output_fetch_seconds + STEP_AFTER_FETCH_SECONDS:

@@ -244,26 +244,27 @@ class WakingRedisBroker(RedisBroker):
     def fetch(self, queue_name: str, count: int, *, maintain: bool) -> list[bytes]:
         """Dramatiq's fetch of up to ``count`` messages; ``maintain``: with its maintenance pass on this
         queue (requeue dead workers' messages, expire dead letters), else as ``maintenance_chance`` says.
-        It writes the process's heartbeat when one is due (``beat_due``)."""
+        It writes the process's heartbeat when one is due (``_beat_due``)."""
         self._maintain.now = maintain
+        beat = self._beat_due()
         try:
-            return list(self.do_fetch(queue_name, count, "1" if self._beat() else ""))
+            fetched = list(self.do_fetch(queue_name, count, "1" if beat else ""))
         finally:
             self._maintain.now = False
+        if beat:  # written: only a call that succeeded counts as a heartbeat
+            self._beaten = time.monotonic()
+        return fetched
 
     def heartbeat(self, queue_name: str) -> None:
         """Write the process's heartbeat if one is due (a consumer that holds as many messages as it
         may, so fetches none)."""
-        if self._beat():
+        if self._beat_due():
             self.do_heartbeat(queue_name)
+            self._beaten = time.monotonic()
 
-    def _beat(self) -> bool:
-        """Whether a heartbeat is due (a quarter of the timeout since the last), taking it if so."""
-        now = time.monotonic()
-        if now - self._beaten < self.heartbeat_timeout / 1000 / RECHECK_SHARE:
-            return False
-        self._beaten = now
-        return True
+    def _beat_due(self) -> bool:
+        """Whether a heartbeat is due: a quarter of the timeout since the last one written."""
+        return time.monotonic() - self._beaten >= self.heartbeat_timeout / 1000 / RECHECK_SHARE
 
     def _should_do_maintenance(self, command: str) -> int:
         return 1 if getattr(self._maintain, "now", False) else int(super()._should_do_maintenance(command))

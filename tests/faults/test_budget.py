@@ -28,7 +28,7 @@ def test_a_job_as_deployed_stays_within_its_redis_budget(tmp_path: Path) -> None
     for step in ("admission", "claim", "submit mark", "hand-over", "finish"):
         assert figures.calls[step] == JOBS, (step, figures.calls[step])
     assert figures.calls["charge"] == 0  # each collect claim booked its prompt's cost
-    assert figures.calls["outputs"] == JOBS  # both outputs of a job recorded in one step
+    assert figures.calls["outputs"] == 2 * JOBS  # each output recorded right after its copy
     # a prompt's end may be seen twice (its websocket message, then /history): the second collect finds
     # the job taken and writes nothing (2 commands, within the step's figure); every job is collected
     assert figures.calls["collect"] >= JOBS

@@ -323,3 +323,60 @@ def test_messages_an_earlier_versions_script_stored_are_fetched_acked_and_redeli
         broker.flush_all()
         broker.close()
         client.close()
+
+
+def test_a_worker_holding_messages_without_a_heartbeat_is_dead_to_maintenance(own_redis: int) -> None:
+    """A worker dropped from the heartbeats while it was silent (it held nothing then), back and fetching
+    before its next heartbeat was due, then dead: its held message still comes back in a maintenance
+    pass. A heartbeat counts only once written: a failed call leaves the next one due."""
+    client = redis.Redis(port=own_redis, db=1)
+    worker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
+    other = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
+    for broker in (worker, other):
+        broker.declare_queue("wake-test")
+    try:
+        real = worker.scripts["dispatch"]
+
+        def unreachable(*args, **kwargs):
+            raise redis.ConnectionError("the broker did not answer")
+
+        worker.scripts["dispatch"] = unreachable
+        with pytest.raises(redis.ConnectionError):
+            worker.fetch("wake-test", 4, maintain=False)
+        assert worker._beat_due()  # not written: still due
+        worker.scripts["dispatch"] = real
+        sent = other.enqueue(message(7)).options["redis_message_id"]
+        assert len(worker.fetch("wake-test", 4, maintain=False)) == 1
+        assert client.zscore("waketest:__heartbeats__", worker.broker_id) is not None
+        client.zrem("waketest:__heartbeats__", worker.broker_id)  # dropped meanwhile; the worker dies now
+        back = [dramatiq.Message.decode(raw).options["redis_message_id"]
+                for raw in other.fetch("wake-test", 4, maintain=True)]
+        assert back == [sent]
+        assert client.exists(f"waketest:__held__.{worker.broker_id}.wake-test") == 0
+    finally:
+        other.flush_all()
+        client.close()
+
+
+def test_a_worker_whose_clock_is_behind_is_not_taken_for_dead(own_redis: int, monkeypatch) -> None:
+    """Every time in lua/broker.lua is Redis's: a host whose clock is two minutes behind writes a fresh
+    heartbeat, and a maintenance pass leaves what it holds with it."""
+    client = redis.Redis(port=own_redis, db=1)
+    lagging = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
+    other = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
+    for broker in (lagging, other):
+        broker.declare_queue("wake-test")
+    try:
+        other.enqueue(message(8))
+        import dramatiq.brokers.redis as dramatiq_redis
+        monkeypatch.setattr(dramatiq_redis, "current_millis", lambda: int(time.time() * 1000) - 120_000)
+        assert len(lagging.fetch("wake-test", 4, maintain=False)) == 1
+        monkeypatch.undo()
+        redis_ms = int(client.time()[0]) * 1000
+        assert abs(client.zscore("waketest:__heartbeats__", lagging.broker_id) - redis_ms) < 10_000
+        assert other.fetch("wake-test", 4, maintain=True) == []  # nothing taken back from it
+        assert client.hlen(f"waketest:__held__.{lagging.broker_id}.wake-test") == 1
+    finally:
+        other.flush_all()
+        lagging.flush_all()
+        client.close()

@@ -303,8 +303,8 @@ def test_a_partial_failure_found_by_reconciliation_is_charged_for_what_it_made(
 
 def test_outputs_copied_before_a_failed_copy_are_recorded_and_the_rest_reconciled(
         store, admit, make_executor, make_router, sim) -> None:
-    """An attempt records its outputs in one step after copying them all; one that fails partway
-    records the outputs it copied before the failure goes on."""
+    """An attempt records each output right after its copy: one whose copy fails partway has the
+    outputs copied before it recorded, and reconciliation records the rest."""
     job_id = admit(outputs=3)
     inject(sim, {"kind": "read_error", "path": "/view", "after": 1})  # the second output's read fails
     executor, router = make_executor(sim), make_router(retry_base_seconds=0.0)
@@ -377,3 +377,27 @@ def test_heartbeats_keep_a_long_attempt_leased(store, settings, admit, make_exec
     finally:
         server.close()
     assert store.job(job_id)["state"] == "completed" and len(store.attempts(job_id)) == 1
+
+
+class Killed(BaseException):
+    """A SIGKILL's stand-in inside one process: no ``except Exception`` runs."""
+
+
+def test_outputs_copied_before_the_worker_dies_are_recorded(store, admit, make_executor, sim) -> None:
+    """Each output is recorded right after its copy: a worker that dies during its third copy leaves the
+    first two recorded (paid outputs the provider may not keep)."""
+    job_id = admit(outputs=3)
+    executor = make_executor(sim)
+    put, copies = executor.blobs.put, []
+
+    def put_then_die(data: bytes) -> str:
+        copies.append(data)
+        if len(copies) == 3:
+            raise Killed()
+        return put(data)
+
+    executor.blobs.put = put_then_die
+    with pytest.raises(Killed):
+        executor.run(job_id)
+    assert store.job(job_id)["attempt_charged"] == "1"  # booked before the outputs
+    assert sorted(store.outputs(job_id)) == [0, 1]

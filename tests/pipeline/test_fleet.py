@@ -465,3 +465,34 @@ def test_parked_jobs_are_published_after_a_message_that_freed_a_slot_and_only_th
                  "cancelled", reason="cancelled")  # frees the slot with nothing parked
     after(waiting)
     assert published == [(waiting, "unparked")] and len(asked) == 1  # asked only after the retry
+
+
+def test_a_prompt_billed_while_the_collect_claim_was_under_way_is_never_taken_for_unrun(
+        store, admit, make_executor) -> None:
+    """A cancel's proof that a prompt never ran ("pending", then gone a moment after the delete, the epoch
+    unchanged) rests on a read under the collect claim, not the read before it: here the prompt runs and
+    is billed, and the server restarts (a stock ComfyUI: no epoch), while the claim is under way."""
+    server = simulated.start(delay=0.5)
+    try:
+        blocker, job_id = admit(key="a"), admit(key="b")
+        executor = make_executor(server, watch=True)
+        executor.fleet["sim"].epoch = lambda: ""  # a stock ComfyUI shows no boot id
+        assert executor.run(blocker) and executor.run(job_id)  # both at the watcher; job_id's prompt waits
+        assert len(server.sim.queue()["queue_pending"]) == 1
+        store.cancel(job_id)
+        claim = store.collect_claim
+
+        def slow_claim(*args, **kwargs):  # the claim's round trip is slow (an fsync stall, a failover)
+            wait_until(lambda: len(server.sim.charges) == 2, timeout=10)  # job_id's prompt ran: billed
+            server.sim.restart()  # then the server restarts: queue and history gone
+            return claim(*args, **kwargs)
+
+        store.collect_claim = slow_claim
+        with pytest.raises(AttemptFailed) as failed:  # an unknown outcome: reconciliation's careful path
+            executor.collect(job_id)
+    finally:
+        server.close()
+    assert [c["units"] for c in server.sim.charges] == [10, 10]
+    assert failed.value.cause.error_class == "unknown_outcome"
+    job = store.job(job_id)
+    assert job["state"] == "running" and job["settled"] == "0"  # not ended "removed" with nothing paid

@@ -38,6 +38,8 @@ def test_settings_read_the_environment_once_and_derive_the_broker_db() -> None:
         Settings.from_env({"RECKON_PROVIDER_CAP": "0"}).caps()
     with pytest.raises(ValueError, match="bad option"):
         Settings.from_env({"RECKON_PROVIDERS": "a=http://127.0.0.1:1;cap=0"}).caps()
+    with pytest.raises(ValueError, match="RECKON_IDEMPOTENCY_TTL_SECONDS must be at least 1"):  # SET ... EX
+        Settings.from_env({"RECKON_IDEMPOTENCY_TTL_SECONDS": "0"})
 
 
 @pytest.mark.parametrize(
