@@ -45,6 +45,14 @@ def message(n: int) -> dramatiq.Message:
     return dramatiq.Message(queue_name="wake-test", actor_name="noop", args=(f"job-{n}",), kwargs={}, options={})
 
 
+def two_brokers(client: redis.Redis) -> tuple[WakingRedisBroker, WakingRedisBroker]:
+    """Two worker processes' brokers on one Redis: one namespace, the test queue declared."""
+    first, second = (WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0) for _ in range(2))
+    for broker in (first, second):
+        broker.declare_queue("wake-test")
+    return first, second
+
+
 def first_message(consumer, limit_s: float = 30.0):
     """Iterate the consumer until it yields a message (None means it waited idle)."""
     deadline = time.monotonic() + limit_s
@@ -330,10 +338,7 @@ def test_a_worker_holding_messages_without_a_heartbeat_is_dead_to_maintenance(ow
     before its next heartbeat was due, then dead: its held message still comes back in a maintenance
     pass. A heartbeat counts only once written: a failed call leaves the next one due."""
     client = redis.Redis(port=own_redis, db=1)
-    worker = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
-    other = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
-    for broker in (worker, other):
-        broker.declare_queue("wake-test")
+    worker, other = two_brokers(client)
     try:
         real = worker.scripts["dispatch"]
 
@@ -362,10 +367,7 @@ def test_a_worker_whose_clock_is_behind_is_not_taken_for_dead(own_redis: int, mo
     """Every time in lua/broker.lua is Redis's: a host whose clock is two minutes behind writes a fresh
     heartbeat, and a maintenance pass leaves what it holds with it."""
     client = redis.Redis(port=own_redis, db=1)
-    lagging = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
-    other = WakingRedisBroker(client=client, namespace="waketest", maintenance_chance=0)
-    for broker in (lagging, other):
-        broker.declare_queue("wake-test")
+    lagging, other = two_brokers(client)
     try:
         other.enqueue(message(8))
         import dramatiq.brokers.redis as dramatiq_redis
