@@ -316,9 +316,10 @@ class Executor:
         for ref in refs:
             heartbeat.check()
             data, content_type = describe(provider.fetch(ref), ref.filename)  # never the embedded workflow
-            record: dict[str, Any] = {"sha256": self.blobs.put(data), "bytes": len(data), "content_type": content_type}
+            digest = self.blobs.put(data)
+            record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": content_type}
             heartbeat.check()  # given up by the keeper while it fetched: the reconciler records it
-            self.store.store_outputs(claim, {ref.index: record})
+            self.store.store_output(claim, ref.index, record)
             heartbeat.progress()
 
     # -- reconciliation ---------------------------------------------------------------

@@ -339,16 +339,12 @@ class Store(Reads):
         self._check(reply, j)
 
     def store_output(self, claim: Claim, index: int, record: dict[str, Any], *, now_ms: int | None = None) -> bool:
-        return self.store_outputs(claim, {index: record}, now_ms=now_ms) == 1
-
-    def store_outputs(self, claim: Claim, records: dict[int, dict[str, Any]], *, now_ms: int | None = None) -> int:
-        """Record outputs copied into the blob store (index -> sha256, bytes, content_type), in one
-        step; an index already recorded keeps its first record. Returns how many were recorded now."""
         j = JobKeys(claim.job_id)
-        pairs = [part for index in sorted(records) for part in (index, orjson.dumps(records[index]))]
-        reply = self._fenced("store-output", j, [j.record, j.outputs], [claim.generation, _at(now_ms), *pairs],
-                             durable=True)
-        return int(reply[1])
+        reply = self._fenced(
+            "store-output", j, [j.record, j.outputs], [claim.generation, _at(now_ms), index, orjson.dumps(record)],
+            durable=True,
+        )
+        return bool(reply[1])
 
     def charge(self, claim: Claim, units: int) -> int:
         """Book what the provider charged for this attempt (once per attempt), in full; whatever
