@@ -118,6 +118,8 @@ end
 -- one HSET, less `dropped` (a list of field names).
 local function rewrite(key, dropped)
   local r = record_of(key)
+  -- a partial copy knows only some fields: written anew, it would lose the others
+  if r.partial then error('rewrite: ' .. key .. ' was read in part (preload)') end
   known(r, key, '')
   for _, field in ipairs(dropped) do r.f[field] = nil end
   r.rewrite = true
