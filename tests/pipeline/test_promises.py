@@ -16,7 +16,7 @@ import redis
 from pipeline import actors, cli, keys
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
-from pipeline.errors import InvalidRequest, StaleLease
+from pipeline.errors import AttemptFailed, InvalidRequest, StaleLease
 from pipeline.executor import Executor
 from pipeline.jobs import Admitter, first_response
 from pipeline.keys import JobKeys, TenantKeys
@@ -55,6 +55,47 @@ def test_a_failed_read_after_submission_is_reconciled_never_resubmitted(store, a
     assert [(a["state"], a["error_class"]) for a in store.attempts(job_id)] == [("completed", None)]
     assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 20,
                                "available": 9_980}
+
+
+def test_a_failed_read_when_collecting_books_nothing_and_reconciliation_books_it_once(
+        store, admit, make_executor, make_router, sim) -> None:
+    """Watch mode: the collect reads the prompt before its claim; a read that fails there claims the job
+    without a charge and sends it to reconciliation, which books the run once."""
+    job_id = admit(outputs=2)
+    executor, router = make_executor(sim, watch=True), make_router(retry_base_seconds=0.0)
+    assert executor.run(job_id) is True  # handed to the watcher
+    wait_until(lambda: units(sim) == [20])  # the prompt ran, billed
+    inject(sim, {"kind": "read_error", "path": "/history", "status": 503})
+    with pytest.raises(AttemptFailed) as failed:
+        executor.collect(job_id)
+    assert router.route(failed.value) == "reconcile"
+    job = store.job(job_id)
+    assert (job["state"], job["charged"], job["attempt_charged"]) == ("reconciling", "0", "0")  # nothing booked
+    assert reconcile(executor, router, job_id) == "reconciled"
+    assert store.job(job_id)["state"] == "completed" and units(sim) == [20]
+    assert balanced(store) == {"allowance": 10_000, "reserved": 0, "uncertain": 0, "settled": 20,
+                               "available": 9_980}
+
+
+@pytest.mark.parametrize("recorded", ["current", "stale"])
+def test_an_epoch_older_than_the_servers_never_proves_a_prompt_unrun(
+        store, admit, make_executor, make_router, sim, recorded) -> None:
+    """A worker records the epoch it read at most EPOCH_READ_S before a submission: one read before a
+    restart the submission followed is another boot's. A prompt the server has no record of is proven
+    unrun only under the epoch it has now; under an older one it is left to the careful path."""
+    job_id = admit()
+    executor = make_executor(sim, submit_settle_seconds=0.0, duplicate_cost_allowance=0)
+    epoch = executor.fleet["sim"].epoch() if recorded == "current" else "an-earlier-boot"
+    held = store.claim(job_id, worker="w", lease_ms=1000, operation_id="op-never-sent", servers={"sim": 4})
+    store.mark_submit(held, epoch=epoch, lease_ms=1000)  # the request never reached the server
+    assert store.begin_reconcile(job_id, reason="lease_expired", claim=held)
+    outcome = reconcile(executor, make_router(retry_base_seconds=0.0), job_id)
+    job = store.job(job_id)
+    if recorded == "current":
+        assert (outcome, job["state"], job["uncertain"]) == ("retry", "retry_wait", "0")  # proven unrun
+    else:
+        assert (job["state"], job["error_reason"], job["uncertain"]) == ("needs_review", "outcome_unknowable", "10")
+    assert units(sim) == []
 
 
 def test_a_lost_output_of_a_paid_run_goes_to_an_operator_without_a_second_run(
