@@ -15,6 +15,8 @@
 -- and one HSET for all of them, with the copy's own writes to that hash.
 
 local RECORDS, BUMPS = {}, {}
+-- The fields a finished job's packed record holds in its field `z` (set in lua/_codec.lua).
+local packed_fields
 
 -- What Redis stores for a value a script passes: integers without a fraction.
 local function redis_text(value)
@@ -58,6 +60,11 @@ local function known(r, key, field)
     if not r.known[flat[i]] then r.f[flat[i]] = flat[i + 1] end
   end
   r.all = true
+  if r.f.z and string.find(key, ':job:[^:]*$') then  -- a finished job: its fields are packed
+    for name, text in pairs(packed_fields(key, r.f.z)) do
+      if r.f[name] == nil and not r.known[name] then r.f[name] = text end
+    end
+  end
 end
 
 local function hget(key, field)
@@ -114,15 +121,10 @@ local function add(key, field, amount)
   return redis.call('HINCRBY', key, field, amount)
 end
 
--- The record is written anew when the call ends (the caller DELs its key): every field it keeps, in
--- one HSET, less `dropped` (a list of field names).
-local function rewrite(key, dropped)
-  local r = record_of(key)
-  -- a partial copy knows only some fields: written anew, it would lose the others
-  if r.partial then error('rewrite: ' .. key .. ' was read in part (preload)') end
-  known(r, key, '')
-  for _, field in ipairs(dropped) do r.f[field] = nil end
-  r.rewrite = true
+-- The record is written anew when the call ends (the caller DELs its key): `fields` (field -> value)
+-- and nothing else, in one HSET.
+local function rewrite(key, fields)
+  RECORDS[key] = {f = fields, dirty = {}, known = {}, all = true, rewrite = true}
 end
 
 -- The record is gone (DEL): nothing of it is written back.

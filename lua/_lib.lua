@@ -256,7 +256,7 @@ end
 -- ends (`pack_finished`, run by the library before `save_records`), after its last event.
 local PACKS = {}
 
--- Record fields only a live attempt uses, and copies of its last attempt's (kept in the archive): a
+-- Record fields only a live attempt uses, and copies of its last attempt's (kept with its attempts): a
 -- packed job drops them, and its progress marks (`pm:<attempt>:<node>`, lua/progress-2.lua).
 local LIVE_FIELDS = {'lease_owner', 'lease_expires', 'slot_held', 'sends', 'attempt_charged', 'submit_epoch',
   'operation_id', 'provider', 'server', 'attempt_price', 'submitted_at'}
@@ -268,36 +268,31 @@ local function parts_at(first)
     progress = KEYS[first + 3], seen = KEYS[first + 4]}
 end
 
--- A finished job becomes one key, its record: its attempts, state events and outputs are packed into
--- the record's field `archive`, JSON {"a": [attempt...], "e": [event...], "o": {"<index>": output}},
--- each item the very JSON it was stored as (so a reader decodes what it decoded before), and their
--- keys go, with the workflow, the progress points and the fields of LIVE_FIELDS. The events this call
--- appended are packed with the stored ones, never pushed; the record is written anew (DEL, then
--- one HSET of every field it keeps: `rewrite` in _cache.lua), so dropping LIVE_FIELDS costs no HDEL.
+-- A finished job becomes one key, its record: `state` and the compact field `z` (lua/_codec.lua),
+-- which holds its other fields and its attempts, state events and outputs; their keys go, with the
+-- workflow, the progress points and the fields of LIVE_FIELDS. The events this call appended are
+-- packed with the stored ones, never pushed; the record is written anew (DEL, then one HSET:
+-- `rewrite` in _cache.lua).
 local function pack_finished()
   for job, pack in pairs(PACKS) do
-    local p = pack.parts
-    local stored, a = hgetall(p.attempts), {}
-    while stored[tostring(#a + 1)] do a[#a + 1] = stored[tostring(#a + 1)] end
+    local p, fields = pack.parts, hgetall(job)
+    local stored, attempts, outputs = hgetall(p.attempts), {}, {}
+    while stored[tostring(#attempts + 1)] do attempts[#attempts + 1] = stored[tostring(#attempts + 1)] end
+    for index, raw in pairs(hgetall(p.outputs)) do outputs[#outputs + 1] = {index = tonumber(index), raw = raw} end
+    table.sort(outputs, function(x, y) return x.index < y.index end)
     forget(p.attempts)
-    local indexes, o, by = {}, {}, {}
-    for index, output in pairs(hgetall(p.outputs)) do
-      indexes[#indexes + 1] = tonumber(index)
-      by[tonumber(index)] = output
-    end
     forget(p.outputs)
-    table.sort(indexes)
-    for _, index in ipairs(indexes) do o[#o + 1] = '"' .. index .. '":' .. by[index] end
-    local e = redis.call('LRANGE', p.events, 0, -1)
-    for _, event in ipairs(EVENTS[p.events] or {}) do e[#e + 1] = event end
+    local events = redis.call('LRANGE', p.events, 0, -1)
+    for _, raw in ipairs(EVENTS[p.events] or {}) do events[#events + 1] = raw end
     EVENTS[p.events] = nil
-    hset(job, 'archive', '{"a":[' .. table.concat(a, ',') .. '],"e":[' .. table.concat(e, ',') .. '],"o":{'
-      .. table.concat(o, ',') .. '}}')
-    local dropped = {unpack(LIVE_FIELDS)}
-    for field in pairs(hgetall(job)) do
-      if string.sub(field, 1, 3) == 'pm:' then dropped[#dropped + 1] = field end  -- progress marks
+    local kept = {}
+    for _, name in ipairs(LIVE_FIELDS) do kept[name] = false end
+    for name, text in pairs(fields) do
+      if kept[name] == nil and string.sub(name, 1, 3) ~= 'pm:' then kept[name] = text end  -- pm: progress marks
     end
-    rewrite(job, dropped)
+    for name, text in pairs(kept) do if not text then kept[name] = nil end end
+    local z = pack_value(string.match(job, ':job:(.*)$'), kept, attempts, events, outputs)
+    rewrite(job, {state = fields.state, z = z})
     redis.call('DEL', job, p.attempts, p.events, p.outputs, p.progress, p.seen, pack.workflow)
   end
   PACKS = {}

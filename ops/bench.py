@@ -56,7 +56,7 @@ def memory(bench: Bench) -> Section:
     figures = measure(args.memory_jobs, MEMORY_WORKFLOW_BYTES, args.tenants)
     finished = figures["bytes_per_job_finished"]
     return Section(
-        f"memory: {args.memory_jobs:,} jobs with a {MEMORY_WORKFLOW_BYTES:,} B workflow, one output each",
+        f"memory: {args.memory_jobs:,} jobs with a {MEMORY_WORKFLOW_BYTES:,} B workflow, two outputs each",
         notes=[f"bytes per job: {figures['bytes_per_job_admitted']:,} admitted (queued), "
                f"{figures['bytes_per_job_after_retention']:,} after retention; {figures['jobs_purged']:,} purged, "
                f"{figures['keys_left']} keys left"],

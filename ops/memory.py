@@ -4,7 +4,7 @@
 Run: ``.venv/bin/python ops/memory.py --jobs 5000 --workflow-bytes 10240``.
 Starts a private redis-server (ops/redis.conf, AOF off: memory is what is measured) on a
 free loopback port, admits the jobs through the real admission path, runs each through the
-real scripts (claim, mark-submit, charge, store-output, finish) with one output, and prints
+real scripts (claim, mark-submit, charge, store-output, finish) with ``--outputs`` outputs (2), and prints
 ``used_memory`` per job: after admission (workflow held), once finished (within retention,
 idempotency records included), and after the sweeper purged them past their retention.
 """
@@ -37,18 +37,20 @@ def used(store: Store) -> int:
     return int(store.redis.info("memory")["used_memory"])
 
 
-def run_all(store: Store, job_ids: list[str]) -> None:
+def run_all(store: Store, job_ids: list[str], outputs: int) -> None:
     for n, job_id in enumerate(job_ids):
         claim = store.claim(job_id, worker="memory/1", lease_ms=30_000, operation_id=f"op-{n:08d}",
                             servers={"sim": 1000})
         assert claim is not None
         store.mark_submit(claim, epoch="boot", lease_ms=30_000)
         store.charge(claim, 10)
-        store.store_output(claim, 0, {"sha256": f"{n:064x}", "bytes": 1234, "content_type": "image/png"})
+        for index in range(outputs):
+            store.store_output(claim, index, {"sha256": f"{n * 8 + index:064x}", "bytes": 1234,
+                                              "content_type": "image/png"})
         store.finish(claim, "completed")
 
 
-def measure(jobs: int, workflow_bytes: int, tenants: int) -> dict[str, float]:
+def measure(jobs: int, workflow_bytes: int, tenants: int, outputs: int = 2) -> dict[str, float]:
     port = free_port()
     with tempfile.TemporaryDirectory() as workdir:
         server = subprocess.Popen(
@@ -67,10 +69,10 @@ def measure(jobs: int, workflow_bytes: int, tenants: int) -> dict[str, float]:
             store.scripts.load()  # the script cache is not per job
             base = used(store)
             ids = [admitter.submit(f"t{n % tenants}", f"intent-{n}", {"kind": "image", "workflow": workflow,
-                                                                        "outputs": 1}).job_id
+                                                                        "outputs": outputs}).job_id
                    for n in range(jobs)]
             admitted = used(store)
-            run_all(store, ids)
+            run_all(store, ids, outputs)
             finished = used(store)
             sweeper = Sweeper(store, lambda job_id, route: None, settings,
                               clock=lambda: time.time() + settings.retention_seconds + 1)
@@ -102,8 +104,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--workflow-bytes", type=int, default=10240)
     parser.add_argument("--tenants", type=int, default=10)
+    parser.add_argument("--outputs", type=int, default=2)
     args = parser.parse_args()
-    print(orjson.dumps(measure(args.jobs, args.workflow_bytes, args.tenants), option=orjson.OPT_INDENT_2).decode())
+    print(orjson.dumps(measure(args.jobs, args.workflow_bytes, args.tenants, args.outputs),
+                       option=orjson.OPT_INDENT_2).decode())
 
 
 if __name__ == "__main__":

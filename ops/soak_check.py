@@ -41,8 +41,9 @@ def snapshot(client: Client, tenant: str) -> tuple[dict[str, int], list[dict[str
                 pipe.multi()
                 pipe.hgetall(t.ledger)
                 for job_id in ids:
-                    pipe.hmget(JobKeys(job_id).record, *MONEY)
-                ledger, *rows = pipe.execute()
+                    pipe.hmget(JobKeys(job_id).record, archive.hmget_fields(MONEY))
+                ledger, *replies = pipe.execute()
+                rows = [archive.values(job_id, MONEY, reply) for job_id, reply in zip(ids, replies, strict=True)]
                 return ({k: int(v) for k, v in ledger.items()},
                         [{k: int(v or 0) for k, v in zip(MONEY, row, strict=True)} for row in rows])
             except redis.WatchError:
@@ -97,9 +98,8 @@ def collect(client: Client, tenants: list[str]) -> dict[str, dict[str, Any]]:
         replies = pipe.execute()
         for i, job_id in enumerate(ids):
             record, attempts, events, outputs = replies[4 * i:4 * i + 4]
-            record.pop("workflow", None)
-            packed = record.pop(archive.FIELD, None)  # a finished job: its parts packed in its record
-            jobs[job_id] = {"tenant": tenant, "record": record,
+            packed = record.get(archive.FIELD)  # a finished job: its fields and parts packed in its record
+            jobs[job_id] = {"tenant": tenant, "record": archive.record(job_id, record),
                             "attempts": archive.attempts(attempts, packed),
                             "events": archive.events(events, packed),
                             "outputs": archive.outputs(outputs, packed)}

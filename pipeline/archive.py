@@ -1,46 +1,111 @@
-"""A finished job as one key: what ``pack_finished`` (lua/_lib.lua) keeps in its record.
+"""A finished job as one key: its record keeps ``state`` and one compact field, ``z``.
 
-A job that ends completed or cancelled keeps only its record hash. Its attempts, state events and
-outputs move into the record's field ``archive``: JSON ``{"a": [attempt, ...], "e": [event, ...],
-"o": {"<index>": output}}``, each item the very JSON it was stored as, so a reader decodes the same
-objects as it did from the job's own keys while it ran. Progress points and the workflow go then.
-A failed job (a dead letter) keeps its keys until it is replayed or purged.
+A job that ends completed or cancelled keeps only its record hash: ``state``, and ``z``, which holds
+its other fields, attempts, state events and outputs (``pack_finished`` in lua/_lib.lua writes it,
+lua/_codec.lua defines it; a test keeps the key lists below in step with the Lua ones). ``z`` is JSON
+``[1, created_at, [record values], {other fields}, [attempts], [events], [outputs]]``: record values in
+``RECORD_FIELDS`` order (null: no such field; true: ``id`` or ``tenant``, named by the job id), an
+object of any other fields, then items as arrays of their values when their keys were stored in
+the order of ``ATTEMPT_KEYS``, ``EVENT_KEYS`` or ``OUTPUT_KEYS`` (else as their stored object),
+integers as numbers, moments counted from ``created_at``. Progress points and the
+workflow go when the job is packed. A failed job (a dead letter) keeps its keys until it is replayed
+or purged.
 
-Each reader asks for the live key and the archive in one round trip and takes whichever is there.
+Each reader asks for the live keys and ``z`` in one round trip and takes whichever is there. What a
+reader gets is the same either way: record fields as the strings Redis kept, attempts, events and
+outputs as the objects they were stored as, keys in the same order.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 
-#: The record field that holds a finished job's packed parts.
-FIELD = "archive"
+#: The record field that holds a finished job's packed fields and parts.
+FIELD = "z"
+RECORD_FIELDS = (
+    "id", "tenant", "idem_key", "kind", "priority", "outputs_requested", "price", "per_attempt",
+    "ceiling", "attempts_allowed", "attempt_count", "attempts_not_sent", "reserved", "charged", "uncertain", "settled",
+    "seq", "supersedes", "event_seq", "submitted", "lease_gen", "deadline_s", "deadline", "updated_at", "settled_at",
+    "error_class", "error_reason", "error_detail", "cancel_requested", "obsolete", "external_effect",
+)
+RECORD_TIMES = frozenset({"deadline", "updated_at", "settled_at"})
+ATTEMPT_KEYS = ("number", "submitted_at", "price", "worker", "state", "error_class", "started_at", "generation",
+                "provider", "ended_at", "operation_id", "server")
+EVENT_KEYS = ("at", "to", "from", "seq", "reason")
+OUTPUT_KEYS = ("sha256", "bytes", "content_type")
+ITEM_TIMES = frozenset({"at", "started_at", "submitted_at", "ended_at"})
 
 
-def parts(raw: str | None) -> dict[str, Any] | None:
-    """The packed parts of a finished job, or None while it is live (or a dead letter)."""
-    return None if raw is None else orjson.loads(raw)
+def tenant_of(job_id: str) -> str:
+    return job_id.rpartition(".")[0]
 
 
-def outputs(live: dict[str, str], archive: str | None) -> dict[int, dict[str, Any]]:
-    """Output index -> {sha256, bytes, content_type}, from the job's outputs hash or its archive."""
-    packed = parts(archive)
-    if packed is not None:
-        return {int(index): output for index, output in packed["o"].items()}
+def record(job_id: str, flat: dict[str, str]) -> dict[str, str]:
+    """A record as HGETALL read it, with a packed job's fields unpacked (plain fields win)."""
+    raw = flat.pop(FIELD, None)
+    return flat if raw is None else {**_fields(job_id, orjson.loads(raw)), **flat}
+
+
+def hmget_fields(names: Sequence[str]) -> tuple[str, ...]:
+    """What to HMGET for ``names`` of a record that may be packed (``values`` reads the reply)."""
+    return (*names, FIELD)
+
+
+def values(job_id: str, names: Sequence[str], reply: Sequence[str | None]) -> list[str | None]:
+    """The values of ``names`` from an HMGET of ``hmget_fields(names)``."""
+    *plain, raw = reply
+    if raw is None:
+        return list(plain)
+    packed = _fields(job_id, orjson.loads(raw))
+    return [value if value is not None else packed.get(name) for name, value in zip(names, plain, strict=True)]
+
+
+def outputs(live: dict[str, str], raw: str | None) -> dict[int, dict[str, Any]]:
+    """Output index -> {sha256, bytes, content_type}, from the job's outputs hash or its packed value."""
+    if raw is not None:
+        return {item[0]: _item(item[1] if isinstance(item[1], dict) else item[1:], OUTPUT_KEYS, 0)
+                for item in orjson.loads(raw)[6]}
     return {int(index): orjson.loads(value) for index, value in sorted(live.items(), key=lambda kv: int(kv[0]))}
 
 
-def attempts(live: dict[str, str], archive: str | None) -> list[dict[str, Any]]:
-    packed = parts(archive)
-    if packed is not None:
-        return packed["a"]
+def attempts(live: dict[str, str], raw: str | None) -> list[dict[str, Any]]:
+    if raw is not None:
+        z = orjson.loads(raw)
+        return [_item(item, ATTEMPT_KEYS, _base(z)) for item in z[4]]
     return [orjson.loads(live[n]) for n in sorted(live, key=int)]
 
 
-def events(live: list[str], archive: str | None) -> list[dict[str, Any]]:
-    packed = parts(archive)
-    if packed is not None:
-        return packed["e"]
+def events(live: list[str], raw: str | None) -> list[dict[str, Any]]:
+    if raw is not None:
+        z = orjson.loads(raw)
+        return [_item(item, EVENT_KEYS, _base(z)) for item in z[5]]
     return [orjson.loads(item) for item in live]
+
+
+def _base(z: list[Any]) -> int:
+    return z[1] if isinstance(z[1], int) else 0
+
+
+def _text(value: Any) -> str:
+    return str(value) if isinstance(value, int) else value
+
+
+def _fields(job_id: str, z: list[Any]) -> dict[str, str]:
+    base, fields = _base(z), {} if z[1] is None else {"created_at": _text(z[1])}
+    for name, value in zip(RECORD_FIELDS, z[2], strict=False):  # a later version may list more
+        if value is True:
+            fields[name] = job_id if name == "id" else tenant_of(job_id)
+        elif value is not None:
+            fields[name] = _text(value + base if name in RECORD_TIMES and isinstance(value, int) else value)
+    fields.update(z[3])
+    return fields
+
+
+def _item(packed: list[Any] | dict[str, Any], names: Sequence[str], base: int) -> dict[str, Any]:
+    """A packed item: its values in ``names`` order, or the object it was stored as."""
+    if isinstance(packed, dict):
+        return packed
+    return {name: value + base if name in ITEM_TIMES and type(value) is int else value
+            for name, value in zip(names, packed, strict=True)}

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 import orjson
 
-from . import keys
+from . import archive, keys
 from .keys import JobKeys, TenantKeys
 from .status import CLASSES
 
@@ -93,9 +93,10 @@ def recent(client: Any, tenants: list[str], index: str, limit: int = RECENT_LIMI
             newest = heapq.nlargest(limit, [*newest, *((score, job_id) for job_id, score in rows)])
     pipe = client.pipeline(transaction=False)
     for _, job_id in newest:
-        pipe.hmget(JobKeys(job_id).record, RECENT_FIELDS)
+        pipe.hmget(JobKeys(job_id).record, archive.hmget_fields(RECENT_FIELDS))
     rows = []
-    for (_, job_id), (cls, error_class, reason, at) in zip(newest, pipe.execute(), strict=True):
+    for (_, job_id), reply in zip(newest, pipe.execute(), strict=True):
+        cls, error_class, reason, at = archive.values(job_id, RECENT_FIELDS, reply)
         rows.append({"id": job_id, "class": cls, "error_class": error_class or "", "reason": reason or "",
                      "at": int(at) if at else None})
     return rows

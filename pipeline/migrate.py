@@ -3,7 +3,9 @@
 Two steps, each safe to repeat. First, a Redis written before shards has its keys renamed into the
 shard layout (below). Then every finished job (completed or cancelled) still kept in its several
 keys is packed into one, its record (``lua/pack-7.lua``, as a job that ends now is packed:
-pipeline/archive.py); dead letters keep their keys, as they do now.
+pipeline/archive.py); dead letters keep their keys, as they do now. A job an earlier version packed
+(its parts as JSON in the record's field ``archive``) is put back in its keys first, in one MULTI,
+each item's text as it was, and then packed the same way.
 
 Before shards a tenant's keys were ``reckon:{t:<tenant>}:<suffix>`` (its jobs'
 ``reckon:{t:<tenant>}:job:<id>...``), and the figures, indexes, wake set, fleet hash and admission
@@ -25,6 +27,7 @@ import re
 from collections import Counter
 from typing import Any
 
+import orjson
 import redis
 
 from . import archive, keys, status
@@ -66,14 +69,33 @@ def pack_finished(client: Any, *, dry_run: bool = False) -> int:
     """Pack each finished job still in several keys; how many were (or would be) packed. A dry run
     counts those of a Redis before shards too (not renamed yet: the real run renames them first)."""
     scripts, packed = Scripts(client), 0
-    for record in _unpacked(client, old_layout=dry_run):
+    for record, archived in _unpacked(client, old_layout=dry_run):
         parts = [f"{record}:{part}" for part in ("attempts", "events", "outputs", "progress", "progress_seen")]
+        if archived is not None and not dry_run:
+            _unarchive(client, record, archived)
         packed += 1 if dry_run else scripts("pack", [record, *parts, f"{record}:workflow"], [])[1]
     return packed
 
 
-def _unpacked(client: Any, *, old_layout: bool) -> list[str]:
-    """The record keys of the finished jobs (completed, cancelled) not packed yet."""
+def _unarchive(client: Any, record: str, archived: str) -> None:
+    """A job packed in the earlier form back in its keys (attempts, events, outputs) and without its
+    field ``archive``, in one MULTI: died after it, the job is found unpacked and packed anew."""
+    old = orjson.loads(archived)
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(f"{record}:attempts", f"{record}:events", f"{record}:outputs")
+    if old["a"]:
+        pipe.hset(f"{record}:attempts", mapping={str(n): orjson.dumps(a) for n, a in enumerate(old["a"], 1)})
+    if old["e"]:
+        pipe.rpush(f"{record}:events", *(orjson.dumps(e) for e in old["e"]))
+    if old["o"]:
+        pipe.hset(f"{record}:outputs", mapping={index: orjson.dumps(o) for index, o in old["o"].items()})
+    pipe.hdel(record, "archive")
+    pipe.execute()
+
+
+def _unpacked(client: Any, *, old_layout: bool) -> list[tuple[str, str | None]]:
+    """(record key, its earlier packed form or None) of the finished jobs (completed, cancelled) not packed
+    in today's form yet."""
     indexes = [(TenantKeys(tenant).done, lambda job_id: JobKeys(job_id).record)
                for shard in keys.shards() for tenant in sorted(client.smembers(shard.tenants))]
     if old_layout:
@@ -85,8 +107,8 @@ def _unpacked(client: Any, *, old_layout: bool) -> list[str]:
         records = [record_of(job_id) for job_id in client.zrange(index, 0, -1)]
         pipe = client.pipeline(transaction=False)
         for record in records:
-            pipe.hmget(record, "state", archive.FIELD)
-        found += [record for record, (state, packed) in zip(records, pipe.execute(), strict=True)
+            pipe.hmget(record, "state", archive.FIELD, "archive")
+        found += [(record, archived) for record, (state, packed, archived) in zip(records, pipe.execute(), strict=True)
                   if state in ("completed", "cancelled") and packed is None]
     return found
 

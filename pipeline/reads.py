@@ -17,14 +17,12 @@ class Reads:
     redis: Any
 
     def job(self, job_id: str) -> dict[str, str] | None:
-        """The job's record (a finished job's packed parts left out: pipeline/archive.py), or None."""
-        record = self.redis.hgetall(JobKeys(job_id).record)
-        record.pop(archive.FIELD, None)
-        return record or None
+        """The job's record (a finished job's fields unpacked, its parts left out: pipeline/archive.py), or None."""
+        return archive.record(job_id, self.redis.hgetall(JobKeys(job_id).record)) or None
 
     def _with_archive(self, job_id: str, read: Any) -> tuple[Any, str | None]:
-        """``read(pipe, keys)``'s reply and the job's archive, in one round trip: the live key first, so a
-        job packed between the two reads is found in its archive."""
+        """``read(pipe, keys)``'s reply and the job's packed value, in one round trip: the live key first, so
+        a job packed between the two reads is found packed."""
         j = JobKeys(job_id)
         pipe = self.redis.pipeline(transaction=False)
         read(pipe, j)
@@ -38,13 +36,13 @@ class Reads:
     def jobs_with_outputs(self, job_ids: list[str]) -> list[tuple[dict[str, str], dict[int, dict[str, Any]]]]:
         """(record, outputs) of each existing job, in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        for job_id in job_ids:  # outputs first: a job packed between the two reads is found in its archive
+        for job_id in job_ids:  # outputs first: a job packed between the two reads is found packed
             pipe.hgetall(JobKeys(job_id).outputs)
             pipe.hgetall(JobKeys(job_id).record)
         replies = pipe.execute()
-        pairs = [(record, archive.outputs(live, record.pop(archive.FIELD, None)))
-                 for live, record in zip(replies[::2], replies[1::2], strict=True)]
-        return [(record, outputs) for record, outputs in pairs if record]
+        pairs = [(archive.outputs(live, record.get(archive.FIELD)), archive.record(job_id, record))
+                 for job_id, live, record in zip(job_ids, replies[::2], replies[1::2], strict=True)]
+        return [(record, outputs) for outputs, record in pairs if record]
 
     def workflow(self, job_id: str) -> Any:
         """The job's workflow (decoded); None once the job has ended (it is dropped then)."""
@@ -97,7 +95,8 @@ class Reads:
 
     def refusal(self, job_id: str) -> dict[str, str] | None:
         """What the server refused of the prompt when it took it (output nodes), or None."""
-        raw = self.redis.hget(JobKeys(job_id).record, "refusal")
+        reply = self.redis.hmget(JobKeys(job_id).record, archive.hmget_fields(["refusal"]))
+        raw = archive.values(job_id, ["refusal"], reply)[0]
         return orjson.loads(raw) if raw else None
 
     def class_pauses(self) -> dict[str, int]:

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from . import keys
+from . import archive, keys
 from .jobs import PRIORITIES, State
 from .keys import BATCH_RANK, JobKeys, ProviderKeys, TenantKeys
 from .progress import TERMINAL
@@ -167,6 +167,10 @@ class Truth:
     due: dict[str, int]
 
 
+#: The record fields ``walk`` reads of each job.
+WALKED = ("state", "priority", "updated_at", "deadline")
+
+
 def walk(client: Any, tenants: list[str]) -> Truth:
     """Read every job of every tenant (O(jobs), pipelined per tenant): for audits and rebuilds, not scrapes."""
     truth = Truth(Counter(), Counter(), {}, {})
@@ -176,8 +180,9 @@ def walk(client: Any, tenants: list[str]) -> Truth:
         ids = client.zrange(TenantKeys(tenant).jobs, 0, -1)
         pipe = client.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hmget(JobKeys(job_id).record, "state", "priority", "updated_at", "deadline")
-        for job_id, (state, cls, updated, deadline) in zip(ids, pipe.execute(), strict=True):
+            pipe.hmget(JobKeys(job_id).record, archive.hmget_fields(WALKED))
+        for job_id, reply in zip(ids, pipe.execute(), strict=True):
+            state, cls, updated, deadline = archive.values(job_id, WALKED, reply)
             truth.counts[(cls, state)] += 1
             rank = class_range(cls)[0]
             if state == "queued":

@@ -22,19 +22,20 @@ VIEW_FIELDS = (
 
 def job_record(client: Any, job_id: str) -> dict[str, str] | None:
     """The view fields of one job's record, or None if there is no such job."""
-    return _record(client.hmget(JobKeys(job_id).record, VIEW_FIELDS))
+    reply = client.hmget(JobKeys(job_id).record, archive.hmget_fields(VIEW_FIELDS))
+    return _record(archive.values(job_id, VIEW_FIELDS, reply))
 
 
 def jobs_with_outputs(client: Any, job_ids: list[str]) -> list[tuple[dict[str, str], dict[int, dict[str, Any]]]]:
     """(view fields, outputs) of each existing job, in order, in one pipelined round trip (not one step:
-    each job's outputs are read before its record, whose archive has them all once it is packed)."""
+    each job's outputs are read before its record, whose packed value has them all once it is packed)."""
     pipe = client.pipeline(transaction=False)
-    for job_id in job_ids:  # outputs first: a job packed between the two reads is found in its archive
+    for job_id in job_ids:  # outputs first: a job packed between the two reads is found packed
         pipe.hgetall(JobKeys(job_id).outputs)
-        pipe.hmget(JobKeys(job_id).record, (*VIEW_FIELDS, archive.FIELD))
+        pipe.hmget(JobKeys(job_id).record, archive.hmget_fields(VIEW_FIELDS))
     replies = pipe.execute()
-    rows = ((_record(values[:-1]), archive.outputs(live, values[-1]))
-            for live, values in zip(replies[::2], replies[1::2], strict=True))
+    rows = ((_record(archive.values(job_id, VIEW_FIELDS, reply)), archive.outputs(live, reply[-1]))
+            for job_id, live, reply in zip(job_ids, replies[::2], replies[1::2], strict=True))
     return [(record, outputs) for record, outputs in rows if record is not None]
 
 

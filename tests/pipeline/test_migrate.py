@@ -117,33 +117,74 @@ def test_an_interrupted_migration_is_finished_by_resuming_it(store: Store) -> No
     assert audit(store.redis, store.tenants()) == []
 
 
-PER_KEY = json.loads((Path(__file__).parent.parent / "fixtures" / "per_key_state.json").read_text())
+def fixture(name: str) -> dict[str, Any]:
+    return json.loads((Path(__file__).parent.parent / "fixtures" / name).read_text())
+
+
+PER_KEY, ARCHIVED = fixture("per_key_state.json"), fixture("archived_state.json")
 PACKED = ("completed", "retried", "cancelled_queued", "cancelled_running")
 
 
-def test_finished_jobs_written_in_several_keys_are_packed_and_answer_as_they_did(store: Store, settings) -> None:
-    """tests/fixtures/per_key_state.json: every key of a Redis that the code before packing wrote
-    (tests/fixtures/per_key_gen.py, run on commit 7a4f958), with what its API answered for each job:
-    completed (2 outputs, progress), completed on its second attempt, cancelled while queued, cancelled
-    while running, failed (a dead letter), running."""
-    for key, saved in PER_KEY["keys"].items():
-        store.redis.restore(key, saved["pttl"], bytes.fromhex(saved["dump"]))
-    ids = PER_KEY["jobs"]
+@pytest.mark.parametrize("saved", [PER_KEY, ARCHIVED], ids=["per_key", "archived"])
+def test_finished_jobs_of_earlier_forms_are_packed_and_answer_as_they_did(store: Store, settings, saved) -> None:
+    """Every key of a Redis that earlier code wrote (tests/fixtures/per_key_gen.py), with what its API
+    answered for each job: completed (2 outputs, progress), completed on its second attempt, cancelled
+    while queued, cancelled while running, failed (a dead letter), running. per_key_state.json: run on
+    commit 7a4f958, before finished jobs were packed; archived_state.json: on commit 64c0583, which
+    packed their parts as JSON in the record's field ``archive``."""
+    for key, dumped in saved["keys"].items():
+        store.redis.restore(key, dumped["pttl"], bytes.fromhex(dumped["dump"]))
+    ids = saved["jobs"]
     assert migrate(store.redis, dry_run=True)["packed"] == 4
     assert migrate(store.redis) == {"tenant_keys": 0, "shared_keys": 0, "expired": 0, "packed": 4}
     assert migrate(store.redis)["packed"] == 0  # twice: nothing more
     for name, job_id in ids.items():
         j = keys.JobKeys(job_id)
         parts = [j.attempts, j.events, j.outputs, j.workflow, j.progress, j.progress_seen]
-        assert store.redis.exists(*parts) == (0 if name in PACKED else {"failed": 3, "running": 5}[name]), name
+        live = {"failed": 3, "running": 5 if saved is PER_KEY else 4}  # progress marks became record fields
+        assert store.redis.exists(*parts) == (0 if name in PACKED else live[name]), name
+        if name in PACKED:
+            assert sorted(store.redis.hkeys(j.record)) == ["state", "z"], name
     assert audit(store.redis, store.tenants()) == []
     api = testing.TestClient(create_app(settings, store=store, publish=lambda job_id, priority: None))
-    auth = {"Authorization": f"Bearer {PER_KEY['api_key']}"}
-    for name, views in PER_KEY["views"].items():
+    auth = {"Authorization": f"Bearer {saved['api_key']}"}
+    for name, views in saved["views"].items():
         for path, before in views.items():
             now = api.simulate_get(f"/v1/jobs/{ids[name]}{path}" if name != "list" else "/v1/jobs", headers=auth)
-            if path == "/events" and name in PACKED:  # a finished job keeps its state events, not its progress
+            if path == "/events" and name in PACKED and saved is PER_KEY:  # a finished job keeps no progress
                 kept = [e for e in orjson.loads(before)["events"] if e["type"] == "state"]
                 assert orjson.loads(now.text) == {"events": kept}, name
             else:
                 assert now.text == before, (name, path)  # byte for byte
+
+
+class DiesBeforePacking:
+    """A client whose pack script call never happens: the migration dies right after putting a job
+    back in its keys."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def fcall(self, *args: Any) -> Any:
+        raise KeyboardInterrupt("the operator's shell went away")
+
+
+def test_a_migration_that_dies_between_unpacking_and_packing_loses_nothing(store: Store, settings) -> None:
+    for key, dumped in ARCHIVED["keys"].items():
+        store.redis.restore(key, dumped["pttl"], bytes.fromhex(dumped["dump"]))
+    job_id = ARCHIVED["jobs"]["completed"]
+    with pytest.raises(KeyboardInterrupt):
+        migrate(DiesBeforePacking(store.redis))
+    j = keys.JobKeys(job_id)
+    forms = [store.redis.hmget(keys.JobKeys(job).record, "state", "archive", "z") for job in ARCHIVED["jobs"].values()]
+    finished = [(archived is not None, z is not None) for state, archived, z in forms if state in ("completed", "cancelled")]
+    assert sorted(finished) == [(False, False), (True, False), (True, False), (True, False)]  # one put back in its keys
+    assert migrate(store.redis)["packed"] == 4
+    assert sorted(store.redis.hkeys(j.record)) == ["state", "z"] and store.redis.exists(j.outputs) == 0
+    api = testing.TestClient(create_app(settings, store=store, publish=lambda job_id, priority: None))
+    auth = {"Authorization": f"Bearer {ARCHIVED['api_key']}"}
+    for path, before in ARCHIVED["views"]["completed"].items():
+        assert api.simulate_get(f"/v1/jobs/{job_id}{path}", headers=auth).text == before, path

@@ -1,0 +1,130 @@
+-- A finished job in one compact field: `z` of its record, beside its plain `state` (what redis-cli
+-- and every script look at first). pipeline/packed.py reads the same form; the key lists below are
+-- in step with its own (a test compares them). `z` is JSON:
+--
+--   [1, created_at, [record values], {other fields}, [attempts], [events], [outputs]]
+--
+-- Record values come in RECORD_FIELDS order: null where the record has no such field, true for
+-- `id` and `tenant` when the key names them already. Attempts, events and outputs are arrays of
+-- their values, when the item's keys are ATTEMPT_KEYS, EVENT_KEYS or OUTPUT_KEYS in that order (how
+-- the scripts write them); any other item is kept as the object it was stored as, keys in their
+-- order. An integer is a JSON number; a moment (the *_TIMES) counts from created_at, so most are a
+-- few digits.
+-- About a third of the bytes of the record with its parts as JSON objects (README "Redis layout").
+
+local PACKED, PACK_VERSION = 'z', 1
+local RECORD_FIELDS = {'id', 'tenant', 'idem_key', 'kind', 'priority', 'outputs_requested', 'price', 'per_attempt',
+  'ceiling', 'attempts_allowed', 'attempt_count', 'attempts_not_sent', 'reserved', 'charged', 'uncertain', 'settled',
+  'seq', 'supersedes', 'event_seq', 'submitted', 'lease_gen', 'deadline_s', 'deadline', 'updated_at', 'settled_at',
+  'error_class', 'error_reason', 'error_detail', 'cancel_requested', 'obsolete', 'external_effect'}
+local RECORD_TIMES = {deadline = true, updated_at = true, settled_at = true}
+local ATTEMPT_KEYS = {'number', 'submitted_at', 'price', 'worker', 'state', 'error_class', 'started_at', 'generation',
+  'provider', 'ended_at', 'operation_id', 'server'}
+local EVENT_KEYS = {'at', 'to', 'from', 'seq', 'reason'}
+local OUTPUT_KEYS = {'sha256', 'bytes', 'content_type'}
+local ITEM_TIMES = {at = true, started_at = true, submitted_at = true, ended_at = true}
+
+-- Fields a packed record's `z` never carries: its plain ones, and those `created_at` stands for.
+local NOT_PACKED = {state = true, z = true, created_at = true}
+
+local function is_integer(value)
+  return type(value) == 'number' and value == math.floor(value) and math.abs(value) < 2^53
+end
+
+-- A Redis string that reads back as the same integer (no sign, zeros or spaces it would lose).
+local function integer_text(text)
+  return #text <= 15 and (string.match(text, '^-?[1-9]%d*$') or text == '0') and tonumber(text) or nil
+end
+
+-- One decoded JSON value, as compact JSON (a moment relative to `base`).
+local function encode_value(value, base, moment)
+  if value == cjson.null then return 'null' end
+  if is_integer(value) then return string.format('%d', moment and value - base or value) end
+  if type(value) == 'number' then return string.format('%.17g', value) end
+  return cjson.encode(value)
+end
+
+-- The keys of a flat JSON object, in the order its text has them (a key inside a string value is
+-- escaped, \", so only the object's own keys follow a `{` or `,` directly).
+local function key_order(raw)
+  local order = {}
+  for name in string.gmatch(raw, '[{,]"([%w_]+)":') do order[#order + 1] = name end
+  return order
+end
+
+-- One stored JSON object (its text) as the array of its values, when its keys are `names` in that
+-- order; else its text as it is (an object: a reader gets its keys in the order they were).
+local function encode_item(raw, names, base)
+  local order = key_order(raw)
+  if #order ~= #names then return raw end
+  for i, name in ipairs(names) do
+    if order[i] ~= name then return raw end
+  end
+  local item, out = cjson.decode(raw), {}
+  for i, name in ipairs(names) do out[i] = encode_value(item[name], base, ITEM_TIMES[name]) end
+  return '[' .. table.concat(out, ',') .. ']'
+end
+
+local function encode_items(items, names, base)
+  local out = {}
+  for i, raw in ipairs(items) do out[i] = encode_item(raw, names, base) end
+  return '[' .. table.concat(out, ',') .. ']'
+end
+
+-- `z` for the job `job_id` with record `fields` (field -> Redis string; `state` and LIVE fields
+-- left out by the caller) and its parts, each a list of stored JSON texts (outputs: {index, raw}).
+local function pack_value(job_id, fields, attempts, events, outputs)
+  local base = integer_text(fields.created_at or '') or 0
+  local tenant = string.match(job_id, '^(.*)%.[^.]*$')
+  local values, listed = {}, {}
+  for i, name in ipairs(RECORD_FIELDS) do
+    local text = fields[name]
+    listed[name] = true
+    if text == nil or text == false then
+      values[i] = 'null'
+    elseif (name == 'id' and text == job_id) or (name == 'tenant' and text == tenant) then
+      values[i] = 'true'
+    else
+      local n = integer_text(text)
+      values[i] = n and string.format('%d', RECORD_TIMES[name] and n - base or n) or cjson.encode(text)
+    end
+  end
+  local rest = {}
+  for name, text in pairs(fields) do
+    if not listed[name] and not NOT_PACKED[name] then rest[#rest + 1] = cjson.encode(name) .. ':' .. cjson.encode(text) end
+  end
+  table.sort(rest)
+  local created = fields.created_at
+  created = (created == nil and 'null') or (integer_text(created) and created) or cjson.encode(created)
+  local o = {}
+  for i, output in ipairs(outputs) do
+    local index, encoded = string.format('%d', output.index), encode_item(output.raw, OUTPUT_KEYS, base)
+    if string.sub(encoded, 1, 1) == '[' then
+      o[i] = '[' .. index .. ',' .. string.sub(encoded, 2)
+    else  -- kept as its object
+      o[i] = '[' .. index .. ',' .. encoded .. ']'
+    end
+  end
+  return '[' .. PACK_VERSION .. ',' .. created .. ',[' .. table.concat(values, ',') .. '],{' .. table.concat(rest, ',')
+    .. '},' .. encode_items(attempts, ATTEMPT_KEYS, base) .. ',' .. encode_items(events, EVENT_KEYS, base) .. ',['
+    .. table.concat(o, ',') .. ']]'
+end
+
+-- The record fields a packed value holds (field -> Redis string), `id`, `tenant` and `created_at` included.
+packed_fields = function(key, raw)
+  local z = cjson.decode(raw)
+  local job_id = string.match(key, ':job:(.*)$')
+  local created = z[2]
+  local base = is_integer(created) and created or 0
+  local fields = {created_at = created ~= cjson.null and redis_text(created) or nil}
+  for i, name in ipairs(RECORD_FIELDS) do
+    local value = z[3][i]
+    if value == true then
+      fields[name] = name == 'id' and job_id or string.match(job_id, '^(.*)%.[^.]*$')
+    elseif value ~= cjson.null and value ~= nil then
+      fields[name] = redis_text(RECORD_TIMES[name] and is_integer(value) and value + base or value)
+    end
+  end
+  for name, text in pairs(z[4]) do fields[name] = text end
+  return fields
+end
