@@ -57,7 +57,7 @@ def create_app(
         publish = Publisher(build_broker(settings))
     admitter = Admitter(store, publish, settings)
 
-    app = falcon.App(middleware=[Authenticate(store.redis)])
+    app = falcon.App(middleware=[Authenticate(store.redis, trust_seconds=settings.auth_cache_seconds)])
     json = falcon.media.JSONHandler(dumps=orjson.dumps, loads=orjson.loads)
     app.req_options.media_handlers[falcon.MEDIA_JSON] = json
     app.resp_options.media_handlers[falcon.MEDIA_JSON] = json

@@ -49,6 +49,10 @@ DEFAULT_OUTPUT_FETCH_SECONDS = 60.0
 STEP_AFTER_FETCH_SECONDS = 115.0
 #: How long an idempotency record is kept; after that the key may create a new job.
 DEFAULT_IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+#: How long a web process trusts a key it looked up (s): a revoked key or a disabled tenant is refused within it.
+DEFAULT_AUTH_CACHE_SECONDS = 1.0
+#: The longest a web process may trust a key it looked up (s).
+MAX_AUTH_CACHE_SECONDS = 10.0
 #: Largest request body accepted (413 above it) and largest workflow inside it (422).
 DEFAULT_MAX_BODY_BYTES = 512 * 1024
 DEFAULT_MAX_WORKFLOW_BYTES = 256 * 1024
@@ -149,6 +153,7 @@ class Settings:
     stall_seconds: float = DEFAULT_STALL_SECONDS
     output_fetch_seconds: float = DEFAULT_OUTPUT_FETCH_SECONDS
     idempotency_ttl_seconds: int = DEFAULT_IDEMPOTENCY_TTL_SECONDS
+    auth_cache_seconds: float = DEFAULT_AUTH_CACHE_SECONDS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_workflow_bytes: int = DEFAULT_MAX_WORKFLOW_BYTES
     default_deadline_seconds: int = DEFAULT_DEADLINE_SECONDS
@@ -192,6 +197,8 @@ class Settings:
             raise ValueError("RECKON_RETENTION_SECONDS must be at least RECKON_IDEMPOTENCY_TTL_SECONDS")
         if self.shards < 1:
             raise ValueError("RECKON_SHARDS must be at least 1")
+        if not 0 <= self.auth_cache_seconds <= MAX_AUTH_CACHE_SECONDS:  # a revoked key must stop working soon
+            raise ValueError(f"RECKON_AUTH_CACHE_SECONDS must be between 0 and {MAX_AUTH_CACHE_SECONDS:g}")
         if self.idempotency_ttl_seconds < 1:  # the record is written with its expiry (SET ... EX)
             raise ValueError("RECKON_IDEMPOTENCY_TTL_SECONDS must be at least 1")
         if not 0 < self.ack_timeout_ms <= MAX_ACK_TIMEOUT_MS:  # a WAIT cut by the socket timeout is sent again
@@ -226,6 +233,7 @@ class Settings:
             "stall_seconds": ("RECKON_STALL_SECONDS", float),
             "output_fetch_seconds": ("RECKON_OUTPUT_FETCH_SECONDS", float),
             "idempotency_ttl_seconds": ("RECKON_IDEMPOTENCY_TTL_SECONDS", int),
+            "auth_cache_seconds": ("RECKON_AUTH_CACHE_SECONDS", float),
             "max_body_bytes": ("RECKON_MAX_BODY_BYTES", int),
             "max_workflow_bytes": ("RECKON_MAX_WORKFLOW_BYTES", int),
             "default_deadline_seconds": ("RECKON_DEFAULT_DEADLINE_SECONDS", int),
