@@ -52,16 +52,27 @@ local function key_order(raw)
   return order
 end
 
+-- Whether a stored JSON text may hold a number that Lua's numbers would not write back as it was:
+-- one with a fraction or an exponent (2.0 would come back as 2), or of 16 digits or more (past 2^53).
+-- It may also match inside a string value: such an item is only kept as its text, never altered.
+local function odd_numbers(raw)
+  return string.find(raw, ':%-?%d+[%.eE]') or string.find(raw, ':%-?' .. string.rep('%d', 16))
+end
+
 -- One stored JSON object (its text) as the array of its values, when its keys are `names` in that
--- order; else its text as it is (an object: a reader gets its keys in the order they were).
+-- order and its values are strings, null, booleans or integers below 2^53; else its text as it is
+-- (an object: a reader gets its keys and values as they were).
 local function encode_item(raw, names, base)
   local order = key_order(raw)
-  if #order ~= #names then return raw end
+  if #order ~= #names or odd_numbers(raw) then return raw end
   for i, name in ipairs(names) do
     if order[i] ~= name then return raw end
   end
   local item, out = cjson.decode(raw), {}
-  for i, name in ipairs(names) do out[i] = encode_value(item[name], base, ITEM_TIMES[name]) end
+  for i, name in ipairs(names) do
+    if type(item[name]) == 'table' then return raw end  -- an array or object: [] would come back as {}
+    out[i] = encode_value(item[name], base, ITEM_TIMES[name])
+  end
   return '[' .. table.concat(out, ',') .. ']'
 end
 

@@ -71,26 +71,39 @@ def pack_finished(client: Any, *, dry_run: bool = False) -> int:
     scripts, packed = Scripts(client), 0
     for record, archived in _unpacked(client, old_layout=dry_run):
         parts = [f"{record}:{part}" for part in ("attempts", "events", "outputs", "progress", "progress_seen")]
-        if archived is not None and not dry_run:
-            _unarchive(client, record, archived)
-        packed += 1 if dry_run else scripts("pack", [record, *parts, f"{record}:workflow"], [])[1]
+        if dry_run:
+            packed += 1
+        elif archived is None or _unarchive(client, record):
+            reply = scripts("pack", [record, *parts, f"{record}:workflow"], [])
+            packed += reply[1] if reply[0] == 0 else 0  # else purged since it was listed
     return packed
 
 
-def _unarchive(client: Any, record: str, archived: str) -> None:
+def _unarchive(client: Any, record: str) -> bool:
     """A job packed in the earlier form back in its keys (attempts, events, outputs) and without its
-    field ``archive``, in one MULTI: died after it, the job is found unpacked and packed anew."""
-    old = orjson.loads(archived)
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(f"{record}:attempts", f"{record}:events", f"{record}:outputs")
-    if old["a"]:
-        pipe.hset(f"{record}:attempts", mapping={str(n): orjson.dumps(a) for n, a in enumerate(old["a"], 1)})
-    if old["e"]:
-        pipe.rpush(f"{record}:events", *(orjson.dumps(e) for e in old["e"]))
-    if old["o"]:
-        pipe.hset(f"{record}:outputs", mapping={index: orjson.dumps(o) for index, o in old["o"].items()})
-    pipe.hdel(record, "archive")
-    pipe.execute()
+    field ``archive``, in one MULTI under WATCH of its record: died after it, the job is found
+    unpacked and packed anew; purged meanwhile (False), nothing is written."""
+    with client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(record)
+                archived = pipe.hget(record, "archive")
+                if archived is None:
+                    return bool(pipe.exists(record))  # put back already, or purged
+                old = orjson.loads(archived)
+                pipe.multi()
+                pipe.delete(f"{record}:attempts", f"{record}:events", f"{record}:outputs")
+                if old["a"]:
+                    pipe.hset(f"{record}:attempts", mapping={str(n): orjson.dumps(a) for n, a in enumerate(old["a"], 1)})
+                if old["e"]:
+                    pipe.rpush(f"{record}:events", *(orjson.dumps(e) for e in old["e"]))
+                if old["o"]:
+                    pipe.hset(f"{record}:outputs", mapping={index: orjson.dumps(o) for index, o in old["o"].items()})
+                pipe.hdel(record, "archive")
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue
 
 
 def _unpacked(client: Any, *, old_layout: bool) -> list[tuple[str, str | None]]:

@@ -40,7 +40,9 @@ TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 NUMBERISH = st.one_of(st.integers(-10**15, 10**15).map(str), st.sampled_from(["007", "-0", "1e3", " 1", "1.5", ""]))
 VALUE = st.one_of(TEXT, NUMBERISH)
 JSON_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-2**52, 2**52), TEXT,
-                       st.integers(-10**9, 10**9).map(lambda n: n / 8 + 1 / 16))  # never a whole number
+                       st.integers(-10**9, 10**9).map(lambda n: n / 8 + 1 / 16),
+                       st.sampled_from([2.0, -0.0, 1e14, 1e300, 2**53 + 1, -(2**63), 2**64 - 1, [], {}, [1, "a"],
+                                        {"k": [None]}]))  # what Lua's numbers and tables would not keep
 MOMENT = st.one_of(st.integers(0, 2**42), JSON_VALUE)
 JOB_ID = "acme.0123456789abcdef0123"
 EXTRA_NAME = st.from_regex(r"[a-y][a-z_]{0,8}", fullmatch=True)

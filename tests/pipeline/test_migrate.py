@@ -188,3 +188,31 @@ def test_a_migration_that_dies_between_unpacking_and_packing_loses_nothing(store
     auth = {"Authorization": f"Bearer {ARCHIVED['api_key']}"}
     for path, before in ARCHIVED["views"]["completed"].items():
         assert api.simulate_get(f"/v1/jobs/{job_id}{path}", headers=auth).text == before, path
+
+
+class PurgesFirst:
+    """A client on which the sweeper purges every listed job just before the migration puts the first
+    one back in its keys (a sweeper left running beside it)."""
+
+    def __init__(self, client: Any, store: Store, job_ids: list[str]) -> None:
+        self.client, self.store, self.job_ids = client, store, job_ids
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def pipeline(self, transaction: bool = True, **kw: Any) -> Any:
+        if transaction and self.job_ids:
+            for job_id in self.job_ids:
+                assert self.store.purge(job_id, retention_ms=0, now_ms=2**50)
+            self.job_ids = []
+        return self.client.pipeline(transaction=transaction, **kw)
+
+
+def test_a_job_purged_while_the_migration_runs_leaves_no_key(store: Store) -> None:
+    for key, dumped in ARCHIVED["keys"].items():
+        store.redis.restore(key, dumped["pttl"], bytes.fromhex(dumped["dump"]))
+    finished = [ARCHIVED["jobs"][name] for name in PACKED]
+    assert migrate(PurgesFirst(store.redis, store, finished))["packed"] == 0
+    for job_id in finished:
+        assert store.redis.keys(keys.JobKeys(job_id).record + "*") == [], job_id
+    assert audit(store.redis, store.tenants()) == []
