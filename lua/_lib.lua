@@ -258,8 +258,9 @@ local PACKS = {}
 
 -- Record fields only a live attempt uses, and copies of its last attempt's (kept with its attempts): a
 -- packed job drops them, and its progress marks (`pm:<attempt>:<node>`, lua/progress-2.lua).
-local LIVE_FIELDS = {'lease_owner', 'lease_expires', 'slot_held', 'sends', 'attempt_charged', 'submit_epoch',
-  'operation_id', 'provider', 'server', 'attempt_price', 'submitted_at'}
+local LIVE_FIELDS = {lease_owner = true, lease_expires = true, slot_held = true, sends = true,
+  attempt_charged = true, submit_epoch = true, operation_id = true, provider = true, server = true,
+  attempt_price = true, submitted_at = true}
 
 -- The five keys a finished job is packed from, from KEYS[first] on (the caller passes them in this
 -- order: pipeline/keys.py `JobKeys.parts`): declared, as a Cluster's slot migration needs every key.
@@ -286,11 +287,9 @@ local function pack_finished()
     for _, raw in ipairs(EVENTS[p.events] or {}) do events[#events + 1] = raw end
     EVENTS[p.events] = nil
     local kept = {}
-    for _, name in ipairs(LIVE_FIELDS) do kept[name] = false end
     for name, text in pairs(fields) do
-      if kept[name] == nil and string.sub(name, 1, 3) ~= 'pm:' then kept[name] = text end  -- pm: progress marks
+      if not LIVE_FIELDS[name] and string.sub(name, 1, 3) ~= 'pm:' then kept[name] = text end  -- pm: progress marks
     end
-    for name, text in pairs(kept) do if not text then kept[name] = nil end end
     local z = pack_value(string.match(job, ':job:(.*)$'), kept, attempts, events, outputs)
     rewrite(job, {state = fields.state, z = z})
     redis.call('DEL', job, p.attempts, p.events, p.outputs, p.progress, p.seen, pack.workflow)
