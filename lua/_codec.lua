@@ -31,6 +31,11 @@ local function is_integer(value)
   return type(value) == 'number' and value == math.floor(value) and math.abs(value) < 2^53
 end
 
+-- The tenant a job id names (`<tenant>.<hex>`: pipeline/keys.py `tenant_of`).
+local function tenant_of(job_id)
+  return string.match(job_id, '^(.*)%.[^.]*$')
+end
+
 -- A Redis string that reads back as the same integer (no sign, zeros or spaces it would lose).
 local function integer_text(text)
   return #text <= 15 and (string.match(text, '^-?[1-9]%d*$') or text == '0') and tonumber(text) or nil
@@ -86,7 +91,7 @@ end
 -- left out by the caller) and its parts, each a list of stored JSON texts (outputs: {index, raw}).
 local function pack_value(job_id, fields, attempts, events, outputs)
   local base = integer_text(fields.created_at or '') or 0
-  local tenant = string.match(job_id, '^(.*)%.[^.]*$')
+  local tenant = tenant_of(job_id)
   local values, listed = {}, {}
   for i, name in ipairs(RECORD_FIELDS) do
     local text = fields[name]
@@ -131,7 +136,7 @@ packed_fields = function(key, raw)
   for i, name in ipairs(RECORD_FIELDS) do
     local value = z[3][i]
     if value == true then
-      fields[name] = name == 'id' and job_id or string.match(job_id, '^(.*)%.[^.]*$')
+      fields[name] = name == 'id' and job_id or tenant_of(job_id)
     elseif value ~= cjson.null and value ~= nil then
       fields[name] = redis_text(RECORD_TIMES[name] and is_integer(value) and value + base or value)
     end

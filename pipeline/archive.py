@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import orjson
 
+from .keys import tenant_of
+
 #: The record field that holds a finished job's packed fields and parts.
 FIELD = "z"
 RECORD_FIELDS = (
@@ -36,10 +38,6 @@ ATTEMPT_KEYS = ("number", "submitted_at", "price", "worker", "state", "error_cla
 EVENT_KEYS = ("at", "to", "from", "seq", "reason")
 OUTPUT_KEYS = ("sha256", "bytes", "content_type")
 ITEM_TIMES = frozenset({"at", "started_at", "submitted_at", "ended_at"})
-
-
-def tenant_of(job_id: str) -> str:
-    return job_id.rpartition(".")[0]
 
 
 def record(job_id: str, flat: dict[str, str]) -> dict[str, str]:
@@ -96,7 +94,7 @@ def _fields(job_id: str, z: list[Any]) -> dict[str, str]:
     base, fields = _base(z), {} if z[1] is None else {"created_at": _text(z[1])}
     for name, value in zip(RECORD_FIELDS, z[2], strict=False):  # a later version may list more
         if value is True:
-            fields[name] = job_id if name == "id" else tenant_of(job_id)
+            fields[name] = job_id if name == "id" else tenant_of(job_id)  # named by the key
         elif value is not None:
             fields[name] = _text(value + base if name in RECORD_TIMES and isinstance(value, int) else value)
     fields.update(z[3])
