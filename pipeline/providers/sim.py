@@ -19,11 +19,11 @@ Faults are injected per run, for the next N prompts, with ``POST /sim/faults``
 - ``read_error`` (``path``, ``status``): a read (GET) whose path starts with ``path`` (``/history``,
   ``/queue``, ``/view``, ``/system_stats``) answers ``status`` (default 500; 0 closes the connection
   unanswered); nothing changes at the provider
-
-Any fault with ``after`` lets that many matching requests pass before it takes effect.
 - ``trickle`` (``path``, ``seconds``, ``close``): a read whose path starts with ``path`` sends its body
   one byte every ``seconds`` (default 2), each inside any read timeout; with ``close``, its answer
   says ``Connection: close``
+
+Any fault with ``after`` lets that many matching requests pass before it takes effect.
 
 ``POST /queue {"delete": [id]}`` removes pending prompts; ``POST /interrupt {"prompt_id": id}`` stops
 that prompt if it is the one running (as ComfyUI v0.3.64 does): it ends ``execution_interrupted``,
