@@ -15,6 +15,11 @@ import orjson
 import redis
 from redis.exceptions import RedisClusterException
 
+from api import resources, sse, ui
+from api.auth import Authenticate
+from api.metrics import Metrics
+from api.openapi import document
+from api.problems import Problem, serialize
 from pipeline.blobs import open_blobs
 from pipeline.errors import (
     DeadlineInfeasible,
@@ -28,17 +33,11 @@ from pipeline.errors import (
     ReckonError,
     UnknownTenant,
 )
-from pipeline.jobs import Admitter
 from pipeline.redisconn import name_connections
 from pipeline.scripts import ReplicationTimeout
 from pipeline.settings import Settings
 from pipeline.store import Store, open_store
-
-from . import resources, sse, ui
-from .auth import Authenticate
-from .metrics import Metrics
-from .openapi import document
-from .problems import Problem, serialize
+from pipeline.submit import Admitter
 
 log = logging.getLogger(__name__)
 

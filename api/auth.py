@@ -13,10 +13,9 @@ from typing import Callable
 import falcon
 import redis
 
+from api.problems import Problem
 from pipeline.settings import DEFAULT_AUTH_CACHE_SECONDS
 from pipeline.tenants import hash_key, tenant_for_key
-
-from .problems import Problem
 
 #: Keys trusted at once, at most (all are forgotten when it is reached: a burst of many keys is
 #: looked up again, never kept past its time).

@@ -17,9 +17,8 @@ from typing import Any
 import falcon
 import orjson
 
+from api.problems import Problem
 from pipeline.jobs import MAX_DEPTH
-
-from .problems import Problem
 
 #: ``application/json`` or a structured ``+json`` type (RFC 6839), parameters ignored.
 _JSON_MEDIA_RE = re.compile(r"application/(?:[A-Za-z0-9!#$&^_.-]+\+)?json")

@@ -11,16 +11,16 @@ import falcon
 import orjson
 import redis
 
+from api import sse
+from api.body import read_json
+from api.problems import Problem
 from pipeline import progress, views
 from pipeline.blobs import Blobs
 from pipeline.errors import BlobMissing, BlobUnreadable, WrongShards
-from pipeline.jobs import Admitter, State, iso, job_view
+from pipeline.jobs import State, iso, job_view
 from pipeline.keys import tenant_of
 from pipeline.store import Store
-
-from . import sse
-from .body import read_json
-from .problems import Problem
+from pipeline.submit import Admitter
 
 log = logging.getLogger(__name__)
 

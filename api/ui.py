@@ -18,10 +18,9 @@ from urllib.parse import urlencode
 
 import falcon
 
+from api.problems import Problem
 from pipeline import history, status
 from pipeline.store import Store
-
-from .problems import Problem
 
 COOKIE = "reckon_operator"
 PAGE = (Path(__file__).parent / "ui.html").read_bytes()

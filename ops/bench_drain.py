@@ -102,9 +102,9 @@ class Reckon:
 
     def __init__(self, bench: Bench) -> None:
         from pipeline.broker import Publisher, build_broker
-        from pipeline.jobs import Admitter
         from pipeline.settings import Settings
         from pipeline.store import open_store
+        from pipeline.submit import Admitter
 
         self.bench = bench
         self.settings = Settings.from_env(bench.env)

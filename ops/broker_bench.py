@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ops.benchlib import free_port, wait_for  # noqa: E402
-from pipeline.broker import build_broker  # noqa: E402
-from pipeline.settings import Settings  # noqa: E402
+from pipeline.broker import build_broker
+from pipeline.settings import Settings
 
 QUEUE, ACTOR = "reckon-bench", "noop"
 

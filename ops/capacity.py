@@ -38,8 +38,8 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
 from ops.benchlib import Stack, calls, finished, free_port, http_ok, post_jobs, redis_cpu, wait_for  # noqa: E402
-from pipeline.keys import TenantKeys  # noqa: E402
-from pipeline.tenants import create_key, create_tenant  # noqa: E402
+from pipeline.keys import TenantKeys
+from pipeline.tenants import create_key, create_tenant
 
 
 def key_bytes(client: redis.Redis) -> int:

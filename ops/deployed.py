@@ -34,6 +34,7 @@ import redis
 
 from ops.bench_drain import Phase
 from ops.benchlib import BIN, ROOT, free_port, group_cpu, redis_cpu, wait_for
+
 #: FCALL function (a script's verb) -> the step of a job's path it is.
 SCRIPT_STEPS = {
     "admit": "admission", "claim": "claim", "mark-submit": "submit mark", "await": "hand-over",

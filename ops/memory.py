@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ops.benchlib import free_port, wait_for  # noqa: E402
-from pipeline.jobs import Admitter  # noqa: E402
-from pipeline.redisconn import connect_url  # noqa: E402
-from pipeline.settings import Settings  # noqa: E402
-from pipeline.store import Store  # noqa: E402
-from pipeline.sweeper import Sweeper  # noqa: E402
-from pipeline.tenants import create_tenant  # noqa: E402
+from pipeline.redisconn import connect_url
+from pipeline.settings import Settings
+from pipeline.store import Store
+from pipeline.submit import Admitter
+from pipeline.sweeper import Sweeper
+from pipeline.tenants import create_tenant
 
 
 def used(store: Store) -> int:

@@ -22,13 +22,13 @@ from prometheus_client import generate_latest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from api.metrics import Metrics  # noqa: E402
+from api.metrics import Metrics
 from ops.benchlib import private_store  # noqa: E402
-from pipeline.jobs import Admitter  # noqa: E402
-from pipeline.settings import Settings  # noqa: E402
-from pipeline.status import snapshot  # noqa: E402
-from pipeline.store import Store  # noqa: E402
-from pipeline.tenants import create_tenant  # noqa: E402
+from pipeline.settings import Settings
+from pipeline.status import snapshot
+from pipeline.store import Store
+from pipeline.submit import Admitter
+from pipeline.tenants import create_tenant
 
 BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 1}
 CAPS = {"comfyui": 10**9}

@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 import soak_check as checks  # noqa: E402
 from bench import free_port  # noqa: E402
 
-from pipeline.keys import JobKeys, TenantKeys, use_shards  # noqa: E402
-from pipeline.store import Store  # noqa: E402
-from pipeline.tenants import create_key, create_tenant  # noqa: E402
+from pipeline.keys import JobKeys, TenantKeys, use_shards
+from pipeline.store import Store
+from pipeline.tenants import create_key, create_tenant
 
 PROVIDER = "comfyui"
 FAULT_KINDS = ["latency", "error_before", "error_after", "rate_limit", "policy", "auth", "drop", "partial",

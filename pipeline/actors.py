@@ -2,26 +2,41 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Callable
 
 import dramatiq
 
-from .blobs import open_blobs
-from .broker import ROUTES, Publisher, build_broker
-from .errors import AttemptFailed, StaleLease
-from .executor import Executor
-from .fleet import Fleet, Server
-from .logs import configure_dramatiq_worker
-from .providers.base import Provider
-from .providers.comfyui import ComfyUI
-from .providers.http import HttpTransport
-from .providers.null import NullProvider
-from .routing import FailureRouter, Router, Unpark
-from .settings import Settings
-from .store import open_store
+from pipeline.blobs import open_blobs
+from pipeline.broker import ROUTES, Publisher, build_broker
+from pipeline.errors import AttemptFailed, StaleLease
+from pipeline.executor import Executor
+from pipeline.fleet import Server
+from pipeline.logs import configure
+from pipeline.providers.base import Provider
+from pipeline.providers.comfyui import ComfyUI
+from pipeline.providers.fleet import Fleet
+from pipeline.providers.http import HttpTransport
+from pipeline.providers.null import NullProvider
+from pipeline.redisconn import name_connections
+from pipeline.routing import FailureRouter, Router, Unpark
+from pipeline.settings import Settings
+from pipeline.store import open_store
 
-configure_dramatiq_worker()  # JSON lines, in place of the format Dramatiq's CLI set
+
+def _configure_dramatiq_worker() -> None:
+    """JSON for a Dramatiq worker process (``dramatiq pipeline.actors``), called when the actors load.
+
+    Only under Dramatiq's CLI: the watcher, the API and tests import the actors too, and their
+    logging is theirs to set.
+    """
+    if "dramatiq.cli" in sys.modules:
+        configure("worker")
+        name_connections("worker")
+
+
+_configure_dramatiq_worker()  # JSON lines, in place of the format Dramatiq's CLI set
 settings = Settings.from_env()
 broker = build_broker(settings)
 dramatiq.set_broker(broker)

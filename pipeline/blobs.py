@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
-from .errors import BlobMissing, BlobUnreadable, ReckonError
+from pipeline.errors import BlobMissing, BlobUnreadable, ReckonError
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from pipeline.settings import Settings
 
 HEX = frozenset("0123456789abcdef")
 
@@ -78,7 +78,7 @@ def open_blobs(settings: Settings) -> Blobs:
         raise ValueError("RECKON_BLOB_URL holds credentials; boto3 reads them from AWS_* variables")
     if url.scheme != "s3" or not url.hostname or url.query or url.fragment:
         raise ValueError("RECKON_BLOB_URL must be s3://BUCKET or s3://BUCKET/PREFIX (empty: RECKON_BLOB_DIR)")
-    from .s3blobs import S3BlobStore, s3_client  # boto3 loads only where S3 is used
+    from pipeline.s3blobs import S3BlobStore, s3_client
 
     return S3BlobStore(s3_client(settings.s3_endpoint), url.netloc, url.path)
 

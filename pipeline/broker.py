@@ -12,9 +12,9 @@ from __future__ import annotations
 import dramatiq
 from dramatiq.middleware import Retries
 
-from .redisconn import broker_client
-from .settings import Settings
-from .waking import WakingRedisBroker
+from pipeline.redisconn import broker_client
+from pipeline.settings import Settings
+from pipeline.waking import WakingRedisBroker
 
 #: priority (or "reconcile") -> (queue, actor name). Workers take interactive work first.
 ROUTES = {

@@ -9,19 +9,20 @@ from typing import Any
 
 import orjson
 
-from . import admission, keys
-from .blobs import open_blobs
-from .errors import BlobUnreadable, IncompleteOutputs, InsufficientAllowance, NotAllowed, WrongShards
-from .executor import BUDGET
-from .fleet import DEFAULT_SERVER
-from .jobs import State, iso
-from .keys import ProviderKeys, TenantKeys
-from .migrate import MigrationRefused, migrate
-from .progress import events_after
-from .settings import Settings
-from .status import audit, rebuild, render, snapshot
-from .store import FleetLimits, Store, open_store
-from .tenants import (
+from pipeline import admission, keys
+from pipeline.blobs import open_blobs
+from pipeline.errors import BlobUnreadable, IncompleteOutputs, InsufficientAllowance, NotAllowed, WrongShards
+from pipeline.executor import BUDGET
+from pipeline.fleet import DEFAULT_SERVER
+from pipeline.jobs import State, iso
+from pipeline.keys import ProviderKeys, TenantKeys
+from pipeline.migrate import MigrationRefused, migrate
+from pipeline.progress import events_after
+from pipeline.report import render
+from pipeline.settings import Settings
+from pipeline.status import audit, rebuild, snapshot
+from pipeline.store import FleetLimits, Store, open_store
+from pipeline.tenants import (
     TenantError,
     create_key,
     create_tenant,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .store import Claim
+    from pipeline.claims import Claim
 
 
 class ReckonError(Exception):

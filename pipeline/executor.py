@@ -17,9 +17,10 @@ import uuid
 from dataclasses import replace
 from typing import Any, Callable, TypeVar
 
-from . import faultpoints
-from .blobs import Blobs
-from .errors import (
+from pipeline import faultpoints
+from pipeline.blobs import Blobs
+from pipeline.claims import Claim, Reconcile
+from pipeline.errors import (
     AttemptFailed,
     CancelRequested,
     DeadlineExceeded,
@@ -37,13 +38,13 @@ from .errors import (
     UnknownOutcome,
     Unreachable,
 )
-from .fleet import Fleet
-from .leases import Held, Keeper
-from .providers.base import OperationStatus, OutputRef, Provider
-from .providers.media import describe
-from .scripts import ReplicationTimeout
-from .settings import Settings
-from .store import Claim, Reconcile, Store
+from pipeline.leases import Held, Keeper
+from pipeline.providers.base import OperationStatus, OutputRef, Provider
+from pipeline.providers.fleet import Fleet
+from pipeline.providers.media import describe
+from pipeline.scripts import ReplicationTimeout
+from pipeline.settings import Settings
+from pipeline.store import Store
 
 log = logging.getLogger(__name__)
 #: Reconcile claims of one job after which, once past its age limit, it goes to review without

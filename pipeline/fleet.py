@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
-
-from .providers.base import Provider
+from typing import Iterable
 
 #: Prompts in flight on one server: one running plus one queued, so the GPU never waits
 #: for reckon between two prompts.
@@ -61,28 +59,3 @@ def highest_price(servers: Iterable[Server]) -> int:
     of the fleet may run any attempt: a reservation at a lower price would leave part of a run on
     a dearer server paid and never booked."""
     return max(server.price_per_output for server in servers)
-
-
-class Fleet:
-    """The servers this process dispatches to, each with its adapter."""
-
-    def __init__(self, servers: list[Server], adapter: Callable[[Server], Provider]) -> None:
-        self.servers = {server.name: server for server in servers}
-        self._adapters = {server.name: adapter(server) for server in servers}
-
-    def __getitem__(self, name: str) -> Provider:
-        return self._adapters[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._adapters
-
-    def __iter__(self) -> Iterator[Server]:
-        return iter(self.servers.values())
-
-    def caps(self) -> dict[str, int]:
-        """Server name -> dispatch cap, what a claim and an unpark take."""
-        return {server.name: server.cap for server in self}
-
-    def prices(self) -> dict[str, int]:
-        """Server name -> price per output: a claim records its server's on the attempt."""
-        return {server.name: server.price_per_output for server in self}

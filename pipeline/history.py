@@ -19,9 +19,9 @@ from typing import Any, Callable, Mapping
 
 import orjson
 
-from . import archive, keys
-from .keys import JobKeys, TenantKeys
-from .status import CLASSES
+from pipeline import archive, keys
+from pipeline.keys import JobKeys, TenantKeys
+from pipeline.status import CLASSES
 
 #: Seconds between two samples; the slot of a time is ``at // RESOLUTION_S``.
 RESOLUTION_S = 30

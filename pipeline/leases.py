@@ -30,9 +30,10 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from .errors import StaleLease
-from .settings import DEFAULT_DEADLINE_GRACE_SECONDS, DEFAULT_STALL_SECONDS
-from .store import Claim, Store
+from pipeline.claims import Claim
+from pipeline.errors import StaleLease
+from pipeline.settings import DEFAULT_DEADLINE_GRACE_SECONDS, DEFAULT_STALL_SECONDS
+from pipeline.store import Store
 
 log = logging.getLogger(__name__)
 #: How often (s) at most the keeper's thread wakes while it holds claims or unsent refunds.

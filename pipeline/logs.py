@@ -102,19 +102,6 @@ def configure(process: str, level: int = logging.INFO) -> None:
     threading.excepthook = _log_uncaught_in_thread
 
 
-def configure_dramatiq_worker() -> None:
-    """JSON for a Dramatiq worker process (``dramatiq pipeline.actors``), called when the actors load.
-
-    Only under Dramatiq's CLI: the watcher, the API and tests import the actors too, and their
-    logging is theirs to set.
-    """
-    if "dramatiq.cli" in sys.modules:
-        from .redisconn import name_connections
-
-        configure("worker")
-        name_connections("worker")
-
-
 def _utc(created: float) -> str:
     """ISO 8601 in UTC with milliseconds: 2025-01-31T12:00:00.123Z."""
     return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

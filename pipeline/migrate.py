@@ -30,9 +30,9 @@ from typing import Any
 import orjson
 import redis
 
-from . import archive, keys, status
-from .keys import JobKeys, ShardKeys, TenantKeys
-from .scripts import Scripts
+from pipeline import archive, keys, status
+from pipeline.keys import JobKeys, ShardKeys, TenantKeys
+from pipeline.scripts import Scripts
 
 _OLD_TENANT_KEY = re.compile(r"reckon:\{t:([a-z0-9_]{1,40})\}:(.+)", re.S)
 #: The old single keys, by the ``ShardKeys`` name each became.

@@ -6,9 +6,9 @@ from typing import Any
 
 import orjson
 
-from . import archive, keys
-from .errors import UnknownTenant
-from .keys import SERVER_BLOCKS, JobKeys, TenantKeys
+from pipeline import archive, keys
+from pipeline.errors import UnknownTenant
+from pipeline.keys import SERVER_BLOCKS, JobKeys, TenantKeys
 
 
 class Reads:

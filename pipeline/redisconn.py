@@ -18,7 +18,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
-from .settings import Settings
+from pipeline.settings import Settings
 
 #: No Redis call waits longer than this (s): a worker cut off from Redis must not resume a step
 #: minutes later on a decision it made before (every script runs in milliseconds).

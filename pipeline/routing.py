@@ -11,8 +11,9 @@ from typing import Any, Callable
 import dramatiq
 from dramatiq.middleware import Middleware
 
-from . import keys
-from .errors import (
+from pipeline import keys
+from pipeline.claims import Claim
+from pipeline.errors import (
     AttemptFailed,
     ExecutionFailed,
     InvalidInput,
@@ -21,11 +22,11 @@ from .errors import (
     StaleLease,
     UnknownOutcome,
 )
-from .executor import Executor
-from .fleet import highest_price
-from .scripts import ReplicationTimeout
-from .settings import Settings
-from .store import Claim, Store
+from pipeline.executor import Executor
+from pipeline.fleet import highest_price
+from pipeline.scripts import ReplicationTimeout
+from pipeline.settings import Settings
+from pipeline.store import Store
 
 log = logging.getLogger(__name__)
 

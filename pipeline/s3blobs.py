@@ -20,8 +20,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .blobs import BlobUnwritable, is_blob_name, layout, verified
-from .errors import BlobMissing, BlobUnreadable
+from pipeline.blobs import BlobUnwritable, is_blob_name, layout, verified
+from pipeline.errors import BlobMissing, BlobUnreadable
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

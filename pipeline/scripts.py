@@ -25,9 +25,9 @@ from typing import Any, Sequence
 import redis
 from redis.cluster import RedisCluster
 
-from .errors import IncompleteOutputs, JobNotFound, NotAllowed, ReckonError, ScriptError, StaleLease
-from .redisconn import on_node
-from .settings import DEFAULT_ACK_TIMEOUT_MS, Settings
+from pipeline.errors import IncompleteOutputs, JobNotFound, NotAllowed, ReckonError, ScriptError, StaleLease
+from pipeline.redisconn import on_node
+from pipeline.settings import DEFAULT_ACK_TIMEOUT_MS, Settings
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 _NAME_RE = re.compile(r"([a-z-]+)-([0-9]+)\.lua")  # fullmatch; \d would take "١" too

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
-from .fleet import Server
-from .fleet import parse as parse_servers
+from pipeline.fleet import Server
+from pipeline.fleet import parse as parse_servers
 
 #: State and broker live in one redis-server, in two logical databases (see README).
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6390/0"

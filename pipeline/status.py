@@ -11,12 +11,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from . import archive, keys
-from .jobs import PRIORITIES, State
-from .keys import BATCH_RANK, JobKeys, ProviderKeys, TenantKeys
-from .progress import TERMINAL
-from .reads import class_pauses, fleet_view, merge_fleet
-from .store import Store
+from pipeline import archive, keys
+from pipeline.jobs import PRIORITIES, State
+from pipeline.keys import BATCH_RANK, JobKeys, ProviderKeys, TenantKeys
+from pipeline.progress import TERMINAL
+from pipeline.reads import class_pauses, fleet_view, merge_fleet
+from pipeline.store import Store
 
 CLASSES = PRIORITIES
 STATES = tuple(state.value for state in State)
@@ -245,29 +245,3 @@ def rebuild(client: Any, tenants: list[str]) -> Truth:
         total.queue |= truth.queue
         total.due |= truth.due
     return total
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m"
-
-
-def render(snap: dict[str, Any]) -> str:
-    """``reckon status`` on one screen: per class, money, sweeper, servers."""
-    columns = ("depth", "oldest", "running", "retry_wait", "reconciling", "needs_review", "dead", "overdue", "paused")
-    lines = [f"{'class':<12}" + "".join(f"{name:>13}" for name in columns)]
-    for cls, row in snap["classes"].items():
-        cells = [row["depth"], _age(row["oldest_age_s"]), row["running"], row["retry_wait"], row["reconciling"],
-                 row["needs_review"], row["dead"], row["overdue"], "PAUSED" if row["paused"] else "-"]
-        lines.append(f"{cls:<12}" + "".join(f"{cell!s:>13}" for cell in cells))
-    money = snap["exposure"]
-    budget = "full (unused)" if snap["retry_budget"] is None else f"{snap['retry_budget']:g} tokens"
-    lines.append(f"exposure: reserved {money['reserved']}  uncertain {money['uncertain']}  "
-                 f"(settled {money['settled']})   parked {snap['parked']}   retry budget {budget}")
-    lines.append(f"sweeper: last pass {_age(snap['sweeper_age_s'])} ago, {snap['sweepers_alive']} passing")
-    for name, server in snap["providers"].items():
-        stops = ",".join(server["stopped"]) or "-"
-        lines.append(f"server {name}: busy {server['busy']}/{server['cap']}  watched {server['watched']}  "
-                     f"watcher {'up' if server['watcher_up'] else 'DOWN'}  stopped {stops}")
-    return "\n".join(lines)

@@ -31,11 +31,11 @@ import threading
 from collections import Counter
 from typing import Callable
 
-from . import faultpoints, history, keys, status
-from .keys import TenantKeys
-from .redisconn import name_connections
-from .settings import Settings
-from .store import Store, open_store
+from pipeline import faultpoints, history, keys, status
+from pipeline.keys import TenantKeys
+from pipeline.redisconn import name_connections
+from pipeline.settings import Settings
+from pipeline.store import Store, open_store
 
 log = logging.getLogger(__name__)
 #: Jobs handled per index per tenant in one visit; the tenant stays due for the rest.
@@ -177,8 +177,8 @@ class Sweeper:
 
 
 def main() -> None:
-    from .broker import Publisher, build_broker
-    from .logs import configure
+    from pipeline.broker import Publisher, build_broker
+    from pipeline.logs import configure
 
     configure("sweeper")
     name_connections("sweeper")

@@ -8,9 +8,9 @@ import secrets
 
 import redis
 
-from . import keys
-from .errors import ReckonError
-from .keys import TenantKeys
+from pipeline import keys
+from pipeline.errors import ReckonError
+from pipeline.keys import TenantKeys
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import archive
-from .keys import JobKeys
+from pipeline import archive
+from pipeline.keys import JobKeys
 
 #: Every record field ``pipeline.jobs.job_view`` reads (a test keeps the two in step).
 VIEW_FIELDS = (

@@ -38,13 +38,14 @@ import orjson
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
 
-from . import keys
-from .errors import ProviderError, StaleLease
-from .fleet import Fleet
-from .progress import Coalescer, Record
-from .redisconn import name_connections
-from .settings import Settings
-from .store import Claim, Store, open_store
+from pipeline import keys
+from pipeline.claims import Claim
+from pipeline.errors import ProviderError, StaleLease
+from pipeline.progress import Coalescer, Record
+from pipeline.providers.fleet import Fleet
+from pipeline.redisconn import name_connections
+from pipeline.settings import Settings
+from pipeline.store import Store, open_store
 
 log = logging.getLogger(__name__)
 
@@ -262,10 +263,10 @@ class Watcher:
 
 
 def main() -> None:
-    from .actors import adapter
-    from .broker import Publisher, build_broker
-    from .logs import configure
-    from .progress import record
+    from pipeline.actors import adapter
+    from pipeline.broker import Publisher, build_broker
+    from pipeline.logs import configure
+    from pipeline.progress import record
 
     configure("watcher")
     name_connections("watcher")

@@ -13,8 +13,8 @@ import sys
 
 from dramatiq import cli
 
-from .logs import configure
-from .redisconn import name_connections
+from pipeline.logs import configure
+from pipeline.redisconn import name_connections
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,8 +36,8 @@ def check_shards() -> None:
     import redis
     from redis.exceptions import RedisClusterException
 
-    from .settings import Settings
-    from .store import open_store
+    from pipeline.settings import Settings
+    from pipeline.store import open_store
 
     try:
         open_store(Settings.from_env()).redis.close()

@@ -21,11 +21,11 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
-from ..errors import InvalidInput, OutputLost, Transient, UnknownOutcome
-from ..settings import DEFAULT_OUTPUT_FETCH_SECONDS
-from .base import OperationStatus, OutputRef
-from .comfyui_answers import SAFE_REASON, from_history, node_error_detail, prompt_error_detail
-from .http import HttpTransport
+from pipeline.errors import InvalidInput, OutputLost, Transient, UnknownOutcome
+from pipeline.providers.base import OperationStatus, OutputRef
+from pipeline.providers.comfyui_answers import SAFE_REASON, from_history, node_error_detail, prompt_error_detail
+from pipeline.providers.http import HttpTransport
+from pipeline.settings import DEFAULT_OUTPUT_FETCH_SECONDS
 
 #: The ``client_id`` reckon's prompts carry; a websocket watcher connects as ``/ws?clientId=`` this.
 DEFAULT_CLIENT_ID = "reckon"

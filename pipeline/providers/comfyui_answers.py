@@ -23,8 +23,8 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from .base import OperationStatus, OutputRef
-from .media import type_for_name
+from pipeline.providers.base import OperationStatus, OutputRef
+from pipeline.providers.media import type_for_name
 
 #: Longest message kept in a summary, in characters.
 MAX_MESSAGE = 300

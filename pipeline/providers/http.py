@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
-from ..errors import (
+from pipeline.errors import (
     InvalidInput,
     PolicyRejected,
     ProviderAuthFailed,

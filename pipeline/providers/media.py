@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 
-from ..errors import OutputMalformed
+from pipeline.errors import OutputMalformed
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: Ancillary PNG chunks kept because they change how pixels show (colour, transparency, size,

@@ -13,7 +13,7 @@ import hashlib
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .base import OperationStatus, OutputRef
+from pipeline.providers.base import OperationStatus, OutputRef
 
 DEFAULT_OUTPUT_BYTES = 1024
 

@@ -456,7 +456,7 @@ def start(host: str = "127.0.0.1", port: int = 0, **options: Any) -> SimServer:
 
 
 def main() -> None:
-    from ..logs import configure
+    from pipeline.logs import configure
 
     configure("sim")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -15,7 +15,8 @@ from falcon import testing
 from api import sse
 from api.app import create_app
 from pipeline import progress
-from pipeline.store import Claim, Store
+from pipeline.claims import Claim
+from pipeline.store import Store
 
 from .conftest import auth
 

@@ -33,11 +33,11 @@ import orjson
 
 from pipeline import keys
 from pipeline.broker import Publisher, build_broker
-from pipeline.jobs import Admitter
 from pipeline.keys import TenantKeys
 from pipeline.redisconn import connect_url
 from pipeline.settings import Settings
 from pipeline.store import Store
+from pipeline.submit import Admitter
 from pipeline.tenants import create_key, create_tenant
 from tests.conftest import REDIS_PORT, free_port, wait_until
 from tests.faults.conftest import BIN, ROOT, Stack

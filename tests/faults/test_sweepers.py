@@ -21,8 +21,8 @@ import orjson
 import redis
 
 from pipeline import keys
-from pipeline.jobs import Admitter
 from pipeline.keys import TenantKeys
+from pipeline.submit import Admitter
 from pipeline.sweeper import TAKE_BATCH
 from pipeline.tenants import create_tenant
 from tests.conftest import REDIS_PORT, wait_until

@@ -6,8 +6,9 @@ import orjson
 import pytest
 
 from pipeline import progress
+from pipeline.claims import Claim
 from pipeline.keys import JobKeys
-from pipeline.store import Claim, Store
+from pipeline.store import Store
 from pipeline.tenants import create_tenant
 
 from .test_scripts import NOW, admit

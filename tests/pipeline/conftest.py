@@ -12,16 +12,17 @@ from pipeline import actors
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.executor import Executor
-from pipeline.fleet import Fleet, Server
-from pipeline.jobs import Admitter
+from pipeline.fleet import Server
 from pipeline.progress import record
 from pipeline.providers.base import Provider
 from pipeline.providers.comfyui import ComfyUI
+from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
 from pipeline.providers.sim import SimServer
 from pipeline.routing import Router
 from pipeline.settings import Settings
 from pipeline.store import Store
+from pipeline.submit import Admitter
 from pipeline.sweeper import Sweeper
 from pipeline.watcher import Watcher
 

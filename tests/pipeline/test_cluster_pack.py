@@ -19,9 +19,10 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from pipeline.claims import Claim
 from pipeline.keys import JobKeys, TenantKeys
 from pipeline.status import audit
-from pipeline.store import Claim, Store
+from pipeline.store import Store
 from pipeline.tenants import create_tenant
 from tests import cluster
 from tests.lua.test_scripts import NOW

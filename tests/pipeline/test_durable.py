@@ -243,9 +243,10 @@ def test_a_slot_freed_by_an_unconfirmed_finish_still_publishes_the_parked_job(pr
     from pipeline import actors
     from pipeline.blobs import BlobStore
     from pipeline.executor import Executor
-    from pipeline.fleet import Fleet, Server
-    from pipeline.jobs import Admitter
+    from pipeline.fleet import Server
+    from pipeline.providers.fleet import Fleet
     from pipeline.routing import Unpark
+    from pipeline.submit import Admitter
 
     primary = procs.server()
     replica = procs.server(replica_of=primary)

@@ -13,9 +13,9 @@ from pipeline import actors, keys
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.errors import IdempotencyConflict, StaleLease
-from pipeline.jobs import Admitter
 from pipeline.keys import ProviderKeys
 from pipeline.providers import sim as simulated
+from pipeline.submit import Admitter
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
 

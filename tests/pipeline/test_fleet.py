@@ -18,13 +18,14 @@ from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.errors import AttemptFailed
 from pipeline.executor import Executor
-from pipeline.fleet import Fleet, Server
+from pipeline.fleet import Server
 from pipeline.jobs import job_view
 from pipeline.keys import JobKeys
 from pipeline.progress import events_after, record
 from pipeline.providers import sim as simulated
 from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui import ComfyUI
+from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
 from pipeline.routing import Router
 from pipeline.status import audit

@@ -15,6 +15,7 @@ from collections import Counter
 
 import pytest
 
+from pipeline.claims import Claim
 from pipeline.errors import StaleLease, Transient
 from pipeline.keys import JobKeys
 from pipeline.leases import Held, Keeper
@@ -23,7 +24,7 @@ from pipeline.providers.base import OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
 from pipeline.settings import Settings
-from pipeline.store import Claim, Store
+from pipeline.store import Store
 from tests.conftest import wait_until
 from tests.pipeline.conftest import WORKFLOW
 

@@ -11,10 +11,10 @@ import redis
 
 from pipeline import actors
 from pipeline.broker import Publisher
-from pipeline.jobs import Admitter
 from pipeline.routing import Router, backoff
 from pipeline.scripts import Scripts
 from pipeline.store import Store
+from pipeline.submit import Admitter
 from pipeline.sweeper import Sweeper
 from tests.conftest import wait_until
 from tests.pipeline.test_failures import FAILS_BEFORE_SENDING, inject

@@ -18,10 +18,10 @@ from falcon import testing
 
 from api.app import create_app
 from pipeline import keys
-from pipeline.jobs import Admitter
 from pipeline.migrate import MigrationRefused, migrate
 from pipeline.status import audit
 from pipeline.store import Store
+from pipeline.submit import Admitter
 from pipeline.tenants import list_keys
 
 FIXTURE = json.loads((Path(__file__).parent.parent / "fixtures" / "pre_shards_state.json").read_text())

@@ -18,15 +18,16 @@ from pipeline import keys
 from pipeline.blobs import BlobStore
 from pipeline.errors import AttemptFailed, InvalidRequest, OperationFailed, UnknownOutcome
 from pipeline.executor import Executor
-from pipeline.fleet import Fleet
-from pipeline.jobs import Admitter, job_view
+from pipeline.jobs import job_view
 from pipeline.providers import sim as simulated
 from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui import ComfyUI
+from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
 from pipeline.routing import Router
 from pipeline.settings import Settings
 from pipeline.store import Store
+from pipeline.submit import Admitter
 from pipeline.tenants import create_tenant
 from tests.conftest import wait_until
 from tests.pipeline.test_failures import inject

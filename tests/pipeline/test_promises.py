@@ -18,12 +18,13 @@ from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
 from pipeline.errors import AttemptFailed, InvalidRequest, StaleLease
 from pipeline.executor import Executor
-from pipeline.jobs import Admitter, first_response
+from pipeline.jobs import first_response
 from pipeline.keys import JobKeys, TenantKeys
 from pipeline.providers import sim as simulated
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
 from pipeline.store import Store
+from pipeline.submit import Admitter
 from pipeline.sweeper import Sweeper
 from pipeline.tenants import create_tenant
 from tests.conftest import wait_until

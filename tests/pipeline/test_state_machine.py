@@ -17,11 +17,12 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
+from pipeline.claims import Claim
 from pipeline.errors import CancelRequested, IncompleteOutputs, InsufficientAllowance, NotAllowed, StaleLease
 from pipeline.redisconn import connect_url
 from pipeline.scripts import Code
 from pipeline.status import audit
-from pipeline.store import Claim, Store
+from pipeline.store import Store
 from pipeline.tenants import create_tenant
 
 PRICE, ALLOWANCE, FAR = 10, 300, 10**13

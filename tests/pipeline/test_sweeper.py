@@ -13,8 +13,8 @@ import orjson
 from pipeline import actors, cli, keys
 from pipeline.blobs import BlobStore
 from pipeline.broker import Publisher
-from pipeline.jobs import Admitter
 from pipeline.keys import JobKeys, TenantKeys
+from pipeline.submit import Admitter
 from pipeline.sweeper import Sweeper
 from pipeline.tenants import create_tenant
 from tests.pipeline.test_failures import attempt, balanced, inject

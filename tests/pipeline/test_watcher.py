@@ -11,11 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
+from pipeline.claims import Claim
 from pipeline.keys import JobKeys
 from pipeline.progress import Coalescer, events_after, record
 from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.settings import Settings
-from pipeline.store import Claim, Store
+from pipeline.store import Store
 from pipeline.watcher import ServerWatch
 
 from .conftest import single

@@ -1,0 +1,94 @@
+"""Submitting a job: one admission script makes exactly one job per idempotency key, then the
+job's message is published (or left to the sweeper's outbox when the broker does not answer)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pipeline import faultpoints, keys
+from pipeline.errors import IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest
+from pipeline.fleet import highest_price
+from pipeline.jobs import State, cost_plan, fingerprint, first_response, parse_request
+from pipeline.scripts import Code, ReplicationTimeout
+from pipeline.settings import Settings
+from pipeline.store import Admission, FleetLimits, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    status: int
+    body: bytes
+    replayed: bool
+
+
+class Admitter:
+    """Turns an authenticated job request into exactly one job per idempotency key."""
+
+    def __init__(
+        self, store: Store, publish: Callable[[str, str], None], settings: Settings, *,
+        new_job_id: Callable[[str], str] = keys.new_job_id,
+    ) -> None:
+        self.store = store
+        self.publish = publish
+        self.settings = settings
+        self.new_job_id = new_job_id
+        self.limits = FleetLimits.of(settings)
+        #: The price per output every job is reserved at (README "Cost").
+        self.price = highest_price(settings.servers())
+
+    def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
+        request = parse_request(body, self.settings)
+        if request.supersedes and keys.tenant_of(request.supersedes) != tenant:
+            raise InvalidRequest("supersedes", "no such job")
+        per_attempt, attempts, ceiling = cost_plan(request, self.settings, self.price)
+        job_id = self.new_job_id(tenant)
+        record = {
+            "id": job_id, "tenant": tenant, "state": State.QUEUED.value, "kind": request.kind,
+            "priority": request.priority,
+            "outputs_requested": request.outputs, "price": self.price, "ceiling": ceiling,
+            "reserved": ceiling, "charged": 0, "uncertain": 0, "settled": 0, "per_attempt": per_attempt,
+            "attempts_allowed": attempts, "attempt_count": 0, "lease_gen": 0, "deadline_s": request.deadline_s,
+            "idem_key": idem_key, "supersedes": request.supersedes or "",
+        }  # created_at, updated_at and deadline: the admission script stamps them on Redis's clock
+        try:
+            admission = self.store.admit(
+                tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,
+                fields={k: str(v) for k, v in record.items()}, workflow=request.workflow_json, status=202,
+                idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
+                outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000), limits=self.limits,
+            )
+        except ReplicationTimeout as lagging:  # written on the primary, not known to survive it: 503
+            if lagging.reply and Code(lagging.reply[0]) is Code.CREATED:
+                self._publish(job_id, request.priority, idem_key)  # so a retry replays it at once
+            raise
+        if admission.code is Code.REPLAYED:
+            return self._replay(admission)
+        if admission.code is Code.IN_PROGRESS:
+            raise IdempotencyConflict(admission.job_id)
+        if admission.code is Code.FINGERPRINT_MISMATCH:
+            raise IdempotencyKeyReused(admission.job_id)
+        if admission.code is Code.INSUFFICIENT_ALLOWANCE:
+            raise InsufficientAllowance(admission.available, admission.ceiling)
+        first = first_response(record | {"created_at": admission.created_ms})
+        faultpoints.reached("after_admit")
+        self._publish(job_id, request.priority, idem_key)
+        return Submitted(job_id, 202, first, False)
+
+    def _publish(self, job_id: str, priority: str, idem_key: str) -> None:
+        try:
+            self.publish(job_id, priority)
+            self.store.confirm_published(job_id, idem_key)
+        except Exception:  # the job is admitted and in the outbox: the sweeper publishes it
+            log.warning("job %s admitted; publishing left to the sweeper", job_id, exc_info=True)
+
+    def _replay(self, admission: Admission) -> Submitted:
+        """The first response again, rebuilt from the job's admission fields (never changed since)."""
+        record = self.store.job(admission.job_id)
+        if record is None:  # purged: impossible while retention outlasts idempotency records
+            raise IdempotencyConflict(admission.job_id)
+        return Submitted(admission.job_id, admission.status, first_response(record), True)
