@@ -33,11 +33,11 @@ from pipeline.errors import (
     ReckonError,
     UnknownTenant,
 )
-from pipeline.redisconn import name_connections
-from pipeline.scripts import ReplicationTimeout
 from pipeline.settings import Settings
-from pipeline.store import Store, open_store
-from pipeline.submit import Admitter
+from pipeline.state.redisconn import name_connections
+from pipeline.state.scripts import ReplicationTimeout
+from pipeline.state.store import Store, open_store
+from pipeline.state.submit import Admitter
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def create_app(
         name_connections("web")
     store = store or open_store(settings, check=False)  # checked at readiness
     if publish is None:
-        from pipeline.broker import Publisher, build_broker
+        from pipeline.work.broker import Publisher, build_broker
 
         publish = Publisher(build_broker(settings))
     admitter = Admitter(store, publish, settings)

@@ -15,7 +15,7 @@ import redis
 
 from api.problems import Problem
 from pipeline.settings import DEFAULT_AUTH_CACHE_SECONDS
-from pipeline.tenants import hash_key, tenant_for_key
+from pipeline.state.tenants import hash_key, tenant_for_key
 
 #: Keys trusted at once, at most (all are forgotten when it is reached: a burst of many keys is
 #: looked up again, never kept past its time).

@@ -18,7 +18,7 @@ import falcon
 import orjson
 
 from api.problems import Problem
-from pipeline.jobs import MAX_DEPTH
+from pipeline.state.jobs import MAX_DEPTH
 
 #: ``application/json`` or a structured ``+json`` type (RFC 6839), parameters ignored.
 _JSON_MEDIA_RE = re.compile(r"application/(?:[A-Za-z0-9!#$&^_.-]+\+)?json")

@@ -1,6 +1,6 @@
 """Prometheus exposition of reckon's Redis state, read fresh on every scrape.
 
-Every figure is read from the global keys the scripts keep in step (``pipeline.status``), so a
+Every figure is read from the global keys the scripts keep in step (``pipeline.state.status``), so a
 scrape costs the same number of Redis commands with one tenant or ten thousand. ``/metrics`` is
 public, so it names no tenant and no job: labels are class, provider, state, error class, reason.
 """
@@ -13,9 +13,9 @@ import falcon
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from pipeline.keys import SERVER_BLOCKS
-from pipeline.status import BUDGET_PROVIDER, CLASSES, STATES, Figures, read
-from pipeline.store import Store
+from pipeline.state.keys import SERVER_BLOCKS
+from pipeline.state.status import BUDGET_PROVIDER, CLASSES, STATES, Figures, read
+from pipeline.state.store import Store
 
 NAN = float("nan")
 #: Reasons admission refuses a request, each counted in ``refused:<reason>`` (README "Admission").

@@ -12,9 +12,9 @@ import copy
 from typing import Any
 
 from pipeline.fleet import highest_price
-from pipeline.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_DEPTH, MAX_OUTPUTS, PRIORITIES
-from pipeline.keys import JOB_ID_RE
 from pipeline.settings import Settings
+from pipeline.state.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_DEPTH, MAX_OUTPUTS, PRIORITIES
+from pipeline.state.keys import JOB_ID_RE
 
 STATES = ["queued", "running", "retry_wait", "reconciling", "needs_review", "completed", "failed", "cancelled"]
 

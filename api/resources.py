@@ -14,13 +14,13 @@ import redis
 from api import sse
 from api.body import read_json
 from api.problems import Problem
-from pipeline import progress, views
 from pipeline.blobs import Blobs
 from pipeline.errors import BlobMissing, BlobUnreadable, WrongShards
-from pipeline.jobs import State, iso, job_view
-from pipeline.keys import tenant_of
-from pipeline.store import Store
-from pipeline.submit import Admitter
+from pipeline.state import progress, views
+from pipeline.state.jobs import State, iso, job_view
+from pipeline.state.keys import tenant_of
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
 
 log = logging.getLogger(__name__)
 

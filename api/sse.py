@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator
 import orjson
 import redis
 
-from pipeline.jobs import iso
-from pipeline.progress import TERMINAL
+from pipeline.state.jobs import iso
+from pipeline.state.progress import TERMINAL
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ DEFAULT_PING_SECONDS = 5.0
 #: What the client waits before it reconnects (ms), sent first on every stream.
 RETRY_MS = 1000
 
-#: Reads (state, events after seq): ``pipeline.progress.snapshot`` bound to a client and a job.
+#: Reads (state, events after seq): ``pipeline.state.progress.snapshot`` bound to a client and a job.
 Read = Callable[[int], tuple[str | None, list[dict[str, Any]]]]
 
 

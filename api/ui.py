@@ -19,8 +19,8 @@ from urllib.parse import urlencode
 import falcon
 
 from api.problems import Problem
-from pipeline import history, status
-from pipeline.store import Store
+from pipeline.state import history, status
+from pipeline.state.store import Store
 
 COOKIE = "reckon_operator"
 PAGE = (Path(__file__).parent / "ui.html").read_bytes()
@@ -100,7 +100,7 @@ class Page:
 
 
 class Status:
-    """``GET /ui/status.json``: pipeline.status's snapshot, the recent problems and the queue history."""
+    """``GET /ui/status.json``: pipeline.state.status's snapshot, the recent problems and the queue history."""
 
     public = True
 

@@ -1,6 +1,6 @@
 -- Per-call copies of the hashes a script reads and writes, so that each costs a fixed handful of
 -- commands per call instead of one per field. Prepended to every script before _lib.lua; the
--- library runs `save_records` when a script's body returns (pipeline/scripts.py).
+-- library runs `save_records` when a script's body returns (pipeline/state/scripts.py).
 --
 -- Records (`hget`, `hmget`, `hset`, `hincrby`, `hdel`): the first read of a record in a call reads
 -- the whole hash (HGETALL: a job record, an attempts hash), or, for a hash declared `partial`

@@ -31,7 +31,7 @@ local function is_integer(value)
   return type(value) == 'number' and value == math.floor(value) and math.abs(value) < 2^53
 end
 
--- The tenant a job id names (`<tenant>.<hex>`: pipeline/keys.py `tenant_of`).
+-- The tenant a job id names (`<tenant>.<hex>`: pipeline/state/keys.py `tenant_of`).
 local function tenant_of(job_id)
   return string.match(job_id, '^(.*)%.[^.]*$')
 end

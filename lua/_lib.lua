@@ -1,4 +1,4 @@
--- Shared helpers, prepended to every script by pipeline/scripts.py.
+-- Shared helpers, prepended to every script by pipeline/state/scripts.py.
 -- They only touch keys their caller passes in; the caller's KEYS hold all of them.
 --
 -- Money: a job holds `reserved` (R, not yet spent), `charged` (C, known spent, not yet
@@ -106,7 +106,7 @@ local function ledger_add(ledger, field, amount)
 end
 
 -- The state changes of this call, returned beside its reply so the caller logs each one
--- (pipeline/scripts.py): job, from, to, reason, attempt, generation, error class.
+-- (pipeline/state/scripts.py): job, from, to, reason, attempt, generation, error class.
 local MOVES = {}
 -- Job record -> the lease generation this call ended (`release`), for MOVES.
 local HELD = {}
@@ -263,7 +263,7 @@ local LIVE_FIELDS = {lease_owner = true, lease_expires = true, slot_held = true,
   attempt_price = true, submitted_at = true}
 
 -- The five keys a finished job is packed from, from KEYS[first] on (the caller passes them in this
--- order: pipeline/keys.py `JobKeys.parts`): declared, as a Cluster's slot migration needs every key.
+-- order: pipeline/state/keys.py `JobKeys.parts`): declared, as a Cluster's slot migration needs every key.
 local function parts_at(first)
   return {attempts = KEYS[first], events = KEYS[first + 1], outputs = KEYS[first + 2],
     progress = KEYS[first + 3], seen = KEYS[first + 4]}

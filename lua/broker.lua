@@ -1,6 +1,6 @@
--- broker: the dispatch script of reckon's Redis broker (pipeline/waking.py), in place of the one
+-- broker: the dispatch script of reckon's Redis broker (pipeline/work/waking.py), in place of the one
 -- Dramatiq ships: the same calls and replies, so Dramatiq's Python side is unchanged, with fewer
--- Redis commands per message. Not part of the state library (pipeline/scripts.py loads only
+-- Redis commands per message. Not part of the state library (pipeline/state/scripts.py loads only
 -- `<verb>-<keys>.lua`): the broker registers it itself, on the broker's own Redis database.
 --
 -- Keys, under the namespace KEYS[1]:
@@ -23,7 +23,7 @@
 --   HSET, an ack one HDEL (Dramatiq's: a hash of messages and a list and a set of ids).
 -- - The heartbeat is written when the caller asks (a fetch whose last argument is not '' (Dramatiq's
 --   own fetch passes none), or `heartbeat`): the consumer asks at most every quarter of the timeout,
---   when it fetches and, while it holds as many messages as it may, on its own (pipeline/waking.py),
+--   when it fetches and, while it holds as many messages as it may, on its own (pipeline/work/waking.py),
 --   so a live worker is never taken for dead; a process that only publishes writes none. A worker
 --   that holds messages and has no heartbeat at all (taken for dead and dropped from the heartbeats
 --   while it was silent, it came back and fetched before its next heartbeat was due) is dead to the

@@ -101,10 +101,10 @@ class Reckon:
     """reckon's side, in process: its store and admitter over the bench's environment."""
 
     def __init__(self, bench: Bench) -> None:
-        from pipeline.broker import Publisher, build_broker
         from pipeline.settings import Settings
-        from pipeline.store import open_store
-        from pipeline.submit import Admitter
+        from pipeline.state.store import open_store
+        from pipeline.state.submit import Admitter
+        from pipeline.work.broker import Publisher, build_broker
 
         self.bench = bench
         self.settings = Settings.from_env(bench.env)
@@ -114,7 +114,7 @@ class Reckon:
         self.body = {"kind": "image", "outputs": 1, "workflow": workflow}
 
     def create_tenants(self, tenants: list[str]) -> None:
-        from pipeline.tenants import create_tenant
+        from pipeline.state.tenants import create_tenant
 
         for tenant in tenants:
             create_tenant(self.store.redis, tenant, 10**12)
@@ -137,7 +137,7 @@ class Reckon:
         """Start a worker on the backlog of ``jobs`` jobs, time it until all have finished (leaving
         out the first ``skip``), stop it."""
         args, before = self.bench.args, sum(self.finished().values())
-        self.bench.stack.start("worker", str(BIN / "python"), "-m", "pipeline.worker", "pipeline.actors",
+        self.bench.stack.start("worker", str(BIN / "python"), "-m", "pipeline.work.worker", "pipeline.work.actors",
                                "-p", str(args.processes), "-t", str(args.threads))
         run = drain(self.bench, "worker", "dramatiq:reckon-interactive", jobs,
                     lambda: sum(self.finished().values()) - before, skip)
@@ -146,7 +146,7 @@ class Reckon:
 
     def books(self, tenants: list[str]) -> dict[str, int]:
         """Jobs completed and failed, money settled and still reserved, blobs stored."""
-        from pipeline.keys import TenantKeys
+        from pipeline.state.keys import TenantKeys
 
         pipe = self.store.redis.pipeline(transaction=False)
         for tenant in tenants:

@@ -102,7 +102,7 @@ def python_clients(target: Target, tag: str, seconds: float) -> Load:
 
 
 def run(bench: Bench) -> Section:
-    from pipeline.tenants import create_key, create_tenant
+    from pipeline.state.tenants import create_key, create_tenant
 
     args, client = bench.args, bench.client()
     create_tenant(client, "bench", 10**12)

@@ -63,14 +63,14 @@ def bare(bench: Bench) -> list[float]:
 
 def reckon(bench: Bench) -> list[float]:
     from pipeline.settings import Settings
-    from pipeline.store import open_store
-    from pipeline.tenants import create_key, create_tenant
+    from pipeline.state.store import open_store
+    from pipeline.state.tenants import create_key, create_tenant
 
     args, store = bench.args, open_store(Settings.from_env(bench.env))
     create_tenant(store.redis, "pickup", 10**12)
     key = create_key(store.redis, "pickup")
     port = bench.start_web("web", "api.app:create_app()")
-    bench.stack.start("worker", str(BIN / "python"), "-m", "pipeline.worker", "pipeline.actors",
+    bench.stack.start("worker", str(BIN / "python"), "-m", "pipeline.work.worker", "pipeline.work.actors",
                       "-p", str(args.processes), "-t", str(args.threads))
     workflow = {"3": {"class_type": "KSampler", "inputs": {"text": "x" * args.workflow_bytes}}}
     body = orjson.dumps({"kind": "image", "workflow": workflow, "outputs": 1})

@@ -21,9 +21,9 @@ from typing import Iterator
 import orjson
 import redis
 
-from pipeline.keys import ShardKeys, TenantKeys
-from pipeline.redisconn import connect_url
-from pipeline.store import Store
+from pipeline.state.keys import ShardKeys, TenantKeys
+from pipeline.state.redisconn import connect_url
+from pipeline.state.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -5,7 +5,7 @@ Run: ``.venv/bin/python ops/broker_bench.py --messages 20000 --threads 1,8``
 (``--broker amqp`` measures a private rabbitmq-server instead; ``--appendfsync everysec`` relaxes
 ops/redis.conf's fsync on every write).
 Starts its own redis-server (ops/redis.conf: AOF, fsync always, as deployed) on a free loopback port,
-builds the broker with ``pipeline.broker.build_broker`` and, for each thread count N, measures:
+builds the broker with ``pipeline.work.broker.build_broker`` and, for each thread count N, measures:
   enqueue:  ``--publishers`` threads publishing messages shaped like reckon's (a job id), back to back;
   drain:    one Dramatiq worker process with N threads consuming and acking that backlog;
   sustained: the same worker consuming while this process publishes (time until the last ack);
@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ops.benchlib import free_port, wait_for  # noqa: E402
-from pipeline.broker import build_broker
 from pipeline.settings import Settings
+from pipeline.work.broker import build_broker
 
 QUEUE, ACTOR = "reckon-bench", "noop"
 

@@ -38,8 +38,8 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
 from ops.benchlib import Stack, calls, finished, free_port, http_ok, post_jobs, redis_cpu, wait_for  # noqa: E402
-from pipeline.keys import TenantKeys
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state.keys import TenantKeys
+from pipeline.state.tenants import create_key, create_tenant
 
 
 def key_bytes(client: redis.Redis) -> int:
@@ -117,8 +117,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
         stack.start("provider", str(BIN / "python"), "-m", "pipeline.providers.sim", "--port", str(pport),
                     "--delay", str(args.delay))
         stack.start("api", str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "api.app:create_app()")
-        stack.start("watcher", str(BIN / "python"), "-m", "pipeline.watcher")
-        stack.start("worker", str(BIN / "python"), "-m", "pipeline.worker", "pipeline.actors",
+        stack.start("watcher", str(BIN / "python"), "-m", "pipeline.work.watcher")
+        stack.start("worker", str(BIN / "python"), "-m", "pipeline.work.worker", "pipeline.work.actors",
                     "--processes", "1", "--threads", str(args.threads))
         wait_for(lambda: http_ok(wport, "/readyz"))
         wait_for(lambda: broker.zcard("dramatiq:__heartbeats__") > 0)  # the worker fetches from its queues

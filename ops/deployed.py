@@ -41,7 +41,7 @@ SCRIPT_STEPS = {
     "progress": "progress", "collect-claim": "collect", "store-output": "outputs", "charge": "charge",
     "finish": "finish", "heartbeat": "lease renewal",
 }
-#: A connection's name (``CLIENT SETNAME``, pipeline/redisconn.py) -> the step its other commands count to.
+#: A connection's name (``CLIENT SETNAME``, pipeline/state/redisconn.py) -> the step its other commands count to.
 CLIENT_STEPS = {"web": "api", "worker": "worker", "sweeper": "sweeper share", "watcher": "watcher share",
                 "broker-web": "broker: publish", "broker-worker": "broker: worker",
                 "broker-watcher": "broker: watcher", "broker-sweeper": "broker: sweeper"}
@@ -118,10 +118,10 @@ class Deployed:
             wait_for(lambda: _get(port, "/queue") == 200)
         self.start("web", str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "api.app:create_app()")
         wait_for(lambda: _get(self.web_port, "/readyz") == 200, timeout=30)
-        self.start("worker", str(BIN / "python"), "-m", "pipeline.worker", "pipeline.actors",
+        self.start("worker", str(BIN / "python"), "-m", "pipeline.work.worker", "pipeline.work.actors",
                    "--processes", "2", "--threads", "4")
-        self.start("sweeper", str(BIN / "python"), "-m", "pipeline.sweeper")
-        self.start("watcher", str(BIN / "python"), "-m", "pipeline.watcher")
+        self.start("sweeper", str(BIN / "python"), "-m", "pipeline.work.sweeper")
+        self.start("watcher", str(BIN / "python"), "-m", "pipeline.work.watcher")
 
     def tenant(self, name: str = "bench", allowance: int = 10**12) -> str:
         """Create a tenant (``reckon tenant create``) and an API key for it; the key."""
@@ -185,7 +185,7 @@ def post(port: int, api_key: str, keys: list[str], concurrency: int, body: bytes
 
 
 def completed(client: redis.Redis, tenant: str = "bench") -> int:
-    from pipeline.keys import TenantKeys
+    from pipeline.state.keys import TenantKeys
 
     return int(client.hget(TenantKeys(tenant).counts, "completed") or 0)
 

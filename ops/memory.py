@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ops.benchlib import free_port, wait_for  # noqa: E402
-from pipeline.redisconn import connect_url
 from pipeline.settings import Settings
-from pipeline.store import Store
-from pipeline.submit import Admitter
-from pipeline.sweeper import Sweeper
-from pipeline.tenants import create_tenant
+from pipeline.state.redisconn import connect_url
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_tenant
+from pipeline.work.sweeper import Sweeper
 
 
 def used(store: Store) -> int:

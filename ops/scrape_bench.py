@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT))
 from api.metrics import Metrics
 from ops.benchlib import private_store  # noqa: E402
 from pipeline.settings import Settings
-from pipeline.status import snapshot
-from pipeline.store import Store
-from pipeline.submit import Admitter
-from pipeline.tenants import create_tenant
+from pipeline.state.status import snapshot
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_tenant
 
 BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 1}
 CAPS = {"comfyui": 10**9}

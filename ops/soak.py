@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 import soak_check as checks  # noqa: E402
 from bench import free_port  # noqa: E402
 
-from pipeline.keys import JobKeys, TenantKeys, use_shards
-from pipeline.store import Store
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state.keys import JobKeys, TenantKeys, use_shards
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_key, create_tenant
 
 PROVIDER = "comfyui"
 FAULT_KINDS = ["latency", "error_before", "error_after", "rate_limit", "policy", "auth", "drop", "partial",
@@ -130,7 +130,7 @@ class Stack:
 
     def start_worker(self) -> str:
         self.seq += 1
-        self.start(f"worker-{self.seq}", str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1",
+        self.start(f"worker-{self.seq}", str(BIN / "dramatiq"), "pipeline.work.actors", "--processes", "1",
                    "--threads", str(self.opts.threads))
         return f"worker-{self.seq}"
 
@@ -140,13 +140,13 @@ class Stack:
                    "--delay", str(self.opts.delay))
         wait_for(lambda: request(self.sim_port, "GET", "/sim/faults")[0] == 200, "simulated provider")
         self.start_web()
-        self.start("sweeper", str(BIN / "python"), "-m", "pipeline.sweeper")
+        self.start("sweeper", str(BIN / "python"), "-m", "pipeline.work.sweeper")
         self.start_watcher()
         for _ in range(self.opts.workers):
             self.start_worker()
 
     def start_watcher(self) -> None:
-        self.start("watcher", str(BIN / "python"), "-m", "pipeline.watcher")
+        self.start("watcher", str(BIN / "python"), "-m", "pipeline.work.watcher")
 
     def workers(self) -> list[str]:
         return sorted(name for name in self.procs if name.startswith("worker-"))

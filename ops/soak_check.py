@@ -18,10 +18,10 @@ from typing import Any
 import orjson
 import redis
 
-from pipeline import archive
-from pipeline.blobs import BlobStore
-from pipeline.keys import JobKeys, TenantKeys, shards
-from pipeline.status import audit, merge_stats
+from pipeline.blobs.local import BlobStore
+from pipeline.state import archive
+from pipeline.state.keys import JobKeys, TenantKeys, shards
+from pipeline.state.status import audit, merge_stats
 
 TERMINAL = {"completed", "failed", "cancelled"}
 AT_REST = TERMINAL | {"needs_review"}

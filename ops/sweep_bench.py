@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT))
 
 from ops.benchlib import private_store  # noqa: E402
 from pipeline.settings import Settings
-from pipeline.store import Store
-from pipeline.submit import Admitter
-from pipeline.sweeper import Sweeper
-from pipeline.tenants import create_tenant
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_tenant
+from pipeline.work.sweeper import Sweeper
 
 BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 1}
 

@@ -88,7 +88,7 @@ def configure(process: str, level: int = logging.INFO) -> None:
     """Make the root logger write JSON lines to stderr, through exactly one handler.
 
     Handlers already there are removed (Dramatiq's CLI installs its own format before it imports
-    ``pipeline.actors``); warnings and uncaught exceptions (main thread and others) become records.
+    ``pipeline.work.actors``); warnings and uncaught exceptions (main thread and others) become records.
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(process))

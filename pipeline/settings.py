@@ -130,7 +130,7 @@ DEFAULT_ACK_TIMEOUT_MS = 1000
 DEFAULT_OPERATOR_TOKEN = ""
 #: Shards the state is split into (README "Redis Cluster"): fixed for a deployment's lifetime.
 DEFAULT_SHARDS = 1
-#: A durable write's WAIT must end well inside the 10 s socket timeout (pipeline/redisconn.py):
+#: A durable write's WAIT must end well inside the 10 s socket timeout (pipeline/state/redisconn.py):
 #: cut by it, redis-py would send the script again and the client would read "nothing changed".
 MAX_ACK_TIMEOUT_MS = 5000
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from redis.cluster import ClusterNode, RedisCluster
 
-from pipeline import redisconn
+from pipeline.state import redisconn
 
 #: Shards the state is split into on the test cluster: tags {s0}..{s3} fall on all three primaries.
 SHARDS = 4

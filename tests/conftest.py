@@ -1,6 +1,6 @@
 """Shared fixtures: a real redis-server on a free loopback port, flushed for every test.
 
-The port is chosen at import, before any test module imports pipeline.actors
+The port is chosen at import, before any test module imports pipeline.work.actors
 (which reads RECKON_REDIS_URL once), so every process and thread agrees on it.
 """
 
@@ -21,12 +21,12 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from pipeline import keys
-from pipeline.providers import sim as simulated
-from pipeline.redisconn import connect_url
+from pipeline.providers.sim import server as simulated
 from pipeline.settings import Settings
-from pipeline.store import Store
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state import keys
+from pipeline.state.redisconn import connect_url
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_key, create_tenant
 from tests import cluster
 
 

@@ -1,9 +1,9 @@
-"""Durable, content-addressed output storage behind one small interface (:class:`Blobs`).
+"""Blobs in a local directory (``<root>/<aa>/<bb>/<sha256>``), the default store.
 
-The default is a local directory (``<root>/<aa>/<bb>/<sha256>``); hosts that share no disk use an
-S3-compatible bucket instead (pipeline/s3blobs.py), chosen by ``RECKON_BLOB_URL=s3://bucket/prefix``.
-Either way a put is durable before it returns, a read checks the bytes against their sha256, and
-no error names a location (an output's location stays out of logs and responses).
+Hosts that share no disk use an S3-compatible bucket instead (pipeline/blobs/s3.py), chosen by
+``RECKON_BLOB_URL=s3://bucket/prefix``. Either way a put is durable before it returns, a read
+checks the bytes against their sha256, and no error names a location (an output's location stays
+out of logs and responses).
 """
 
 from __future__ import annotations
@@ -16,71 +16,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
-from urllib.parse import urlsplit
 
-from pipeline.errors import BlobMissing, BlobUnreadable, ReckonError
-
-if TYPE_CHECKING:
-    from pipeline.settings import Settings
-
-HEX = frozenset("0123456789abcdef")
-
-
-class BlobUnwritable(ReckonError):
-    """Output bytes could not be stored durably (an I/O or storage-service error); the message
-    names the error's kind, never a location."""
-
-
-class Blobs(Protocol):
-    """What the worker (put), the API (read) and ``reckon blobs gc`` (collect) need of a blob store."""
-
-    def put(self, data: bytes) -> str:
-        """Store ``data`` durably; return its sha256 (hex). Raises BlobUnwritable."""
-        ...
-
-    def read(self, digest: str) -> bytes:
-        """The bytes stored under ``digest``, checked against it. Raises BlobMissing or BlobUnreadable."""
-        ...
-
-    def collect(self, keep: Iterable[str], *, min_age_s: float, now: float | None = None) -> tuple[int, int]:
-        """Delete every stored blob not in ``keep`` and older than ``min_age_s``; (removed, kept)."""
-        ...
-
-
-def layout(digest: str) -> str:
-    """``aa/bb/<sha256>``: a blob's place under the store's root (directory or key prefix)."""
-    if len(digest) != 64 or not HEX.issuperset(digest):
-        raise ValueError("not a sha256 digest")
-    return f"{digest[:2]}/{digest[2:4]}/{digest}"
-
-
-def is_blob_name(name: str) -> bool:
-    """Whether ``name`` (relative to the store's root) is where :func:`layout` puts some digest."""
-    digest = name.rsplit("/", 1)[-1]
-    return len(digest) == 64 and HEX.issuperset(digest) and name == f"{digest[:2]}/{digest[2:4]}/{digest}"
-
-
-def verified(data: bytes, digest: str) -> bytes:
-    """``data`` if it hashes to ``digest``; BlobUnreadable if the store handed back other bytes."""
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise BlobUnreadable("stored output bytes do not match their sha256")
-    return data
-
-
-def open_blobs(settings: Settings) -> Blobs:
-    """The blob store the settings name: ``blob_url`` ``s3://bucket/prefix`` (an S3-compatible
-    service at ``s3_endpoint``, AWS's when empty), else the local directory ``blob_dir``."""
-    if not settings.blob_url:
-        return BlobStore(settings.blob_dir, sync=settings.blob_sync)
-    url = urlsplit(settings.blob_url)
-    if "@" in url.netloc:  # never echoed: it may hold a secret
-        raise ValueError("RECKON_BLOB_URL holds credentials; boto3 reads them from AWS_* variables")
-    if url.scheme != "s3" or not url.hostname or url.query or url.fragment:
-        raise ValueError("RECKON_BLOB_URL must be s3://BUCKET or s3://BUCKET/PREFIX (empty: RECKON_BLOB_DIR)")
-    from pipeline.s3blobs import S3BlobStore, s3_client
-
-    return S3BlobStore(s3_client(settings.s3_endpoint), url.netloc, url.path)
+from pipeline.blobs.base import BlobUnwritable, is_blob_name, layout, verified
+from pipeline.errors import BlobMissing, BlobUnreadable
 
 
 class GroupSync:

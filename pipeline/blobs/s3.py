@@ -20,7 +20,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from pipeline.blobs import BlobUnwritable, is_blob_name, layout, verified
+from pipeline.blobs.base import BlobUnwritable, is_blob_name, layout, verified
 from pipeline.errors import BlobMissing, BlobUnreadable
 
 if TYPE_CHECKING:

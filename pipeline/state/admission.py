@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline import keys
 from pipeline.errors import NotAllowed
-from pipeline.store import FleetLimits
+from pipeline.state import keys
+from pipeline.state.store import FleetLimits
 
 
 def current(client: Any, defaults: FleetLimits) -> dict[str, dict[str, Any]]:

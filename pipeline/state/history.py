@@ -19,9 +19,9 @@ from typing import Any, Callable, Mapping
 
 import orjson
 
-from pipeline import archive, keys
-from pipeline.keys import JobKeys, TenantKeys
-from pipeline.status import CLASSES
+from pipeline.state import archive, keys
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.status import CLASSES
 
 #: Seconds between two samples; the slot of a time is ``at // RESOLUTION_S``.
 RESOLUTION_S = 30
@@ -65,7 +65,7 @@ def put(client: Any, figures: Mapping[str, Mapping[str, float]], now_ms: int) ->
 
 
 def record(client: Any, now_ms: int, snapshot: Callable[[], Mapping[str, Any]]) -> bool:
-    """The sweeper's step: sample the queues (``snapshot()``, pipeline.status's figures) when
+    """The sweeper's step: sample the queues (``snapshot()``, pipeline.state.status's figures) when
     this slot has no sample yet. True when it wrote one."""
     if not due(client, now_ms):
         return False

@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
-from pipeline import keys
 from pipeline.errors import InvalidRequest
 from pipeline.settings import Settings
+from pipeline.state import keys
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 PREFIX = "reckon"
 #: Hash: the sweeper's heartbeat: ``at`` (ms, Redis's clock, written every pass) and ``by`` (host/pid).
 SWEEPER = f"{PREFIX}:sweeper"
-#: Hash: status page samples (pipeline/history.py): slot % 120 -> JSON {at, depth and oldest age per class}.
+#: Hash: status page samples (pipeline/state/history.py): slot % 120 -> JSON {at, depth and oldest age per class}.
 HISTORY = f"{PREFIX}:history"
 #: Rank of a batch job in a shard's queue, due and parked sets (interactive ranks are plain times in ms).
 BATCH_RANK = 10**13
@@ -257,7 +257,7 @@ class JobKeys:
 
     @property
     def progress(self) -> str:
-        """List: JSON progress events of the current run, the last N kept (``pipeline.progress``)."""
+        """List: JSON progress events of the current run, the last N kept (``pipeline.state.progress``)."""
         return self._k(":progress")
 
     @property

@@ -3,7 +3,7 @@
 Two steps, each safe to repeat. First, a Redis written before shards has its keys renamed into the
 shard layout (below). Then every finished job (completed or cancelled) still kept in its several
 keys is packed into one, its record (``lua/pack-7.lua``, as a job that ends now is packed:
-pipeline/archive.py); dead letters keep their keys, as they do now. A job an earlier version packed
+pipeline/state/archive.py); dead letters keep their keys, as they do now. A job an earlier version packed
 (its parts as JSON in the record's field ``archive``) is put back in its keys first, in one MULTI,
 each item's text as it was, and then packed the same way.
 
@@ -30,9 +30,9 @@ from typing import Any
 import orjson
 import redis
 
-from pipeline import archive, keys, status
-from pipeline.keys import JobKeys, ShardKeys, TenantKeys
-from pipeline.scripts import Scripts
+from pipeline.state import archive, keys, status
+from pipeline.state.keys import JobKeys, ShardKeys, TenantKeys
+from pipeline.state.scripts import Scripts
 
 _OLD_TENANT_KEY = re.compile(r"reckon:\{t:([a-z0-9_]{1,40})\}:(.+)", re.S)
 #: The old single keys, by the ``ShardKeys`` name each became.

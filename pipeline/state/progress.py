@@ -19,10 +19,10 @@ from typing import Any
 
 import orjson
 
-from pipeline import archive
-from pipeline.keys import JobKeys
-from pipeline.scripts import Code, Scripts, raise_for
 from pipeline.settings import DEFAULT_PROGRESS_INTERVAL_SECONDS
+from pipeline.state import archive
+from pipeline.state.keys import JobKeys
+from pipeline.state.scripts import Code, Scripts, raise_for
 
 #: Progress points kept per job, the newest (state events are all kept).
 DEFAULT_KEEP = 50

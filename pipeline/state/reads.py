@@ -6,9 +6,9 @@ from typing import Any
 
 import orjson
 
-from pipeline import archive, keys
 from pipeline.errors import UnknownTenant
-from pipeline.keys import SERVER_BLOCKS, JobKeys, TenantKeys
+from pipeline.state import archive, keys
+from pipeline.state.keys import SERVER_BLOCKS, JobKeys, TenantKeys
 
 
 class Reads:
@@ -17,7 +17,7 @@ class Reads:
     redis: Any
 
     def job(self, job_id: str) -> dict[str, str] | None:
-        """The job's record (a finished job's fields unpacked, its parts left out: pipeline/archive.py), or None."""
+        """The job's record (a finished job's fields unpacked, its parts left out: pipeline/state/archive.py), or None."""
         return archive.record(job_id, self.redis.hgetall(JobKeys(job_id).record)) or None
 
     def _with_archive(self, job_id: str, read: Any) -> tuple[Any, str | None]:

@@ -26,10 +26,10 @@ import redis
 from redis.cluster import RedisCluster
 
 from pipeline.errors import IncompleteOutputs, JobNotFound, NotAllowed, ReckonError, ScriptError, StaleLease
-from pipeline.redisconn import on_node
 from pipeline.settings import DEFAULT_ACK_TIMEOUT_MS, Settings
+from pipeline.state.redisconn import on_node
 
-LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
 _NAME_RE = re.compile(r"([a-z-]+)-([0-9]+)\.lua")  # fullmatch; \d would take "١" too
 #: The library: the helpers once, then each script's body registered as a function. A call sets
 #: KEYS and ARGV (which scripts read as EVAL's globals), a fresh ``MOVES`` (lua/_lib.lua: the

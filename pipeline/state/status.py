@@ -11,12 +11,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline import archive, keys
-from pipeline.jobs import PRIORITIES, State
-from pipeline.keys import BATCH_RANK, JobKeys, ProviderKeys, TenantKeys
-from pipeline.progress import TERMINAL
-from pipeline.reads import class_pauses, fleet_view, merge_fleet
-from pipeline.store import Store
+from pipeline.state import archive, keys
+from pipeline.state.jobs import PRIORITIES, State
+from pipeline.state.keys import BATCH_RANK, JobKeys, ProviderKeys, TenantKeys
+from pipeline.state.progress import TERMINAL
+from pipeline.state.reads import class_pauses, fleet_view, merge_fleet
+from pipeline.state.store import Store
 
 CLASSES = PRIORITIES
 STATES = tuple(state.value for state in State)

@@ -12,7 +12,6 @@ import orjson
 import redis
 from redis.exceptions import RedisClusterException
 
-from pipeline import keys, redisconn
 from pipeline.claims import Claim, Collect, Inputs, Reconcile
 from pipeline.errors import (
     CancelRequested,
@@ -25,9 +24,6 @@ from pipeline.errors import (
     UnknownTenant,
     WrongShards,
 )
-from pipeline.keys import SERVER_BLOCKS, JobKeys, ProviderKeys, TenantKeys
-from pipeline.reads import Reads
-from pipeline.scripts import Code, ReplicationTimeout, Scripts, raise_for
 from pipeline.settings import (
     DEFAULT_INTERACTIVE_TARGET_SECONDS,
     DEFAULT_PROVIDER_CAP,
@@ -35,6 +31,10 @@ from pipeline.settings import (
     DEFAULT_QUEUE_CAP_INTERACTIVE,
     Settings,
 )
+from pipeline.state import keys, redisconn
+from pipeline.state.keys import SERVER_BLOCKS, JobKeys, ProviderKeys, TenantKeys
+from pipeline.state.reads import Reads
+from pipeline.state.scripts import Code, ReplicationTimeout, Scripts, raise_for
 
 log = logging.getLogger(__name__)
 

@@ -7,13 +7,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pipeline import faultpoints, keys
+from pipeline import faultpoints
 from pipeline.errors import IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest
 from pipeline.fleet import highest_price
-from pipeline.jobs import State, cost_plan, fingerprint, first_response, parse_request
-from pipeline.scripts import Code, ReplicationTimeout
 from pipeline.settings import Settings
-from pipeline.store import Admission, FleetLimits, Store
+from pipeline.state import keys
+from pipeline.state.jobs import State, cost_plan, fingerprint, first_response, parse_request
+from pipeline.state.scripts import Code, ReplicationTimeout
+from pipeline.state.store import Admission, FleetLimits, Store
 
 log = logging.getLogger(__name__)
 

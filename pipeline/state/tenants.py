@@ -8,9 +8,9 @@ import secrets
 
 import redis
 
-from pipeline import keys
 from pipeline.errors import ReckonError
-from pipeline.keys import TenantKeys
+from pipeline.state import keys
+from pipeline.state.keys import TenantKeys
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 

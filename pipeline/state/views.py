@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline import archive
-from pipeline.keys import JobKeys
+from pipeline.state import archive
+from pipeline.state.keys import JobKeys
 
-#: Every record field ``pipeline.jobs.job_view`` reads (a test keeps the two in step).
+#: Every record field ``pipeline.state.jobs.job_view`` reads (a test keeps the two in step).
 VIEW_FIELDS = (
     "id", "state", "kind", "priority", "outputs_requested", "attempt_count", "attempts_not_sent",
     "price", "ceiling", "reserved", "charged", "uncertain", "settled",

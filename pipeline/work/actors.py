@@ -1,4 +1,4 @@
-"""Dramatiq actors. ``dramatiq pipeline.actors`` runs workers; a message carries only a job id."""
+"""Dramatiq actors. ``dramatiq pipeline.work.actors`` runs workers; a message carries only a job id."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ from typing import Callable
 import dramatiq
 
 from pipeline.blobs import open_blobs
-from pipeline.broker import ROUTES, Publisher, build_broker
 from pipeline.errors import AttemptFailed, StaleLease
-from pipeline.executor import Executor
 from pipeline.fleet import Server
 from pipeline.logs import configure
 from pipeline.providers.base import Provider
@@ -19,14 +17,16 @@ from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
 from pipeline.providers.null import NullProvider
-from pipeline.redisconn import name_connections
-from pipeline.routing import FailureRouter, Router, Unpark
 from pipeline.settings import Settings
-from pipeline.store import open_store
+from pipeline.state.redisconn import name_connections
+from pipeline.state.store import open_store
+from pipeline.work.broker import ROUTES, Publisher, build_broker
+from pipeline.work.executor import Executor
+from pipeline.work.routing import FailureRouter, Router, Unpark
 
 
 def _configure_dramatiq_worker() -> None:
-    """JSON for a Dramatiq worker process (``dramatiq pipeline.actors``), called when the actors load.
+    """JSON for a Dramatiq worker process (``dramatiq pipeline.work.actors``), called when the actors load.
 
     Only under Dramatiq's CLI: the watcher, the API and tests import the actors too, and their
     logging is theirs to set.

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dramatiq
 from dramatiq.middleware import Retries
 
-from pipeline.redisconn import broker_client
 from pipeline.settings import Settings
-from pipeline.waking import WakingRedisBroker
+from pipeline.state.redisconn import broker_client
+from pipeline.work.waking import WakingRedisBroker
 
 #: priority (or "reconcile") -> (queue, actor name). Workers take interactive work first.
 ROUTES = {
@@ -27,13 +27,13 @@ ROUTES = {
 
 
 def build_broker(settings: Settings) -> dramatiq.Broker:
-    """A Redis broker (pipeline/waking.py: idle consumers wake on a push, no delay queues) or
+    """A Redis broker (pipeline/work/waking.py: idle consumers wake on a push, no delay queues) or
     RabbitMQ's, without Dramatiq's Retries: reckon's own state decides every retry."""
     broker: dramatiq.Broker
     if settings.broker_url.startswith(("amqp://", "amqps://")):
         broker = rabbitmq_broker(settings.broker_url)
     else:
-        # one server or, for a redis+sentinel:// URL, the master Sentinel names now (pipeline/redisconn.py)
+        # one server or, for a redis+sentinel:// URL, the master Sentinel names now (pipeline/state/redisconn.py)
         broker = WakingRedisBroker(client=broker_client(settings), namespace="dramatiq")
     for middleware in list(broker.middleware):
         if isinstance(middleware, Retries):

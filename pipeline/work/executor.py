@@ -38,13 +38,13 @@ from pipeline.errors import (
     UnknownOutcome,
     Unreachable,
 )
-from pipeline.leases import Held, Keeper
 from pipeline.providers.base import OperationStatus, OutputRef, Provider
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.media import describe
-from pipeline.scripts import ReplicationTimeout
 from pipeline.settings import Settings
-from pipeline.store import Store
+from pipeline.state.scripts import ReplicationTimeout
+from pipeline.state.store import Store
+from pipeline.work.leases import Held, Keeper
 
 log = logging.getLogger(__name__)
 #: Reconcile claims of one job after which, once past its age limit, it goes to review without

@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 from pipeline.claims import Claim
 from pipeline.errors import StaleLease
 from pipeline.settings import DEFAULT_DEADLINE_GRACE_SECONDS, DEFAULT_STALL_SECONDS
-from pipeline.store import Store
+from pipeline.state.store import Store
 
 log = logging.getLogger(__name__)
 #: How often (s) at most the keeper's thread wakes while it holds claims or unsent refunds.

@@ -11,7 +11,6 @@ from typing import Any, Callable
 import dramatiq
 from dramatiq.middleware import Middleware
 
-from pipeline import keys
 from pipeline.claims import Claim
 from pipeline.errors import (
     AttemptFailed,
@@ -22,11 +21,12 @@ from pipeline.errors import (
     StaleLease,
     UnknownOutcome,
 )
-from pipeline.executor import Executor
 from pipeline.fleet import highest_price
-from pipeline.scripts import ReplicationTimeout
 from pipeline.settings import Settings
-from pipeline.store import Store
+from pipeline.state import keys
+from pipeline.state.scripts import ReplicationTimeout
+from pipeline.state.store import Store
+from pipeline.work.executor import Executor
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ for ``RECKON_SWEEP_HOLD_SECONDS`` (30 s), so a tenant of a sweeper that died mid
 again, for any sweeper, when its hold ends (README "Many sweepers"). Each sweeper's pass is in
 the heartbeat hash (``at``/``by``: the latest pass of any; ``at:<host>/<pid>``: each one's).
 
-Run it: ``python -m pipeline.sweeper`` (the ``sweeper`` process in the Procfile).
+Run it: ``python -m pipeline.work.sweeper`` (the ``sweeper`` process in the Procfile).
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ import threading
 from collections import Counter
 from typing import Callable
 
-from pipeline import faultpoints, history, keys, status
-from pipeline.keys import TenantKeys
-from pipeline.redisconn import name_connections
+from pipeline import faultpoints
 from pipeline.settings import Settings
-from pipeline.store import Store, open_store
+from pipeline.state import history, keys, status
+from pipeline.state.keys import TenantKeys
+from pipeline.state.redisconn import name_connections
+from pipeline.state.store import Store, open_store
 
 log = logging.getLogger(__name__)
 #: Jobs handled per index per tenant in one visit; the tenant stays due for the rest.
@@ -177,8 +178,8 @@ class Sweeper:
 
 
 def main() -> None:
-    from pipeline.broker import Publisher, build_broker
     from pipeline.logs import configure
+    from pipeline.work.broker import Publisher, build_broker
 
     configure("sweeper")
     name_connections("sweeper")

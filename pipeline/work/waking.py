@@ -189,7 +189,7 @@ class Doorbell:
 
 
 #: reckon's dispatch script for Dramatiq's Redis broker: the same calls, fewer commands (its header).
-DISPATCH = (Path(__file__).resolve().parent.parent / "lua" / "broker.lua").read_bytes()
+DISPATCH = (Path(__file__).resolve().parents[2] / "lua" / "broker.lua").read_bytes()
 
 
 class WakingRedisBroker(RedisBroker):

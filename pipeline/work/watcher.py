@@ -22,7 +22,7 @@ answers, or hands the job to an operator at the age limit. A watcher that dies i
 same case. One watcher per server at a time holds a Redis lock (``reckon:fleet:watcher:``),
 so a second watcher process is a standby.
 
-Run it: ``python -m pipeline.watcher`` (the ``watcher`` process in the Procfile).
+Run it: ``python -m pipeline.work.watcher`` (the ``watcher`` process in the Procfile).
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ import orjson
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
 
-from pipeline import keys
 from pipeline.claims import Claim
 from pipeline.errors import ProviderError, StaleLease
-from pipeline.progress import Coalescer, Record
 from pipeline.providers.fleet import Fleet
-from pipeline.redisconn import name_connections
 from pipeline.settings import Settings
-from pipeline.store import Store, open_store
+from pipeline.state import keys
+from pipeline.state.progress import Coalescer, Record
+from pipeline.state.redisconn import name_connections
+from pipeline.state.store import Store, open_store
 
 log = logging.getLogger(__name__)
 
@@ -263,10 +263,10 @@ class Watcher:
 
 
 def main() -> None:
-    from pipeline.actors import adapter
-    from pipeline.broker import Publisher, build_broker
     from pipeline.logs import configure
-    from pipeline.progress import record
+    from pipeline.state.progress import record
+    from pipeline.work.actors import adapter
+    from pipeline.work.broker import Publisher, build_broker
 
     configure("watcher")
     name_connections("watcher")

@@ -1,7 +1,7 @@
 """The worker process: Dramatiq's CLI with JSON logs from its main process as well as its workers.
 
-``python -m pipeline.worker pipeline.actors --processes 2 --threads 4`` takes the arguments of
-``dramatiq``. Under plain ``dramatiq`` the worker processes log JSON (importing ``pipeline.actors``
+``python -m pipeline.work.worker pipeline.work.actors --processes 2 --threads 4`` takes the arguments of
+``dramatiq``. Under plain ``dramatiq`` the worker processes log JSON (importing ``pipeline.work.actors``
 replaces the CLI's format) but the main process, which never imports them, keeps the CLI's plain
 format ("Dramatiq '2.2.1' is booting up.", "Sending signal ..."); here the root logger is set before
 the CLI starts and the CLI is told to leave it alone (``--skip-logging``).
@@ -14,7 +14,7 @@ import sys
 from dramatiq import cli
 
 from pipeline.logs import configure
-from pipeline.redisconn import name_connections
+from pipeline.state.redisconn import name_connections
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.make_argument_parser().parse_args(argv)
     args.skip_logging = True
     # On SIGHUP Dramatiq stops its workers and re-executes sys.argv: make that this module again.
-    sys.argv = [sys.executable, "-m", "pipeline.worker", *argv]
+    sys.argv = [sys.executable, "-m", "pipeline.work.worker", *argv]
     return int(cli.main(args) or 0)
 
 
@@ -37,7 +37,7 @@ def check_shards() -> None:
     from redis.exceptions import RedisClusterException
 
     from pipeline.settings import Settings
-    from pipeline.store import open_store
+    from pipeline.state.store import open_store
 
     try:
         open_store(Settings.from_env()).redis.close()

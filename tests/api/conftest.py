@@ -13,7 +13,7 @@ from falcon import testing
 
 from api.app import create_app
 from pipeline.settings import Settings
-from pipeline.store import Store
+from pipeline.state.store import Store
 from tests.conftest import free_port, stop_group, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 from falcon import testing
 
-from pipeline.keys import TenantKeys
-from pipeline.store import Store
+from pipeline.state.keys import TenantKeys
+from pipeline.state.store import Store
 
 from .conftest import auth, job_body
 

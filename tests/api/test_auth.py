@@ -11,8 +11,8 @@ from falcon import testing
 
 from api.app import create_app
 from api.auth import Authenticate
-from pipeline import keys
-from pipeline.tenants import create_key, hash_key, revoke_key, set_disabled
+from pipeline.state import keys
+from pipeline.state.tenants import create_key, hash_key, revoke_key, set_disabled
 
 from .conftest import auth, job_body
 

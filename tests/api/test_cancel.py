@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.keys import JobKeys
-from pipeline.store import Store
+from pipeline.state.keys import JobKeys
+from pipeline.state.store import Store
 
 from .conftest import auth, job_body
 

@@ -14,9 +14,9 @@ from falcon import testing
 
 from api import sse
 from api.app import create_app
-from pipeline import progress
 from pipeline.claims import Claim
-from pipeline.store import Store
+from pipeline.state import progress
+from pipeline.state.store import Store
 
 from .conftest import auth
 

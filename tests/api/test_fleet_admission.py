@@ -11,10 +11,11 @@ import pytest
 from falcon import testing
 
 from api.app import create_app
-from pipeline import cli, keys
-from pipeline.keys import TenantKeys
+from pipeline.operate import cli
 from pipeline.settings import Settings
-from pipeline.store import Store
+from pipeline.state import keys
+from pipeline.state.keys import TenantKeys
+from pipeline.state.store import Store
 
 from .conftest import auth, job_body
 

@@ -8,7 +8,7 @@ import time
 import orjson
 from gunicorn.config import Config
 
-from pipeline.keys import TenantKeys
+from pipeline.state.keys import TenantKeys
 
 from .conftest import ROOT, job_body
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from pipeline import cli, keys
 from pipeline.errors import OverLimit
-from pipeline.keys import TenantKeys
-from pipeline.tenants import set_limits
+from pipeline.operate import cli
+from pipeline.state import keys
+from pipeline.state.keys import TenantKeys
+from pipeline.state.tenants import set_limits
 from tests.api.conftest import auth
 
 

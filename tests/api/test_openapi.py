@@ -18,7 +18,7 @@ from falcon.inspect import inspect_routes
 
 from api.app import create_app
 from pipeline.settings import Settings
-from pipeline.store import Store
+from pipeline.state.store import Store
 
 from .conftest import BIN, job_body
 

@@ -7,10 +7,10 @@ import math
 from falcon import testing
 
 from api.app import create_app
-from pipeline import keys
-from pipeline.keys import TenantKeys
-from pipeline.redisconn import connect_url
-from pipeline.store import Store
+from pipeline.state import keys
+from pipeline.state.keys import TenantKeys
+from pipeline.state.redisconn import connect_url
+from pipeline.state.store import Store
 from tests.conftest import free_port
 
 from .conftest import auth, job_body

@@ -8,8 +8,8 @@ import logging
 
 import orjson
 
-from pipeline.blobs import BlobStore
-from pipeline.keys import JobKeys
+from pipeline.blobs.local import BlobStore
+from pipeline.state.keys import JobKeys
 
 from .conftest import auth
 

@@ -20,10 +20,10 @@ from falcon import testing
 
 from api.app import create_app
 from api.ui import COOKIE
-from pipeline import history, keys, status
-from pipeline.keys import ProviderKeys
 from pipeline.settings import Settings
-from pipeline.store import Store
+from pipeline.state import history, keys, status
+from pipeline.state.keys import ProviderKeys
+from pipeline.state.store import Store
 from tests.conftest import free_port, stop_group, wait_until
 
 from .conftest import auth, job_body

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pipeline import views
-from pipeline.jobs import job_view
-from pipeline.keys import JobKeys
-from pipeline.store import Store
+from pipeline.state import views
+from pipeline.state.jobs import job_view
+from pipeline.state.keys import JobKeys
+from pipeline.state.store import Store
 
 from .conftest import auth, job_body
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.blobs import BlobStore
-from pipeline.jobs import job_view
+from pipeline.blobs.local import BlobStore
 from pipeline.providers.media import describe
-from pipeline.store import Store
+from pipeline.state.jobs import job_view
+from pipeline.state.store import Store
 from tests.comfyui.conftest import RealComfyUI
 from tests.comfyui.test_adapter import blur, empty, save
 from tests.conftest import wait_until

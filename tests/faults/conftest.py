@@ -77,16 +77,16 @@ class Stack:
 
     def start_worker(self, pause_at: str | None = None, *, watcher: bool = True) -> None:
         """A Dramatiq worker, and (unless one runs already) the watcher that follows its prompts."""
-        self.start("worker", str(BIN / "python"), "-m", "pipeline.worker", "pipeline.actors", "--processes", "1",
+        self.start("worker", str(BIN / "python"), "-m", "pipeline.work.worker", "pipeline.work.actors", "--processes", "1",
                    "--threads", "2", pause_at=pause_at)
         if watcher and "watcher" not in self.procs:
             self.start_watcher()
 
     def start_watcher(self) -> None:
-        self.start("watcher", str(BIN / "python"), "-m", "pipeline.watcher")
+        self.start("watcher", str(BIN / "python"), "-m", "pipeline.work.watcher")
 
     def start_sweeper(self) -> None:
-        self.start("sweeper", str(BIN / "python"), "-m", "pipeline.sweeper")
+        self.start("sweeper", str(BIN / "python"), "-m", "pipeline.work.sweeper")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name)

@@ -13,10 +13,10 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from pipeline.keys import TenantKeys
-from pipeline.status import audit
-from pipeline.store import Store
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state.keys import TenantKeys
+from pipeline.state.status import audit
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_key, create_tenant
 from tests import cluster
 from tests.conftest import REDIS_URL, wait_until
 from tests.faults.conftest import Stack

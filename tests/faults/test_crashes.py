@@ -11,9 +11,9 @@ from urllib.request import Request, urlopen
 
 import orjson
 
-from pipeline.keys import TenantKeys
-from pipeline.store import Store
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state.keys import TenantKeys
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_key, create_tenant
 from tests.conftest import wait_until
 
 BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 2}

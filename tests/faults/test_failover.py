@@ -20,10 +20,10 @@ import orjson
 import pytest
 
 from ops import soak_check
-from pipeline import keys
-from pipeline.keys import JobKeys, TenantKeys
-from pipeline.redisconn import connect_url
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state import keys
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.redisconn import connect_url
+from pipeline.state.tenants import create_key, create_tenant
 from tests.conftest import wait_until
 from tests.faults.conftest import Stack
 from tests.replication import RedisProcs

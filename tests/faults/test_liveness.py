@@ -6,7 +6,7 @@ deadline plus the grace; the sweeper then reconciles the job as a dead worker's,
 
 from __future__ import annotations
 
-from pipeline.store import Store
+from pipeline.state.store import Store
 from tests.conftest import wait_until
 from tests.faults.test_crashes import finished, setup
 

@@ -8,7 +8,7 @@ import secrets
 
 import orjson
 
-from pipeline.keys import TenantKeys
+from pipeline.state.keys import TenantKeys
 from tests.conftest import wait_until
 from tests.faults.test_crashes import setup
 

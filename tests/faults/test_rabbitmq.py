@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from ops import rabbitmq
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state.tenants import create_key, create_tenant
 from tests.conftest import REDIS_PORT, wait_until
 from tests.faults.conftest import Stack
 

@@ -31,14 +31,14 @@ from typing import Any, cast
 
 import orjson
 
-from pipeline import keys
-from pipeline.broker import Publisher, build_broker
-from pipeline.keys import TenantKeys
-from pipeline.redisconn import connect_url
 from pipeline.settings import Settings
-from pipeline.store import Store
-from pipeline.submit import Admitter
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state import keys
+from pipeline.state.keys import TenantKeys
+from pipeline.state.redisconn import connect_url
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_key, create_tenant
+from pipeline.work.broker import Publisher, build_broker
 from tests.conftest import REDIS_PORT, free_port, wait_until
 from tests.faults.conftest import BIN, ROOT, Stack
 
@@ -94,8 +94,8 @@ KNOWN = frozenset({
     "redis-cli -p 6390 HGETALL reckon:sweeper",
     "redis-cli -p 6390 HGETALL 'reckon:{p:comfyui}:budget'",
     "redis-cli -p 6390 -n 1 ZRANGE dramatiq:reckon-interactive.XQ 0 -1",
-    "python -m pipeline.watcher",
-    "python -m pipeline.sweeper",
+    "python -m pipeline.work.watcher",
+    "python -m pipeline.work.sweeper",
 })
 
 

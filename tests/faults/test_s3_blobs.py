@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state.tenants import create_key, create_tenant
 from tests.conftest import wait_until
 from tests.s3server import CREDENTIALS, S3Server, running
 

@@ -6,7 +6,7 @@ import hashlib
 
 import orjson
 
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state.tenants import create_key, create_tenant
 from tests.conftest import wait_until
 
 

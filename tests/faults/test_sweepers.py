@@ -1,4 +1,4 @@
-"""Many sweepers with real processes: two ``python -m pipeline.sweeper`` against one redis-server
+"""Many sweepers with real processes: two ``python -m pipeline.work.sweeper`` against one redis-server
 and many tenants' due retries. Each due step happens once and both sweepers do some of it; a
 sweeper killed in the middle of a pass leaves its tenants to the other when their hold ends.
 
@@ -20,11 +20,11 @@ from typing import Any
 import orjson
 import redis
 
-from pipeline import keys
-from pipeline.keys import TenantKeys
-from pipeline.submit import Admitter
-from pipeline.sweeper import TAKE_BATCH
-from pipeline.tenants import create_tenant
+from pipeline.state import keys
+from pipeline.state.keys import TenantKeys
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_tenant
+from pipeline.work.sweeper import TAKE_BATCH
 from tests.conftest import REDIS_PORT, wait_until
 from tests.faults.conftest import BIN
 from tests.faults.test_json_logs import parsed
@@ -51,7 +51,7 @@ def retries(store, settings, tenants: list[str], delay_ms: Callable[[int], int])
 
 def start_sweeper(stack, store, name: str, *, pause_at: str | None = None) -> str:
     """A sweeper process, waited for until its first pass; its name in the heartbeat hash (host/pid)."""
-    stack.start(name, str(BIN / "python"), "-m", "pipeline.sweeper", pause_at=pause_at)
+    stack.start(name, str(BIN / "python"), "-m", "pipeline.work.sweeper", pause_at=pause_at)
     me = f"{socket.gethostname()}/{stack.procs[name].pid}"
     wait_until(lambda: store.redis.hexists(keys.SWEEPER, f"at:{me}"), timeout=20)
     return me
@@ -121,7 +121,7 @@ def test_a_sweeper_killed_mid_pass_leaves_its_tenants_to_the_other_when_the_hold
     stack.env |= WINDOW | {"RECKON_SWEEP_HOLD_SECONDS": str(hold_ms / 1000)}
     tenants = [f"t{n:03d}" for n in range(40)]
     jobs = retries(store, settings, tenants, delay_ms=lambda i: 0)  # all due at once
-    stack.start("dying", str(BIN / "python"), "-m", "pipeline.sweeper", pause_at="sweep_visited")
+    stack.start("dying", str(BIN / "python"), "-m", "pipeline.work.sweeper", pause_at="sweep_visited")
     wait_until(stack.pause_file("dying").exists, timeout=20)  # one tenant visited, its batch's 19 others held
     taken = [job_id for job_id in jobs if events_after_retry(store, job_id)]
     assert len(taken) == 1 and jobs[taken[0]] == "t000"  # due at once: taken in name order

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pipeline.keys import ShardKeys
+from pipeline.state.keys import ShardKeys
 from tests.conftest import wait_until
 from tests.faults.conftest import BIN
 from tests.faults.test_crashes import finished, setup, submit
@@ -20,7 +20,7 @@ from tests.faults.test_crashes import finished, setup, submit
 #: The figures of the one shard these stacks run with.
 STATS = ShardKeys(0).stats
 
-DRAMATIQ = (str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1", "--threads", "2")
+DRAMATIQ = (str(BIN / "dramatiq"), "pipeline.work.actors", "--processes", "1", "--threads", "2")
 
 
 def test_a_worker_whose_clock_runs_a_minute_behind_keeps_its_lease(stack, redis_client, store) -> None:
@@ -31,7 +31,7 @@ def test_a_worker_whose_clock_runs_a_minute_behind_keeps_its_lease(stack, redis_
     stack.start_provider(delay=1.5)  # longer than nothing, shorter than the 2 s lease
     stack.start_web()
     stack.start("worker", faketime, "-f", "-60s", *DRAMATIQ)
-    stack.start("watcher", faketime, "-f", "-60s", str(BIN / "python"), "-m", "pipeline.watcher")
+    stack.start("watcher", faketime, "-f", "-60s", str(BIN / "python"), "-m", "pipeline.work.watcher")
     stack.start_sweeper()
     job_id = submit(stack, auth)
     wait_until(lambda: finished(store, job_id), timeout=40)

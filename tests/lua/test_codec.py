@@ -1,4 +1,4 @@
-"""A finished job's compact record (lua/_codec.lua writes it, pipeline/archive.py reads it): every
+"""A finished job's compact record (lua/_codec.lua writes it, pipeline/state/archive.py reads it): every
 reader gets back what the job's own keys held, whatever the values, and the two sides list the same
 keys in the same order."""
 
@@ -12,9 +12,9 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import archive
-from pipeline.keys import JobKeys
-from pipeline.store import Store
+from pipeline.state import archive
+from pipeline.state.keys import JobKeys
+from pipeline.state.store import Store
 
 CODEC = (Path(__file__).resolve().parent.parent.parent / "lua" / "_codec.lua").read_text()
 

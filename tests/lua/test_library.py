@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from pipeline import scripts as scripts_module
-from pipeline.scripts import Scripts
+from pipeline.state import scripts as scripts_module
+from pipeline.state.scripts import Scripts
 from tests.conftest import REDIS_PORT
 
 

@@ -1,15 +1,15 @@
-"""lua/progress-2.lua through pipeline.progress: once per (attempt, node, value), only for the running attempt."""
+"""lua/progress-2.lua through pipeline.state.progress: once per (attempt, node, value), only for the running attempt."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from pipeline import progress
 from pipeline.claims import Claim
-from pipeline.keys import JobKeys
-from pipeline.store import Store
-from pipeline.tenants import create_tenant
+from pipeline.state import progress
+from pipeline.state.keys import JobKeys
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_tenant
 
 from .test_scripts import NOW, admit
 

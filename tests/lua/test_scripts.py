@@ -9,10 +9,10 @@ import pytest
 import redis
 
 from pipeline.errors import IncompleteOutputs, ScriptError, StaleLease
-from pipeline.keys import JobKeys, TenantKeys
-from pipeline.scripts import LUA_DIR, Code, Scripts
-from pipeline.store import Store
-from pipeline.tenants import create_tenant
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.scripts import LUA_DIR, Code, Scripts
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_tenant
 
 #: Every test here runs against one redis-server and against a Redis Cluster (tests/conftest.py).
 BOTH_BACKENDS = True

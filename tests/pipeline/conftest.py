@@ -8,23 +8,23 @@ from typing import Any
 import dramatiq
 import pytest
 
-from pipeline import actors
-from pipeline.blobs import BlobStore
-from pipeline.broker import Publisher
-from pipeline.executor import Executor
+from pipeline.blobs.local import BlobStore
 from pipeline.fleet import Server
-from pipeline.progress import record
 from pipeline.providers.base import Provider
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
-from pipeline.providers.sim import SimServer
-from pipeline.routing import Router
+from pipeline.providers.sim.server import SimServer
 from pipeline.settings import Settings
-from pipeline.store import Store
-from pipeline.submit import Admitter
-from pipeline.sweeper import Sweeper
-from pipeline.watcher import Watcher
+from pipeline.state.progress import record
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.work import actors
+from pipeline.work.broker import Publisher
+from pipeline.work.executor import Executor
+from pipeline.work.routing import Router
+from pipeline.work.sweeper import Sweeper
+from pipeline.work.watcher import Watcher
 
 
 def single(provider: Provider, cap: int = 1000) -> Fleet:
@@ -37,7 +37,7 @@ WORKFLOW = {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}
 
 @pytest.fixture
 def broker(redis_server: str):
-    from pipeline import actors
+    from pipeline.work import actors
 
     return actors.broker
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from pipeline import views
-from pipeline.store import Store
-from pipeline.tenants import create_tenant
+from pipeline.state import views
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_tenant
 from tests.lua.test_scripts import NOW, admit, claim
 
 
@@ -76,7 +76,7 @@ def _running_with_two_outputs(acme: Store) -> tuple[str, Any]:
 
 
 def test_a_listing_shows_the_outputs_of_a_job_that_completes_while_it_is_read(acme: Store) -> None:
-    """``GET /v1/jobs`` (pipeline/views.py ``jobs_with_outputs``) reads each job's view fields, then its
+    """``GET /v1/jobs`` (pipeline/state/views.py ``jobs_with_outputs``) reads each job's view fields, then its
     outputs hash. The job completes in between: the listing shows it `running` with no outputs at all,
     though both of its outputs were stored before the listing began (and are in its archive after)."""
     job_id, held = _running_with_two_outputs(acme)

@@ -16,10 +16,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline import cli
-from pipeline.blobs import Blobs, BlobStore, BlobUnwritable, GroupSync, open_blobs
+from pipeline.blobs import Blobs, open_blobs
+from pipeline.blobs.base import BlobUnwritable
+from pipeline.blobs.local import BlobStore, GroupSync
+from pipeline.blobs.s3 import S3BlobStore
 from pipeline.errors import BlobMissing, BlobUnreadable
-from pipeline.s3blobs import S3BlobStore
+from pipeline.operate import cli
 from pipeline.settings import Settings
 from tests.conftest import free_port, wait_until
 from tests.s3server import CREDENTIALS, S3Server, client, running

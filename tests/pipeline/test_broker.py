@@ -11,8 +11,8 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Retries
 
-from pipeline.broker import build_broker
 from pipeline.settings import Settings
+from pipeline.work.broker import build_broker
 
 
 def test_an_amqp_url_builds_rabbitmq_with_publisher_confirms() -> None:

@@ -13,7 +13,7 @@ import dramatiq
 import pytest
 import redis
 
-from pipeline.waking import WakingRedisBroker
+from pipeline.work.waking import WakingRedisBroker
 from tests.conftest import REDIS_PORT, free_port, wait_until
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import orjson
 
-from pipeline import cli, keys
-from pipeline.sweeper import Sweeper
-from pipeline.tenants import hash_key, tenant_for_key
+from pipeline.operate import cli
+from pipeline.state import keys
+from pipeline.state.tenants import hash_key, tenant_for_key
+from pipeline.work.sweeper import Sweeper
 
 #: The one shard of these tests' deployment.
 SHARD = keys.ShardKeys(0)

@@ -20,10 +20,10 @@ import redis
 from redis.crc import key_slot
 
 from pipeline.claims import Claim
-from pipeline.keys import JobKeys, TenantKeys
-from pipeline.status import audit
-from pipeline.store import Store
-from pipeline.tenants import create_tenant
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.status import audit
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_tenant
 from tests import cluster
 from tests.lua.test_scripts import NOW
 

@@ -16,12 +16,12 @@ from falcon import testing
 from redis.cluster import RedisCluster
 
 from api.app import create_app
-from pipeline import redisconn
-from pipeline.keys import JobKeys, TenantKeys
-from pipeline.scripts import ReplicationTimeout, Scripts
 from pipeline.settings import Settings, with_db
-from pipeline.store import Store
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state import redisconn
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.scripts import ReplicationTimeout, Scripts
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_key, create_tenant
 from tests.api.conftest import job_body
 from tests.replication import RedisProcs
 
@@ -240,13 +240,13 @@ def test_a_slot_freed_by_an_unconfirmed_finish_still_publishes_the_parked_job(pr
 
     import dramatiq
 
-    from pipeline import actors
-    from pipeline.blobs import BlobStore
-    from pipeline.executor import Executor
+    from pipeline.blobs.local import BlobStore
     from pipeline.fleet import Server
     from pipeline.providers.fleet import Fleet
-    from pipeline.routing import Unpark
-    from pipeline.submit import Admitter
+    from pipeline.state.submit import Admitter
+    from pipeline.work import actors
+    from pipeline.work.executor import Executor
+    from pipeline.work.routing import Unpark
 
     primary = procs.server()
     replica = procs.server(replica_of=primary)
@@ -275,8 +275,8 @@ def test_a_slot_freed_by_an_unconfirmed_finish_still_publishes_the_parked_job(pr
 def test_unpark_runs_after_the_failure_routing() -> None:
     """Dramatiq runs after-message hooks in reverse order of the middleware list: Unpark must come
     before FailureRouter there, so it sees the slot the routing's retry or dead letter gave back."""
-    from pipeline import actors
-    from pipeline.routing import FailureRouter, Unpark
+    from pipeline.work import actors
+    from pipeline.work.routing import FailureRouter, Unpark
 
     kinds = [type(m) for m in actors.broker.middleware]
     assert kinds.index(Unpark) < kinds.index(FailureRouter)

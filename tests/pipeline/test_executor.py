@@ -9,14 +9,15 @@ import time
 import dramatiq
 import pytest
 
-from pipeline import actors, keys
-from pipeline.blobs import BlobStore
-from pipeline.broker import Publisher
+from pipeline.blobs.local import BlobStore
 from pipeline.errors import IdempotencyConflict, StaleLease
-from pipeline.keys import ProviderKeys
-from pipeline.providers import sim as simulated
-from pipeline.submit import Admitter
-from pipeline.sweeper import Sweeper
+from pipeline.providers.sim import server as simulated
+from pipeline.state import keys
+from pipeline.state.keys import ProviderKeys
+from pipeline.state.submit import Admitter
+from pipeline.work import actors
+from pipeline.work.broker import Publisher
+from pipeline.work.sweeper import Sweeper
 from tests.conftest import wait_until
 
 

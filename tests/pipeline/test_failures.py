@@ -10,13 +10,15 @@ from urllib.request import Request, urlopen
 import orjson
 import pytest
 
-from pipeline import actors, cli, keys
-from pipeline.broker import Publisher
 from pipeline.errors import AttemptFailed, InsufficientAllowance
-from pipeline.jobs import job_view
-from pipeline.keys import TenantKeys
-from pipeline.providers import sim as simulated
-from pipeline.sweeper import Sweeper
+from pipeline.operate import cli
+from pipeline.providers.sim import server as simulated
+from pipeline.state import keys
+from pipeline.state.jobs import job_view
+from pipeline.state.keys import TenantKeys
+from pipeline.work import actors
+from pipeline.work.broker import Publisher
+from pipeline.work.sweeper import Sweeper
 from tests.conftest import wait_until
 
 #: Every test here runs against one redis-server and against a Redis Cluster (tests/conftest.py).

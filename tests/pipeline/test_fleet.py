@@ -13,24 +13,26 @@ import dramatiq
 import orjson
 import pytest
 
-from pipeline import actors, cli, keys
-from pipeline.blobs import BlobStore
-from pipeline.broker import Publisher
+from pipeline.blobs.local import BlobStore
 from pipeline.errors import AttemptFailed
-from pipeline.executor import Executor
 from pipeline.fleet import Server
-from pipeline.jobs import job_view
-from pipeline.keys import JobKeys
-from pipeline.progress import events_after, record
-from pipeline.providers import sim as simulated
+from pipeline.operate import cli
 from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
-from pipeline.routing import Router
-from pipeline.status import audit
-from pipeline.store import CALL_MS
-from pipeline.watcher import Watcher
+from pipeline.providers.sim import server as simulated
+from pipeline.state import keys
+from pipeline.state.jobs import job_view
+from pipeline.state.keys import JobKeys
+from pipeline.state.progress import events_after, record
+from pipeline.state.status import audit
+from pipeline.state.store import CALL_MS
+from pipeline.work import actors
+from pipeline.work.broker import Publisher
+from pipeline.work.executor import Executor
+from pipeline.work.routing import Router
+from pipeline.work.watcher import Watcher
 from tests.conftest import wait_until
 from tests.pipeline.conftest import InProcess
 
@@ -440,7 +442,7 @@ def test_a_pause_after_the_claim_sends_nothing_and_gives_the_attempt_back(store,
 
 
 def test_parked_jobs_are_published_after_a_message_that_freed_a_slot_and_only_then(store, settings, admit) -> None:
-    from pipeline.routing import Unpark
+    from pipeline.work.routing import Unpark
 
     executor = Executor(store, Fleet([Server("sim", "http://sim", 1)], lambda s: None), BlobStore(settings.blob_dir),
                         settings)

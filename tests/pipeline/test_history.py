@@ -7,10 +7,11 @@ import threading
 
 import orjson
 
-from pipeline import actors, history, keys
-from pipeline.broker import Publisher
-from pipeline.keys import JobKeys, TenantKeys
-from pipeline.sweeper import Sweeper
+from pipeline.state import history, keys
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.work import actors
+from pipeline.work.broker import Publisher
+from pipeline.work.sweeper import Sweeper
 from tests.conftest import wait_until
 
 STEP_MS = history.RESOLUTION_S * 1000

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from pipeline.errors import StaleLease
-from pipeline.keys import JobKeys, ProviderKeys
-from pipeline.leases import FULL_S, Keeper
-from pipeline.store import Store
+from pipeline.state.keys import JobKeys, ProviderKeys
+from pipeline.state.store import Store
+from pipeline.work.leases import FULL_S, Keeper
 from tests.conftest import wait_until
 
 

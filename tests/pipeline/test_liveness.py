@@ -17,14 +17,14 @@ import pytest
 
 from pipeline.claims import Claim
 from pipeline.errors import StaleLease, Transient
-from pipeline.keys import JobKeys
-from pipeline.leases import Held, Keeper
-from pipeline.providers import sim as simulated
 from pipeline.providers.base import OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
+from pipeline.providers.sim import server as simulated
 from pipeline.settings import Settings
-from pipeline.store import Store
+from pipeline.state.keys import JobKeys
+from pipeline.state.store import Store
+from pipeline.work.leases import Held, Keeper
 from tests.conftest import wait_until
 from tests.pipeline.conftest import WORKFLOW
 
@@ -87,7 +87,7 @@ def test_a_claim_past_its_deadline_plus_the_grace_is_given_up_and_the_others_kep
         renewed(keeper, clock, counting, held)
         assert not held.lost.is_set()
         held.check()
-        with caplog.at_level(logging.WARNING, logger="pipeline.leases"):
+        with caplog.at_level(logging.WARNING, logger="pipeline.work.leases"):
             clock.now += 0.002  # past it
             wait_until(held.lost.is_set, timeout=10)
             with pytest.raises(StaleLease):

@@ -40,12 +40,12 @@ def lines_of(logger_name: str, formatter: logging.Formatter, emit: Any) -> list[
 
 
 def test_a_record_has_exactly_the_base_fields() -> None:
-    record = logging.makeLogRecord({"name": "pipeline.sweeper", "levelno": logging.WARNING, "levelname": "WARNING",
+    record = logging.makeLogRecord({"name": "pipeline.work.sweeper", "levelno": logging.WARNING, "levelname": "WARNING",
                                     "msg": "sweep: %s", "args": ({"queued": 2},), "created": CREATED,
                                     "msecs": 123.9, "process": 4242})
     assert orjson.loads(JsonFormatter("sweeper").format(record)) == {
         "ts": "2023-11-14T22:13:20.123Z", "level": "WARNING", "process": "sweeper", "pid": 4242,
-        "logger": "pipeline.sweeper", "msg": "sweep: {'queued': 2}"}
+        "logger": "pipeline.work.sweeper", "msg": "sweep: {'queued': 2}"}
 
 
 def test_a_state_change_carries_its_fields_from_and_to_included() -> None:
@@ -65,7 +65,7 @@ def test_an_exception_is_one_line_with_its_traceback() -> None:
         except ValueError:
             log.exception("collect failed for %s", "j-9", extra={"job": "j-9", "count": 3})
 
-    [line] = lines_of("pipeline.executor", JsonFormatter("worker"), emit)
+    [line] = lines_of("pipeline.work.executor", JsonFormatter("worker"), emit)
     assert set(line) == {"ts", "level", "process", "pid", "logger", "msg", "job", "count", "exc"}
     assert (line["level"], line["msg"], line["job"], line["count"]) == ("ERROR", "collect failed for j-9", "j-9", 3)
     assert line["exc"].startswith("Traceback (most recent call last):\n")
@@ -75,7 +75,7 @@ def test_an_exception_is_one_line_with_its_traceback() -> None:
 def test_an_extra_outside_the_allow_list_is_dropped() -> None:
     extra = {"workflow": {"3": {"inputs": {"text": CANARY}}}, "api_key": CANARY, "location": CANARY,
              "tenant": "acme", "provider": "comfyui", "class": "batch"}
-    [line] = lines_of("pipeline.jobs", JsonFormatter("web"), lambda log: log.info("admitted", extra=extra))
+    [line] = lines_of("pipeline.state.jobs", JsonFormatter("web"), lambda log: log.info("admitted", extra=extra))
     assert set(line) == {"ts", "level", "process", "pid", "logger", "msg", "tenant", "provider", "class"}
     assert (line["tenant"], line["provider"], line["class"]) == ("acme", "comfyui", "batch")
     assert CANARY not in orjson.dumps(line).decode()
@@ -143,12 +143,12 @@ def test_configure_replaces_the_handlers_already_there_and_routes_warnings_and_c
 
 
 def test_plain_dramatiq_logs_json_from_its_workers(redis_client, tmp_path: Path) -> None:
-    """``dramatiq pipeline.actors`` (no wrapper): importing the actors replaces the CLI's format in each
+    """``dramatiq pipeline.work.actors`` (no wrapper): importing the actors replaces the CLI's format in each
     worker process; its main process, which never imports them, keeps the CLI's plain lines (which is
-    why the Procfiles run ``python -m pipeline.worker``)."""
+    why the Procfiles run ``python -m pipeline.work.worker``)."""
     log = tmp_path / "dramatiq.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(BIN / "dramatiq"), "pipeline.actors", "--processes", "1", "--threads", "1"],
+        proc = subprocess.Popen([str(BIN / "dramatiq"), "pipeline.work.actors", "--processes", "1", "--threads", "1"],
                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until(lambda: b"Worker process is ready" in log.read_bytes(), timeout=30)

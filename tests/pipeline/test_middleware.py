@@ -9,13 +9,13 @@ import time
 import dramatiq
 import redis
 
-from pipeline import actors
-from pipeline.broker import Publisher
-from pipeline.routing import Router, backoff
-from pipeline.scripts import Scripts
-from pipeline.store import Store
-from pipeline.submit import Admitter
-from pipeline.sweeper import Sweeper
+from pipeline.state.scripts import Scripts
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.work import actors
+from pipeline.work.broker import Publisher
+from pipeline.work.routing import Router, backoff
+from pipeline.work.sweeper import Sweeper
 from tests.conftest import wait_until
 from tests.pipeline.test_failures import FAILS_BEFORE_SENDING, inject
 

@@ -17,12 +17,12 @@ import pytest
 from falcon import testing
 
 from api.app import create_app
-from pipeline import keys
-from pipeline.migrate import MigrationRefused, migrate
-from pipeline.status import audit
-from pipeline.store import Store
-from pipeline.submit import Admitter
-from pipeline.tenants import list_keys
+from pipeline.state import keys
+from pipeline.state.migrate import MigrationRefused, migrate
+from pipeline.state.status import audit
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import list_keys
 
 FIXTURE = json.loads((Path(__file__).parent.parent / "fixtures" / "pre_shards_state.json").read_text())
 JOBS = FIXTURE["jobs"]

@@ -14,21 +14,21 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from pipeline import keys
-from pipeline.blobs import BlobStore
+from pipeline.blobs.local import BlobStore
 from pipeline.errors import AttemptFailed, InvalidRequest, OperationFailed, UnknownOutcome
-from pipeline.executor import Executor
-from pipeline.jobs import job_view
-from pipeline.providers import sim as simulated
 from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
-from pipeline.routing import Router
+from pipeline.providers.sim import server as simulated
 from pipeline.settings import Settings
-from pipeline.store import Store
-from pipeline.submit import Admitter
-from pipeline.tenants import create_tenant
+from pipeline.state import keys
+from pipeline.state.jobs import job_view
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_tenant
+from pipeline.work.executor import Executor
+from pipeline.work.routing import Router
 from tests.conftest import wait_until
 from tests.pipeline.test_failures import inject
 
@@ -144,7 +144,7 @@ def test_a_charge_beyond_what_the_job_holds_is_booked_in_full_counted_and_logged
     job_id = submit(admit, "k1", 1, max_cost=10)
     claim = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op-1", servers={"dear": 1})
     assert claim is not None
-    with caplog.at_level(logging.ERROR, logger="pipeline.store"):
+    with caplog.at_level(logging.ERROR, logger="pipeline.state.store"):
         assert store.charge(claim, 12) == 12
     job = store.job(job_id)
     assert (job["reserved"], job["charged"], job["overrun"]) == ("0", "12", "2")

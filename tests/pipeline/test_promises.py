@@ -13,20 +13,22 @@ import time
 import pytest
 import redis
 
-from pipeline import actors, cli, keys
-from pipeline.blobs import BlobStore
-from pipeline.broker import Publisher
+from pipeline.blobs.local import BlobStore
 from pipeline.errors import AttemptFailed, InvalidRequest, StaleLease
-from pipeline.executor import Executor
-from pipeline.jobs import first_response
-from pipeline.keys import JobKeys, TenantKeys
-from pipeline.providers import sim as simulated
+from pipeline.operate import cli
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
-from pipeline.store import Store
-from pipeline.submit import Admitter
-from pipeline.sweeper import Sweeper
-from pipeline.tenants import create_tenant
+from pipeline.providers.sim import server as simulated
+from pipeline.state import keys
+from pipeline.state.jobs import first_response
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_tenant
+from pipeline.work import actors
+from pipeline.work.broker import Publisher
+from pipeline.work.executor import Executor
+from pipeline.work.sweeper import Sweeper
 from tests.conftest import wait_until
 from tests.pipeline.conftest import WORKFLOW, single
 from tests.pipeline.test_failures import attempt, balanced, inject, lost_in_a_restart, reconcile, units

@@ -13,11 +13,11 @@ from falcon import testing
 from redis.cluster import RedisCluster
 
 from api.app import create_app
-from pipeline import keys
 from pipeline.settings import Settings
-from pipeline.store import Store
-from pipeline.sweeper import Sweeper
-from pipeline.tenants import create_key, create_tenant
+from pipeline.state import keys
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_key, create_tenant
+from pipeline.work.sweeper import Sweeper
 from tests import cluster
 from tests.api.conftest import job_body
 from tests.faults.conftest import ROOT
@@ -51,11 +51,11 @@ def test_the_cli_and_the_worker_refuse_another_shard_count(store: Store, backend
         return  # the processes below reach the single server (RECKON_REDIS_URL); one run suffices
     store.check_shards()  # the deployment has one shard
     env = os.environ | {"RECKON_SHARDS": "4"}
-    cli = subprocess.run([sys.executable, "-m", "pipeline.cli", "tenant", "create", "gamma", "--allowance", "5"],
+    cli = subprocess.run([sys.executable, "-m", "pipeline.operate.cli", "tenant", "create", "gamma", "--allowance", "5"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
     assert (cli.returncode, cli.stderr.strip()) == (1, "reckon: RECKON_SHARDS is 4 but this Redis holds 1 shards")
     assert store.tenants() == []  # nothing written, in any shard
-    worker = subprocess.run([sys.executable, "-m", "pipeline.worker", "pipeline.actors", "--processes", "1"],
+    worker = subprocess.run([sys.executable, "-m", "pipeline.work.worker", "pipeline.work.actors", "--processes", "1"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
     assert worker.returncode != 0 and "RECKON_SHARDS is 4 but this Redis holds 1 shards" in worker.stderr
     create_tenant(store.redis, "gamma", 5)  # the right count works

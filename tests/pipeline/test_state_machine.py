@@ -19,11 +19,11 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, 
 
 from pipeline.claims import Claim
 from pipeline.errors import CancelRequested, IncompleteOutputs, InsufficientAllowance, NotAllowed, StaleLease
-from pipeline.redisconn import connect_url
-from pipeline.scripts import Code
-from pipeline.status import audit
-from pipeline.store import Store
-from pipeline.tenants import create_tenant
+from pipeline.state.redisconn import connect_url
+from pipeline.state.scripts import Code
+from pipeline.state.status import audit
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_tenant
 
 PRICE, ALLOWANCE, FAR = 10, 300, 10**13
 TERMINAL = {"completed", "failed", "cancelled"}

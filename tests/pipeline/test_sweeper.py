@@ -10,13 +10,15 @@ from collections import Counter
 
 import orjson
 
-from pipeline import actors, cli, keys
-from pipeline.blobs import BlobStore
-from pipeline.broker import Publisher
-from pipeline.keys import JobKeys, TenantKeys
-from pipeline.submit import Admitter
-from pipeline.sweeper import Sweeper
-from pipeline.tenants import create_tenant
+from pipeline.blobs.local import BlobStore
+from pipeline.operate import cli
+from pipeline.state import keys
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_tenant
+from pipeline.work import actors
+from pipeline.work.broker import Publisher
+from pipeline.work.sweeper import Sweeper
 from tests.pipeline.test_failures import attempt, balanced, inject
 
 DAY = 24 * 3600

@@ -5,8 +5,8 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from pipeline import keys
-from pipeline.tenants import (
+from pipeline.state import keys
+from pipeline.state.tenants import (
     TenantError,
     create_key,
     create_tenant,

@@ -9,7 +9,7 @@ import fakeredis
 import orjson
 import pytest
 
-from pipeline.blobs import BlobStore
+from pipeline.blobs.local import BlobStore
 from pipeline.errors import (
     InvalidInput,
     InvalidRequest,
@@ -19,11 +19,11 @@ from pipeline.errors import (
     Transient,
     UnknownOutcome,
 )
-from pipeline.jobs import fingerprint, parse_request
 from pipeline.providers.http import Response, raise_for_status, retry_after
-from pipeline.providers.sim import png
-from pipeline.scripts import Scripts
+from pipeline.providers.sim.server import png
 from pipeline.settings import Settings, with_db
+from pipeline.state.jobs import fingerprint, parse_request
+from pipeline.state.scripts import Scripts
 
 
 def test_settings_read_the_environment_once_and_derive_the_broker_db() -> None:

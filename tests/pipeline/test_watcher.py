@@ -1,4 +1,4 @@
-"""pipeline/watcher.py's progress writes: at most one per job per interval, the highest value
+"""pipeline/work/watcher.py's progress writes: at most one per job per interval, the highest value
 winning, a point pending at a prompt's end dropped. A ServerWatch is fed websocket frames as its
 loop would (each followed by a tick), on an injected clock, against the real Redis."""
 
@@ -12,12 +12,12 @@ import orjson
 import pytest
 
 from pipeline.claims import Claim
-from pipeline.keys import JobKeys
-from pipeline.progress import Coalescer, events_after, record
 from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.settings import Settings
-from pipeline.store import Store
-from pipeline.watcher import ServerWatch
+from pipeline.state.keys import JobKeys
+from pipeline.state.progress import Coalescer, events_after, record
+from pipeline.state.store import Store
+from pipeline.work.watcher import ServerWatch
 
 from .conftest import single
 

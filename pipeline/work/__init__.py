@@ -1,0 +1,7 @@
+"""The processes that move jobs: the Dramatiq worker (``worker``, ``actors``) running attempts
+(``executor``) under fenced leases (``leases``), the failure router (``routing``), the broker
+(``broker``, ``waking``), the watcher that follows prompts at their servers, and the sweeper.
+
+Imports the ground, ``pipeline.state``, ``pipeline.blobs`` and ``pipeline.providers``; nothing
+below imports this package.
+"""
