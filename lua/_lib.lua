@@ -257,7 +257,7 @@ end
 local PACKS = {}
 
 -- Record fields only a live attempt uses, and copies of its last attempt's (kept with its attempts): a
--- packed job drops them, and its progress marks (`pm:<attempt>:<node>`, lua/progress-2.lua).
+-- packed job drops them, and its progress marks (`pm:<attempt>:<node>`, lua/progress.lua).
 local LIVE_FIELDS = {lease_owner = true, lease_expires = true, slot_held = true, sends = true,
   attempt_charged = true, submit_epoch = true, operation_id = true, provider = true, server = true,
   attempt_price = true, submitted_at = true}

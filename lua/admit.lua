@@ -29,6 +29,7 @@
 -- from the job's fields that never change (id, kind, priority, outputs, ceiling,
 -- deadline_s, created_at), so a replay is the same bytes.
 --
+-- keys: 26
 -- KEYS[1] idempotency record (string)    KEYS[9]  superseded job's record (hash; the new
 -- KEYS[2] tenant ledger (hash)                    job's own when nothing is superseded)
 -- KEYS[3] job record (hash)              KEYS[10] superseded job's event list (likewise)

@@ -11,6 +11,7 @@
 -- the lease expires and the sweeper reconciles the job, as for a dead worker. The watcher's lease
 -- is the record's (`renew` in _lib.lua: the leases index keeps its earlier entry).
 --
+-- keys: 4
 -- KEYS[1] job record (hash)          KEYS[3] fleet (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[4] wake set (zset)
 --

@@ -3,6 +3,7 @@
 -- Guarantees: a retry is allowed only when `cost` tokens can be taken; a success
 -- refunds `cost` tokens (capped at capacity). All callers share one bucket.
 --
+-- keys: 1
 -- KEYS[1] provider's retry budget (hash: tokens)
 --
 -- ARGV[1] operation: take | refund

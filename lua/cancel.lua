@@ -12,6 +12,7 @@
 -- server's watcher has the request marked on its watch entry too (`cancel`), so the watcher
 -- learns of it from the watch list it reads anyway, with no read of each job's record.
 --
+-- keys: 20
 -- KEYS[1] job record (hash)          KEYS[6]  tenant's per-state counts (hash)
 -- KEYS[2] tenant ledger (hash)       KEYS[7]  tenant's review index (zset)
 -- KEYS[3] tenant's queued (zset)     KEYS[8]  tenant's done index (zset)

@@ -13,6 +13,7 @@
 -- settled), recorded on the job (`overrun`, units) and counted (`charge_overruns_total`
 -- in the global stats); the caller logs it as an error. Never silently cut.
 --
+-- keys: 5
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant ledger (hash)
 --

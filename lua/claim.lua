@@ -22,6 +22,7 @@
 -- A claim hands back what the attempt needs (the workflow, the outputs still to make), read in
 -- the same step, before the submission is marked.
 --
+-- keys: 18
 -- KEYS[1] job record (hash)          KEYS[7]  tenant ledger (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[8]  tenant's dead letters (zset)
 -- KEYS[3] tenant's queued (zset)     KEYS[9]  tenant's done index (zset)

@@ -10,6 +10,7 @@
 -- the cost it reported (ARGV[5]) is booked here, as the charge step would (`charge_attempt` in
 -- _lib.lua: once per attempt), so it is on record before any output is fetched.
 --
+-- keys: 8
 -- KEYS[1] job record (hash)          KEYS[3] fleet (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[4] wake set (zset)
 -- KEYS[5] tenant ledger (hash)

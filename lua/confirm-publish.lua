@@ -8,6 +8,7 @@
 -- (the tenant's wake entry, set at admission, is earlier still); the API's publish
 -- right after admission leaves the time admission gave it.
 --
+-- keys: 3
 -- KEYS[1] tenant's outbox (zset)
 -- KEYS[2] the job's idempotency record (string, `idem_read` in _lib.lua; may have expired)
 -- KEYS[3] tenant's queued (zset)

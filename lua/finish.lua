@@ -8,6 +8,7 @@
 -- whether a provider execution happened (external_effect). The job's dispatch
 -- slot on its server is given back.
 --
+-- keys: 22
 -- KEYS[1] job record (hash)          KEYS[7]  tenant's per-state counts (hash)
 -- KEYS[2] tenant ledger (hash)       KEYS[8]  tenant's reconcile index (zset)
 -- KEYS[3] tenant's leases (zset)     KEYS[9]  tenant's dead letters (zset)

@@ -3,6 +3,7 @@
 -- The new expiry is on Redis's clock (now + lease length), never the worker's. It is the record's;
 -- the leases index keeps its earlier entry (`renew` in _lib.lua).
 --
+-- keys: 2
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant's leases (zset)
 --

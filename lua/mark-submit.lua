@@ -8,6 +8,7 @@
 -- its earlier entry, `renew` in _lib.lua). A job with too little
 -- time left before its deadline is not submitted (the caller fails it).
 --
+-- keys: 4
 -- KEYS[1] job record (hash)
 -- KEYS[2] job's attempts (hash)
 -- KEYS[3] tenant's leases (zset)

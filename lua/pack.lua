@@ -2,6 +2,7 @@
 -- in them by `reckon keys migrate` from an earlier packed form) becomes one key, as `finalize` packs a
 -- job that ends now (`pack_finished` in _lib.lua).
 --
+-- keys: 7
 -- KEYS[1] job record (hash)
 -- KEYS[2] to KEYS[6] its parts (`parts_at` in _lib.lua)   KEYS[7] its workflow (string)
 --

@@ -13,6 +13,7 @@
 -- Cost: a point recorded is 4 commands besides the FCALL (HMGET of the record, TIME, RPUSH, one
 -- HSET of the record), 5 when the list is full (LTRIM); a point dropped is 1.
 --
+-- keys: 2
 -- KEYS[1] job record (hash)
 -- KEYS[2] job's progress list
 --

@@ -4,6 +4,7 @@
 -- `deadline_exceeded` instead, settled and dead-lettered; a promoted job enters
 -- the outbox, so it is published even if the sweeper dies right after.
 --
+-- keys: 14
 -- KEYS[1] job record (hash)          KEYS[7]  tenant's per-state counts (hash)
 -- KEYS[2] tenant ledger (hash)       KEYS[8]  tenant's dead letters (zset)
 -- KEYS[3] tenant's retry index       KEYS[9]  tenant's done index (zset)

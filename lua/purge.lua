@@ -6,6 +6,7 @@
 -- the global ones) count only the jobs still kept. A job no longer terminal (replayed)
 -- only leaves the done index. Output blobs are removed by `reckon blobs gc`.
 --
+-- keys: 14
 -- KEYS[1] job record (hash)          KEYS[5] job's workflow (string)
 -- KEYS[2] job's attempts (hash)      KEYS[6] tenant's job index (zset)
 -- KEYS[3] job's event list           KEYS[7] tenant's dead letters (zset)

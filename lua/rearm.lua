@@ -4,6 +4,7 @@
 -- Every script that schedules work moves the entry earlier in the same step, so
 -- reading the indexes and writing the entry here, atomically, loses nothing.
 --
+-- keys: 8
 -- KEYS[1] wake set (zset: tenant -> when work is due)
 -- KEYS[2] tenant's leases (zset: by expiry)       KEYS[6] tenant's review (zset: by expiry)
 -- KEYS[3] tenant's reconcile (zset: by due time)  KEYS[7] tenant's outbox (zset: by due time)

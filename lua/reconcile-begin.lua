@@ -15,6 +15,7 @@
 -- The job keeps its dispatch slot (its prompt may still occupy the server) but
 -- leaves the watch list: reconciliation asks the server from now on.
 --
+-- keys: 13
 -- KEYS[1] job record (hash)          KEYS[5] job's event list
 -- KEYS[2] tenant ledger (hash)       KEYS[6] tenant's per-state counts (hash)
 -- KEYS[3] tenant's leases (zset)     KEYS[7] tenant's reconcile index (zset)

@@ -6,6 +6,7 @@
 -- lease lives the reconcile index holds the job at its expiry, so no new
 -- reconcile message is sent for it.
 --
+-- keys: 4
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant's leases (zset)
 -- KEYS[3] tenant's reconcile index (zset)

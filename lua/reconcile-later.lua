@@ -1,6 +1,7 @@
 -- reconcile-later: the provider is still working on it (or could not be asked); ask
 -- again after `delay` (fenced). The reconciler's lease ends here.
 --
+-- keys: 4
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant's leases (zset)
 -- KEYS[3] tenant's reconcile index (zset)

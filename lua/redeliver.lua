@@ -8,6 +8,7 @@
 -- is not flooded with copies; a claim resets it. A queued job past its deadline
 -- fails `deadline_exceeded` here instead, settled, never dispatched.
 --
+-- keys: 12
 -- KEYS[1] job record (hash)          KEYS[5] job's event list
 -- KEYS[2] index the job waits in     KEYS[6] tenant's per-state counts (hash)
 --         (queued or reconcile zset) KEYS[7] tenant's done index (zset)

@@ -4,6 +4,7 @@
 -- allowance in the same step, or nothing changes; the same idempotency record
 -- keeps pointing at it; its attempts so far stay on record.
 --
+-- keys: 12
 -- KEYS[1] job record (hash)          KEYS[5] tenant's outbox (zset)
 -- KEYS[2] tenant ledger (hash)       KEYS[6] job's event list
 -- KEYS[3] tenant's dead letters      KEYS[7] tenant's per-state counts (hash)

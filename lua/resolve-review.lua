@@ -5,6 +5,7 @@
 -- `failed` (uncertain is settled as charged, dead-letter entry); `completed`
 -- (only when every output is already stored; uncertain is settled as charged).
 --
+-- keys: 20
 -- KEYS[1] job record (hash)          KEYS[7]  job's event list
 -- KEYS[2] tenant ledger (hash)       KEYS[8]  tenant's per-state counts (hash)
 -- KEYS[3] tenant's review index      KEYS[9]  job's outputs (hash)

@@ -3,6 +3,7 @@
 -- Guarantees: the job's uncertain units become charged (it executed) or go back
 -- to its reservation (it never did), on the job and the tenant ledger at once.
 --
+-- keys: 5
 -- KEYS[1] job record (hash)
 -- KEYS[2] tenant ledger (hash)
 --

@@ -6,6 +6,7 @@
 -- is given back: the next attempt may run on another server. Whether a retry is allowed
 -- (attempts, reservation, deadline, budget) the caller decided from the record.
 --
+-- keys: 13
 -- KEYS[1] job record (hash)          KEYS[5] tenant's per-state counts (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[6] tenant's retry index (zset)
 -- KEYS[3] job's attempts (hash)      KEYS[7] tenant's reconcile index (zset)

@@ -5,6 +5,7 @@
 -- when the review expires (then the sweeper settles it as failed and charged).
 -- The server has no record of the prompt: its dispatch slot is given back.
 --
+-- keys: 12
 -- KEYS[1] job record (hash)          KEYS[4] tenant's review index (zset)
 -- KEYS[2] tenant's leases (zset)     KEYS[5] job's event list
 -- KEYS[3] tenant's reconcile index   KEYS[6] tenant's per-state counts (hash)

@@ -3,6 +3,7 @@
 -- Guarantees: only the current lease generation writes; an index already
 -- recorded (say by an earlier attempt) keeps its first record.
 --
+-- keys: 2
 -- KEYS[1] job record (hash)
 -- KEYS[2] job's outputs (hash: index -> JSON)
 --

@@ -5,6 +5,7 @@
 -- tenants (or none); the visit ends with `rearm`. If the sweeper dies mid-pass,
 -- the tenant comes due again when the hold runs out.
 --
+-- keys: 1
 -- KEYS[1] wake set (zset: tenant -> when work is due)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)

@@ -7,6 +7,7 @@
 -- polled. A called job stays in the parked set, in its place, until it claims: if its
 -- call lapses, a later unpark calls it again first.
 --
+-- keys: 3
 -- KEYS[1] fleet (hash)
 -- KEYS[2] fleet's parked jobs (zset; score: 1e13 for batch, plus admission time in ms)
 -- KEYS[3] fleet's called jobs (zset; score: when the promise lapses, ms)

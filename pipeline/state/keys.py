@@ -263,7 +263,7 @@ class JobKeys:
     @property
     def progress_seen(self) -> str:
         """Hash of earlier versions: a job's progress marks, now record fields ``pm:<attempt>:<node>``
-        (lua/progress-2.lua); a job that had it loses it when it is packed, with its other parts."""
+        (lua/progress.lua); a job that had it loses it when it is packed, with its other parts."""
         return self._k(":progress_seen")
 
     @property

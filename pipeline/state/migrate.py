@@ -2,7 +2,7 @@
 
 Two steps, each safe to repeat. First, a Redis written before shards has its keys renamed into the
 shard layout (below). Then every finished job (completed or cancelled) still kept in its several
-keys is packed into one, its record (``lua/pack-7.lua``, as a job that ends now is packed:
+keys is packed into one, its record (``lua/pack.lua``, as a job that ends now is packed:
 pipeline/state/archive.py); dead letters keep their keys, as they do now. A job an earlier version packed
 (its parts as JSON in the record's field ``archive``) is put back in its keys first, in one MULTI,
 each item's text as it was, and then packed the same way.

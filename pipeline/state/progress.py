@@ -1,6 +1,6 @@
 """Progress events: a provider's progress messages become job events, each recorded once.
 
-``lua/progress-2.lua`` records a point only for the job's running attempt and only when its
+``lua/progress.lua`` records a point only for the job's running attempt and only when its
 value is new for that node (so a replayed or reconnected websocket adds nothing), with a seq
 from the counter the job's state events use. State events stay in their own list, all kept;
 progress keeps the newest ``keep`` points. Readers merge the two lists by seq.

@@ -1,15 +1,16 @@
 """Loads the Lua scripts in ``lua/`` as one Redis Functions library and names their return codes.
 
-A script is ``lua/<verb>-<nkeys>.lua``. All of them, behind ``lua/_cache.lua`` and ``lua/_lib.lua``
-(their shared helpers), make one library (``FUNCTION LOAD``), named after a hash of its source so
+A script is ``lua/<verb>.lua``; its header says how many keys it takes (``-- keys: N``) and
+documents each of them (``KEYS[1]`` to ``KEYS[N]``), which the loader checks, so adding a key
+changes one line of the header and no file name. All of them, behind the ``lua/_*.lua`` helpers,
+make one library (``FUNCTION LOAD``), named after a hash of its source so
 that two versions of reckon never replace each other's: the helpers are defined once when the library loads, not on
 every call as a prepended EVAL script's would be. Each script's body runs as a function whose reply
 travels beside the state changes it made, which the caller logs (logger ``reckon.state``, one line
 per change). A server without the library (a restart without persistence, ``FUNCTION FLUSH``, a new
 Cluster node) gets it on the first call that finds it missing, which then runs again.
 
-A durable call (``durable=True``, for the writes that must survive a failover: README "Failover
-(Sentinel)") sends ``WAIT <replicas> <timeout>`` right after its FCALL, in one pipeline on one
+A durable call (``durable=True``, for the writes that must survive a failover: docs/failover.md) sends ``WAIT <replicas> <timeout>`` right after its FCALL, in one pipeline on one
 connection to the server that holds the keys: WAIT covers only the writes of its own connection.
 """
 
@@ -30,7 +31,12 @@ from pipeline.settings import DEFAULT_ACK_TIMEOUT_MS, Settings
 from pipeline.state.redisconn import on_node
 
 LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
-_NAME_RE = re.compile(r"([a-z-]+)-([0-9]+)\.lua")  # fullmatch; \d would take "١" too
+_NAME_RE = re.compile(r"[a-z]+(?:-[a-z]+)*\.lua")  # fullmatch
+_KEYS_RE = re.compile(r"^-- keys: ([0-9]+)$", re.MULTILINE)  # [0-9]: \d would take "١" too
+_DOCUMENTED_RE = re.compile(r"KEYS\[([0-9]+)\](?: to KEYS\[([0-9]+)\])?")
+#: Scripts of ``lua/`` that are not part of the library: the broker's dispatch runs on the
+#: broker's own database (``pipeline.work.waking`` loads it).
+SEPARATE = frozenset({"broker.lua"})
 #: The library: the helpers once, then each script's body registered as a function. A call sets
 #: KEYS and ARGV (which scripts read as EVAL's globals), a fresh ``MOVES`` (lua/_lib.lua: the
 #: state changes it made, returned beside its reply), ``HELD`` and ``RECORDS`` (the job records it
@@ -116,6 +122,22 @@ def raise_for(code: Code, reply: Sequence[Any]) -> None:
     raise ScriptError(f"unexpected script reply {code.name}")
 
 
+def key_count(name: str, body: str) -> int:
+    """The keys a script takes, from its header (the comment lines it opens with): ``-- keys: N``
+    once, and ``KEYS[1]`` to ``KEYS[N]`` each documented, none beyond."""
+    lines = body.splitlines()
+    header = "\n".join(lines[:next((i for i, line in enumerate(lines) if not line.startswith("--")), len(lines))])
+    stated = _KEYS_RE.findall(header)
+    if len(stated) != 1:
+        raise ScriptError(f"lua/{name}: its header must say '-- keys: N' once")
+    nkeys = int(stated[0])
+    documented = {n for first, last in _DOCUMENTED_RE.findall(header)
+                  for n in range(int(first), int(last or first) + 1)}
+    if documented != set(range(1, nkeys + 1)):
+        raise ScriptError(f"lua/{name}: '-- keys: {nkeys}' but its header documents KEYS{sorted(documented)}")
+    return nkeys
+
+
 class Scripts:
     """The loaded scripts of one Redis client, called by verb with checked key counts."""
 
@@ -128,12 +150,10 @@ class Scripts:
         prelude = "".join(path.read_text() for path in sorted(lua_dir.glob("_*.lua")))  # _cache, _lib
         bodies: dict[str, tuple[int, str]] = {}
         for path in sorted(lua_dir.glob("*.lua")):
-            match = _NAME_RE.fullmatch(path.name)
-            if not match:
+            if path.name in SEPARATE or not _NAME_RE.fullmatch(path.name):
                 continue
-            if match.group(1) in bodies:
-                raise ScriptError(f"two scripts for {match.group(1)}")
-            bodies[match.group(1)] = (int(match.group(2)), path.read_text())
+            body = path.read_text()
+            bodies[path.name.removesuffix(".lua")] = (key_count(path.name, body), body)
         functions = {verb: f"{{library}}_{verb.replace('-', '_')}" for verb in bodies}  # named once hashed
         source = _LIBRARY.format(name="{library}", prelude=prelude) + "".join(
             _FUNCTION.format(function=functions[verb], body=body) for verb, (_, body) in bodies.items())

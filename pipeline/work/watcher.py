@@ -160,7 +160,7 @@ class ServerWatch:
         self.progress.keep_only(self.watched)
 
     def _cancels(self) -> None:
-        """A watched job whose client cancelled (its watch entry says so: lua/cancel-20.lua, await-4.lua):
+        """A watched job whose client cancelled (its watch entry says so: lua/cancel.lua, await.lua):
         a worker takes its prompt off the server (collect)."""
         for job_id, entry in list(self.watched.items()):
             if entry.get("cancel") and self.cancelling.get(job_id) != entry["gen"]:

@@ -1,4 +1,4 @@
-"""lua/progress-2.lua through pipeline.state.progress: once per (attempt, node, value), only for the running attempt."""
+"""lua/progress.lua through pipeline.state.progress: once per (attempt, node, value), only for the running attempt."""
 
 from __future__ import annotations
 

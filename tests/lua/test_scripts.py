@@ -10,7 +10,7 @@ import redis
 
 from pipeline.errors import IncompleteOutputs, ScriptError, StaleLease
 from pipeline.state.keys import JobKeys, TenantKeys
-from pipeline.state.scripts import LUA_DIR, Code, Scripts
+from pipeline.state.scripts import LUA_DIR, SEPARATE, Code, Scripts, key_count
 from pipeline.state.store import Store
 from pipeline.state.tenants import create_tenant
 
@@ -42,9 +42,11 @@ def acme(store: Store) -> Store:
 
 
 def test_every_script_declares_its_key_count_and_has_a_header() -> None:
-    for path in Path(LUA_DIR).glob("*-*.lua"):
+    paths = [p for p in Path(LUA_DIR).glob("*.lua") if not p.name.startswith("_") and p.name not in SEPARATE]
+    assert len(paths) == 28
+    for path in paths:
         text = path.read_text()
-        nkeys = int(path.stem.rsplit("-", 1)[1])
+        nkeys = key_count(path.name, text)
         assert text.startswith("-- "), path.name
         assert f"KEYS[{nkeys}]" in text and f"KEYS[{nkeys + 1}]" not in text, path.name
         code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
@@ -60,9 +62,9 @@ def test_every_script_declares_its_key_count_and_has_a_header() -> None:
 def test_a_script_body_keeps_its_reply_shape_and_error_replies(store: Store, tmp_path: Path) -> None:
     for shared in Path(LUA_DIR).glob("_*.lua"):
         (tmp_path / shared.name).write_text(shared.read_text())
-    (tmp_path / "table-0.lua").write_text("-- a table with a nested one\nreturn {0, 'a', {1, 2}}")
-    (tmp_path / "nothing-0.lua").write_text("-- no reply\nlocal x = 1")
-    (tmp_path / "fail-0.lua").write_text("-- an error reply\nreturn redis.error_reply('boom')")
+    (tmp_path / "table.lua").write_text("-- a table with a nested one\n-- keys: 0\nreturn {0, 'a', {1, 2}}")
+    (tmp_path / "nothing.lua").write_text("-- no reply\n-- keys: 0\nlocal x = 1")
+    (tmp_path / "fail.lua").write_text("-- an error reply\n-- keys: 0\nreturn redis.error_reply('boom')")
     scripts = Scripts(store.redis, lua_dir=tmp_path)
     assert scripts("table", [], []) == [0, "a", [1, 2]] and scripts("nothing", [], []) == []
     with pytest.raises(redis.ResponseError, match="boom"):

@@ -16,6 +16,7 @@ from pipeline.errors import (
     PolicyRejected,
     ProviderAuthFailed,
     RateLimited,
+    ScriptError,
     Transient,
     UnknownOutcome,
 )
@@ -103,8 +104,12 @@ def test_retry_after_reads_only_ascii_seconds() -> None:
     assert [retry_after(v) for v in ("12", "²", "١٢", "9" * 5000)] == [12.0, None, None, None]
 
 
-def test_script_names_are_verb_dash_ascii_key_count(tmp_path) -> None:
+def test_script_names_are_verbs_and_headers_state_an_ascii_key_count(tmp_path) -> None:
     (tmp_path / "_lib.lua").write_text("")
-    for name in ("ping-1.lua", "pong-١.lua", "Ping-2.lua"):
-        (tmp_path / name).write_text("return 1")
+    (tmp_path / "ping.lua").write_text("-- keys: 1\n-- KEYS[1] a key\nreturn 1")
+    (tmp_path / "Ping.lua").write_text("-- keys: 1\n-- KEYS[1] a key\nreturn 1")
     assert Scripts(fakeredis.FakeRedis(), lua_dir=tmp_path).verbs == ["ping"]
+    for header in ("-- keys: ١\n-- KEYS[1] a key", "-- keys: 2\n-- KEYS[1] a key", "-- KEYS[1] a key"):
+        (tmp_path / "pong.lua").write_text(header + "\nreturn 1")
+        with pytest.raises(ScriptError):
+            Scripts(fakeredis.FakeRedis(), lua_dir=tmp_path)
