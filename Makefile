@@ -35,9 +35,9 @@ TESTS ?= tests/pipeline/test_leases.py
 repeat: $(STAMP) test-deps
 	$(BIN)/pytest -q -p no:cacheprovider --count $(COUNT) $(TESTS)
 
-# ops/bench.py --help: phases, sizes, --growth (long), --json PATH
+# ops/bench/bench.py --help: phases, sizes, --growth (long), --json PATH
 bench: $(STAMP) bench-deps
-	$(BIN)/python ops/bench.py $(BENCH_ARGS)
+	$(BIN)/python ops/bench/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var

@@ -5,9 +5,9 @@
 #   faketime      a worker whose clock is off, in the fault tests
 #   chromium      the status page's browser test (tests/api/test_ui.py)
 #   promtool      from the prometheus package: ops/check_alerts.sh checks and unit-tests the alert rules
-#   wrk           make bench only: the HTTP load generator of ops/bench.py (its own processes, not the server's)
+#   wrk           make bench only: the HTTP load generator of ops/bench/bench.py (its own processes, not the server's)
 #   rabbitmq-server  the broker seam's test runs reckon on Dramatiq's RabbitMQ broker (a private node on
-#                 loopback, ops/rabbitmq.py; it starts in about 6 s); its start script is not on a user's PATH,
+#                 loopback, ops/bench/rabbitmq.py; it starts in about 6 s); its start script is not on a user's PATH,
 #                 and the policy-rc.d below also stops its postinst starting a node on 0.0.0.0:5672
 # The prometheus package's postinst would start a Prometheus on 0.0.0.0:9090: a policy-rc.d that exits
 # 101 forbids any service start during the install (ours is removed after; one already there stays).

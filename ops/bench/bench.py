@@ -1,22 +1,22 @@
 #!/usr/bin/env python3
 """reckon's full-guarantee pipeline against a bare Dramatiq/Falcon baseline, side by side, in one run.
 
-Run: ``make bench`` (``.venv/bin/python ops/bench.py``; ``--phases``, ``--growth``, ``--json PATH``).
+Run: ``make bench`` (``.venv/bin/python ops/bench/bench.py``; ``--phases``, ``--growth``, ``--json PATH``).
 On 127.0.0.1 free ports it starts one redis-server (ops/redis.conf with AOF off: database 0 the
 state, database 1 the broker, as deployed), flushed before each phase, and runs the phases in turn,
 each measuring the baseline then reckon:
 
-- deployed (ops/deployed.py): the path as deployed (the Procfile's processes with default settings,
+- deployed (ops/bench/deployed.py): the path as deployed (the Procfile's processes with default settings,
   watch mode, the watcher, two simulated ComfyUI servers of cap 8, jobs posted over HTTP by 8
   threads, 2 outputs and a 10 KiB workflow each): jobs/s end to end, Redis commands, Redis CPU,
   machine CPU and Redis bytes per job (its own redis-server: it starts the whole stack itself);
-- drain (ops/bench_drain.py): admission in process and the drain of a queued backlog by one worker
+- drain (ops/bench/bench_drain.py): admission in process and the drain of a queued backlog by one worker
   (``-p``/``-t``, the same budget both sides): rates, Redis CPU and machine CPU per job;
-- http (ops/bench_http.py): admission through gunicorn against a trivial authenticated endpoint on
+- http (ops/bench/bench_http.py): admission through gunicorn against a trivial authenticated endpoint on
   the same server, loaded by wrk (or Python client processes): requests/s, p50, p99;
-- pickup (ops/bench_pickup.py): one job at a time on an idle stack, from admission to claim;
-- memory: Redis bytes per finished job within retention, with a 10 KiB workflow (ops/memory.py);
-- growth (opt-in, long; ops/bench_growth.py): per-job costs at a 1,000- and a 100,000-job backlog
+- pickup (ops/bench/bench_pickup.py): one job at a time on an idle stack, from admission to claim;
+- memory: Redis bytes per finished job within retention, with a 10 KiB workflow (ops/bench/memory.py);
+- growth (opt-in, long; ops/bench/bench_growth.py): per-job costs at a 1,000- and a 100,000-job backlog
   with 10,000 tenants.
 
 The report (one table per phase, each reckon figure beside the baseline's with its ratio and the
@@ -35,12 +35,12 @@ from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ops import bench_drain, bench_growth, bench_http, bench_pickup  # noqa: E402
-from ops.bench_report import Row, Section  # noqa: E402
-from ops.benchlib import Bench, Stack, free_port, wait_for  # noqa: E402
+from ops.bench import bench_drain, bench_growth, bench_http, bench_pickup  # noqa: E402
+from ops.bench.bench_report import Row, Section  # noqa: E402
+from ops.bench.benchlib import Bench, Stack, free_port, wait_for  # noqa: E402
 
 #: The size of the workflow the memory figure is measured with (the issue's target is for 10 KB).
 MEMORY_WORKFLOW_BYTES = 10 * 1024
@@ -49,8 +49,8 @@ MEMORY_TARGET_BYTES = 1536
 
 
 def memory(bench: Bench) -> Section:
-    """ops/memory.py's figures (its own private redis-server, the real scripts in process)."""
-    from ops.memory import measure
+    """ops/bench/memory.py's figures (its own private redis-server, the real scripts in process)."""
+    from ops.bench.memory import measure
 
     args = bench.args
     figures = measure(args.memory_jobs, MEMORY_WORKFLOW_BYTES, args.tenants)
@@ -65,9 +65,9 @@ def memory(bench: Bench) -> Section:
 
 
 def deployed(bench: Bench) -> Section:
-    """ops/deployed.py's figures, with the budget of ops/budget.py and the issue's targets beside them."""
-    from ops import budget
-    from ops.deployed import run
+    """ops/bench/deployed.py's figures, with the budget of ops/bench/budget.py and the issue's targets beside them."""
+    from ops.bench import budget
+    from ops.bench.deployed import run
 
     jobs = bench.args.deployed_jobs
     fig = run(bench.work / "deployed", jobs=jobs)
@@ -149,7 +149,7 @@ def run_phases(args: argparse.Namespace, work: Path) -> tuple[list[Section], str
     """Every chosen phase on one private redis-server; their sections and the server's version."""
     port = free_port()
     env = environment(args, port, work)
-    os.environ["BENCH_BROKER_URL"] = env["BENCH_BROKER_URL"]  # read by ops/bench_noop.py when imported
+    os.environ["BENCH_BROKER_URL"] = env["BENCH_BROKER_URL"]  # read by ops/bench/bench_noop.py when imported
     bench = Bench(args, Stack(env), env, port, work)
     sections = []
     try:

@@ -1,6 +1,6 @@
-"""The HTTP baseline of ops/bench.py: reckon's app plus one trivial authenticated route.
+"""The HTTP baseline of ops/bench/bench.py: reckon's app plus one trivial authenticated route.
 
-gunicorn serves ``ops.bench_app:create_app()`` with ops/gunicorn.conf.py, as it serves reckon.
+gunicorn serves ``ops.bench.bench_app:create_app()`` with ops/gunicorn.conf.py, as it serves reckon.
 ``/bench/ping`` passes reckon's Authenticate middleware (one Redis lookup of the key, as every
 authenticated request does) and answers 200 ``{"tenant": ...}``; it reads nothing else. So the
 bench compares ``POST /v1/jobs`` with the cheapest authenticated request on the same server.

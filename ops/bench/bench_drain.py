@@ -1,6 +1,6 @@
-"""The drain phase of ops/bench.py, and the admission and drain functions the growth phase reuses.
+"""The drain phase of ops/bench/bench.py, and the admission and drain functions the growth phase reuses.
 
-Admission in process: the baseline sends N messages to a no-op actor (``ops/bench_noop.py``); reckon
+Admission in process: the baseline sends N messages to a no-op actor (``ops/bench/bench_noop.py``); reckon
 admits N jobs through ``Admitter.submit`` (idempotency, reservation, publication). Drain: a worker
 (``-p``/``-t``, the same budget for both) starts on the backlog; timed from its first fetch until
 every message is acked (baseline) or every job has finished and settled (reckon: claim, submit mark,
@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import redis
 
-from ops.bench_report import Row, Section
-from ops.benchlib import BIN, Bench, group_cpu, redis_cpu, shard_totals, wait_for
+from ops.bench.bench_report import Row, Section
+from ops.bench.benchlib import BIN, Bench, group_cpu, redis_cpu, shard_totals, wait_for
 
 #: A drain that finishes nothing for this long has stalled: the run stops, saying so.
 STALL_SECONDS = 60
@@ -84,12 +84,12 @@ def drain(bench: Bench, name: str, queue: str, jobs: int, finished: Callable[[],
 
 def baseline(bench: Bench) -> tuple[Phase, Phase]:
     """The bare Dramatiq no-op: send, then drain."""
-    from ops import bench_noop
+    from ops.bench import bench_noop
 
     jobs, args, broker = bench.args.jobs, bench.args, bench.client(1)
     send = timed(broker, jobs, self_cpu, lambda: [bench_noop.noop.send(f"job-{i}") for i in range(jobs)])
     bench.stack.start("bare", str(BIN / "dramatiq"), "-p", str(args.processes), "-t", str(args.threads),
-                      "ops.bench_noop")
+                      "ops.bench.bench_noop")
     queue = f"bare:{bench_noop.QUEUE}"
     run = drain(bench, "bare", queue, jobs, lambda: jobs - broker.llen(queue) - broker.hlen(f"{queue}.msgs"))
     bench.stack.stop("bare")

@@ -1,4 +1,4 @@
-"""The growth phase of ops/bench.py (opt-in, long): does a job cost more when there is more of everything?
+"""The growth phase of ops/bench/bench.py (opt-in, long): does a job cost more when there is more of everything?
 
 ``--growth-tenants`` tenants (10,000) are created first; then, for each of the two backlog sizes of
 ``--growth-jobs`` (1,000 and 100,000) in turn, that many jobs are admitted in process round-robin over
@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from ops.bench_drain import Phase, Reckon
-from ops.bench_report import Row, Section
-from ops.benchlib import Bench
+from ops.bench.bench_drain import Phase, Reckon
+from ops.bench.bench_report import Row, Section
+from ops.bench.benchlib import Bench
 
 #: (measure, its figure from (admission, drain)).
 MEASURES: tuple[tuple[str, Callable[[Phase, Phase], float]], ...] = (

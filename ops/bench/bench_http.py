@@ -1,8 +1,8 @@
-"""The HTTP phase of ops/bench.py: admission through gunicorn against a trivial authenticated route.
+"""The HTTP phase of ops/bench/bench.py: admission through gunicorn against a trivial authenticated route.
 
-One gunicorn (ops/gunicorn.conf.py, its default workers and threads) serves ``ops/bench_app.py``:
+One gunicorn (ops/gunicorn.conf.py, its default workers and threads) serves ``ops/bench/bench_app.py``:
 reckon's app plus ``/bench/ping``. The load generator runs in other processes than the server: ``wrk``
-(Debian's) with ops/bench_wrk.lua, or, without wrk, one Python process per connection (http.client,
+(Debian's) with ops/bench/bench_wrk.lua, or, without wrk, one Python process per connection (http.client,
 keep-alive). Both sides get the same request: a POST of a job body with a ~1 KiB workflow, the bearer
 key and a unique Idempotency-Key; the ping must answer 200, admission 202. No worker runs: this is
 admission alone (the queue cap is raised by the bench's environment).
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from ops.bench_report import Row, Section
-from ops.benchlib import ROOT, Bench, percentile, shard_totals
+from ops.bench.bench_report import Row, Section
+from ops.bench.benchlib import ROOT, Bench, percentile, shard_totals
 
 #: The two sides: name, path, the status every response must have.
 SIDES = (("bare", "/bench/ping", 200), ("reckon", "/v1/jobs", 202))
@@ -57,7 +57,7 @@ class Target:
 def wrk(target: Target, tag: str, seconds: float) -> Load:
     url = f"http://127.0.0.1:{target.port}{target.path}"
     argv = ["wrk", f"-t{target.threads}", f"-c{target.connections}", f"-d{seconds:g}s", "--latency",
-            "-s", str(ROOT / "ops/bench_wrk.lua"), url, "--", target.key, str(target.expected), tag,
+            "-s", str(ROOT / "ops/bench/bench_wrk.lua"), url, "--", target.key, str(target.expected), tag,
             str(target.workflow_bytes)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
     line = next((line for line in out.splitlines() if line.startswith("BENCH ")), None)
@@ -108,7 +108,7 @@ def run(bench: Bench) -> Section:
     create_tenant(client, "bench", 10**12)
     key = create_key(client, "bench")
     load = wrk if args.http_client == "wrk" else python_clients
-    port = bench.start_web("web", "ops.bench_app:create_app()")
+    port = bench.start_web("web", "ops.bench.bench_app:create_app()")
     loads = {}
     for side, path, expected in SIDES:
         target = Target(port, path, key, expected, args.workflow_bytes, args.http_connections, args.http_threads)

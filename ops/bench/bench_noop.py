@@ -1,4 +1,4 @@
-"""The baseline of ``ops/bench.py``: a bare Dramatiq no-op actor on the Redis broker (its default
+"""The baseline of ``ops/bench/bench.py``: a bare Dramatiq no-op actor on the Redis broker (its default
 middleware, as ``dramatiq`` runs it), taking a job id as reckon's actors do.
 
 With ``BENCH_RECEIPTS`` set (the pickup phase only), the actor pushes ``time.time()`` on receipt onto

@@ -1,11 +1,11 @@
-"""The pickup phase of ops/bench.py: how long a job waits on an idle stack before a worker takes it.
+"""The pickup phase of ops/bench/bench.py: how long a job waits on an idle stack before a worker takes it.
 
 Each side starts idle (its worker up, nothing queued, ``--pickup-idle`` seconds of quiet so Dramatiq's
 consumers are in their longest back-off), then gets one job at a time, each after the previous one
 has finished and a random pause of ``--pickup-pause`` seconds, so each finds the worker idle.
 
 - bare: ``noop.send`` from here, timed from just before the send to the actor's receipt
-  (``time.time()`` pushed by ops/bench_noop.py when ``BENCH_RECEIPTS`` is set);
+  (``time.time()`` pushed by ops/bench/bench_noop.py when ``BENCH_RECEIPTS`` is set);
 - reckon: ``POST /v1/jobs`` through gunicorn to a worker (null provider), timed from the job's
   ``created_at`` (stamped by the admission script) to its attempt's ``started_at`` (stamped by the
   claim script), both on Redis's clock.
@@ -20,8 +20,8 @@ from typing import Callable
 
 import orjson
 
-from ops.bench_report import Row, Section
-from ops.benchlib import BIN, Bench, percentile, wait_for
+from ops.bench.bench_report import Row, Section
+from ops.bench.benchlib import BIN, Bench, percentile, wait_for
 
 #: The list the bare actor pushes its receipt times onto (broker database).
 RECEIPTS = "bench:receipts"
@@ -41,11 +41,11 @@ def measure(bench: Bench, one: Callable[[str], float]) -> list[float]:
 
 
 def bare(bench: Bench) -> list[float]:
-    from ops import bench_noop
+    from ops.bench import bench_noop
 
     broker, args = bench.client(1), bench.args
     bench.stack.start("bare", str(BIN / "dramatiq"), "-p", str(args.processes), "-t", str(args.threads),
-                      "ops.bench_noop", env={"BENCH_RECEIPTS": RECEIPTS})
+                      "ops.bench.bench_noop", env={"BENCH_RECEIPTS": RECEIPTS})
 
     def one(name: str) -> float:
         sent = time.time()

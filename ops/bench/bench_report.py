@@ -1,4 +1,4 @@
-"""The report of ops/bench.py: each phase gives a ``Section`` of rows, printed as one table per
+"""The report of ops/bench/bench.py: each phase gives a ``Section`` of rows, printed as one table per
 section at the end of the run and written as JSON with ``--json``."""
 
 from __future__ import annotations

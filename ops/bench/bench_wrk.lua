@@ -1,4 +1,4 @@
--- wrk script of ops/bench.py's HTTP phase: every request is the same POST of a job body
+-- wrk script of ops/bench/bench.py's HTTP phase: every request is the same POST of a job body
 -- ({"kind":"image","workflow":{...},"outputs":1}, the workflow about <workflow bytes>) with the
 -- bearer key and an Idempotency-Key unique to the run, thread and request; every response whose
 -- status is not <expected status> is counted.

@@ -1,5 +1,5 @@
 """Helpers the benchmark scripts share: free loopback ports, waiting for a process, a private
-redis-server, posting jobs through the API, and what the phases of ops/bench.py share (``Bench``)."""
+redis-server, posting jobs through the API, and what the phases of ops/bench/bench.py share (``Bench``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pipeline.state.keys import ShardKeys, TenantKeys
 from pipeline.state.redisconn import connect_url
 from pipeline.state.store import Store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -178,7 +178,7 @@ def http_ok(port: int, path: str) -> bool:
 
 @dataclass
 class Bench:
-    """What the phases of ops/bench.py share: the options, the processes, reckon's environment, the
+    """What the phases of ops/bench/bench.py share: the options, the processes, reckon's environment, the
     private redis-server (database 0 reckon's state, database 1 the broker) and a scratch directory."""
 
     args: argparse.Namespace

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The broker's limit: no-op messages per second through Dramatiq's broker, built as reckon builds it.
 
-Run: ``.venv/bin/python ops/broker_bench.py --messages 20000 --threads 1,8``
+Run: ``.venv/bin/python ops/bench/broker_bench.py --messages 20000 --threads 1,8``
 (``--broker amqp`` measures a private rabbitmq-server instead; ``--appendfsync everysec`` relaxes
 ops/redis.conf's fsync on every write).
 Starts its own redis-server (ops/redis.conf: AOF, fsync always, as deployed) on a free loopback port,
@@ -29,10 +29,10 @@ from pathlib import Path
 import dramatiq
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ops.benchlib import free_port, wait_for  # noqa: E402
+from ops.bench.benchlib import free_port, wait_for  # noqa: E402
 from pipeline.settings import Settings
 from pipeline.work.broker import build_broker
 
@@ -164,7 +164,7 @@ def main() -> None:
 def backend(kind: str, appendfsync: str) -> Iterator[tuple[str, redis.Redis | None]]:
     """The broker's URL, and a client for its redis-server's figures (None for RabbitMQ)."""
     if kind == "amqp":
-        from ops.rabbitmq import private_rabbitmq
+        from ops.bench.rabbitmq import private_rabbitmq
 
         with private_rabbitmq() as url:
             print("broker: Dramatiq RabbitmqBroker (publisher confirms, persistent messages)")

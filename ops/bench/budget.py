@@ -1,7 +1,7 @@
 """What one job may cost in Redis on the deployed path: the budget ``tests/faults/test_budget.py``
 enforces and ``make bench`` reports against (README "What one job costs").
 
-Measured by ops/deployed.py: the Procfile's processes with default settings, two simulated ComfyUI
+Measured by ops/bench/deployed.py: the Procfile's processes with default settings, two simulated ComfyUI
 servers, jobs posted over HTTP, 2 outputs each, progress on. A change that makes a job cost more
 raises the figure here in the same commit, and says why in its message.
 """
@@ -13,7 +13,7 @@ raises the figure here in the same commit, and says why in its message.
 #: second in all) on a slower machine. The issue's target is 90.
 COMMANDS_PER_JOB = 125
 
-#: Commands per job of each step of a job's own path, at most (ops/deployed.py ``STEPS``). These
+#: Commands per job of each step of a job's own path, at most (ops/bench/deployed.py ``STEPS``). These
 #: are the scripts' own counts and the same for every job of a run; the rest of the total is the
 #: broker's, the watcher's and the sweeper's share, which depends on how long the processes idle.
 STEPS = {  # what the scripts of each step cost (FCALL included), per job

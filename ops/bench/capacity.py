@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The capacity model's figures, per job: Redis commands and CPU, broker messages, bytes kept, process CPU.
 
-Run: ``.venv/bin/python ops/capacity.py --jobs 1000 --concurrency 8``.
+Run: ``.venv/bin/python ops/bench/capacity.py --jobs 1000 --concurrency 8``.
 Starts, on 127.0.0.1 free ports: a state redis-server and a separate broker redis-server (both
 ops/redis.conf: AOF, fsync always; deployed, they are one server's databases 0 and 1: add the two),
 the simulated provider (``--delay``, default 0), gunicorn (ops/gunicorn.conf.py), the watcher and one
@@ -33,11 +33,11 @@ from pathlib import Path
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-from ops.benchlib import Stack, calls, finished, free_port, http_ok, post_jobs, redis_cpu, wait_for  # noqa: E402
+from ops.bench.benchlib import Stack, calls, finished, free_port, http_ok, post_jobs, redis_cpu, wait_for  # noqa: E402
 from pipeline.state.keys import TenantKeys
 from pipeline.state.tenants import create_key, create_tenant
 

@@ -10,7 +10,7 @@ also follows ``MONITOR`` and attributes every command to the step that sent it (
 script's own commands to the script, the others to the process that sent them (its connection's
 ``CLIENT SETNAME``). MONITOR slows Redis down, so CPU figures are taken from a run without it.
 
-Used by the ``deployed`` phase of ops/bench.py and by ``tests/faults/test_budget.py``.
+Used by the ``deployed`` phase of ops/bench/bench.py and by ``tests/faults/test_budget.py``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Iterator
 import orjson
 import redis
 
-from ops.bench_drain import Phase
-from ops.benchlib import BIN, ROOT, free_port, group_cpu, redis_cpu, wait_for
+from ops.bench.bench_drain import Phase
+from ops.bench.benchlib import BIN, ROOT, free_port, group_cpu, redis_cpu, wait_for
 
 #: FCALL function (a script's verb) -> the step of a job's path it is.
 SCRIPT_STEPS = {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Redis memory per finished job, within retention and after it.
 
-Run: ``.venv/bin/python ops/memory.py --jobs 5000 --workflow-bytes 10240``.
+Run: ``.venv/bin/python ops/bench/memory.py --jobs 5000 --workflow-bytes 10240``.
 Starts a private redis-server (ops/redis.conf, AOF off: memory is what is measured) on a
 free loopback port, admits the jobs through the real admission path, runs each through the
 real scripts (claim, mark-submit, charge, store-output, finish) with ``--outputs`` outputs (2), and prints
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ops.benchlib import free_port, wait_for  # noqa: E402
+from ops.bench.benchlib import free_port, wait_for  # noqa: E402
 from pipeline.settings import Settings
 from pipeline.state.redisconn import connect_url
 from pipeline.state.store import Store

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cost of a /metrics scrape and of `reckon status`: 1 tenant with 1 job against 10,000 tenants with 100,000 jobs.
 
-Run: ``.venv/bin/python ops/scrape_bench.py [--tenants 10000 --jobs 100000]``. Starts a private
+Run: ``.venv/bin/python ops/bench/scrape_bench.py [--tenants 10000 --jobs 100000]``. Starts a private
 redis-server on a free loopback port (AOF off), admits the jobs through the real admission
 script (a third of them then claimed, some finished), and renders the exposition in process; the
 commands a scrape costs are read from Redis's own counter.
@@ -19,11 +19,11 @@ from pathlib import Path
 import orjson
 from prometheus_client import generate_latest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from api.metrics import Metrics
-from ops.benchlib import private_store  # noqa: E402
+from ops.bench.benchlib import private_store  # noqa: E402
 from pipeline.settings import Settings
 from pipeline.state.status import snapshot
 from pipeline.state.store import Store

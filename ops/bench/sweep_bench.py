@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cost of a sweeper pass: idle, and with due work, at 10 and at 10,000 tenants.
 
-Run: ``.venv/bin/python ops/sweep_bench.py``. Starts a private redis-server on a free
+Run: ``.venv/bin/python ops/bench/sweep_bench.py``. Starts a private redis-server on a free
 loopback port (AOF off), creates the tenants, and times sweeper passes in process; the
 commands a pass costs are read from Redis's own counter (script-internal commands included).
 Due work: jobs admitted with nobody to claim them, seen after the redelivery window.
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ops.benchlib import private_store  # noqa: E402
+from ops.bench.benchlib import private_store  # noqa: E402
 from pipeline.settings import Settings
 from pipeline.state.store import Store
 from pipeline.state.submit import Admitter

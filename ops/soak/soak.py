@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Soak reckon: thousands of jobs through every provider fault and process crash, then check every promise.
 
-Run: ``.venv/bin/python ops/soak.py [--short] [--jobs 2000] [--json report.json]``. Starts its own
+Run: ``.venv/bin/python ops/soak/soak.py [--short] [--jobs 2000] [--json report.json]``. Starts its own
 redis-server (ops/redis.conf: AOF, fsync always, private dir), the simulated provider, gunicorn,
 N Dramatiq workers and the sweeper, all on 127.0.0.1 free ports, and stops each by process group.
 While clients admit jobs (retrying with the same idempotency key through outages), it injects
 provider faults, SIGKILLs and SIGSTOPs workers, kills the API and restarts Redis. Then it waits
-for every job to come to rest and checks the promises (ops/soak_check.py); exit status 0 only
+for every job to come to rest and checks the promises (ops/soak/soak_check.py); exit status 0 only
 if every check passes.
 """
 
@@ -31,12 +31,12 @@ from typing import Any
 import orjson
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
 import soak_check as checks  # noqa: E402
-from bench import free_port  # noqa: E402
+from ops.bench.benchlib import free_port  # noqa: E402
 
 from pipeline.state.keys import JobKeys, TenantKeys, use_shards
 from pipeline.state.store import Store

@@ -1,4 +1,4 @@
-"""The promises ops/soak.py checks: ledger snapshots during the run, then every job once drained.
+"""The promises ops/soak/soak.py checks: ledger snapshots during the run, then every job once drained.
 
 Each check returns the items that break it (an empty list passes); a job item carries its record,
 events, attempts and the provider's charges for it, enough to reproduce the finding.

@@ -1,6 +1,6 @@
 """A provider that runs nothing: every prompt is completed the moment it is sent, with outputs of
 fixed size. For benchmarks and capacity planning (``RECKON_PROVIDER_URL=null://?bytes=1024``): the
-figures of ``ops/bench.py`` are reckon's own cost, with no provider time in them.
+figures of ``ops/bench/bench.py`` are reckon's own cost, with no provider time in them.
 
 An output's bytes are distinct per operation id and index (a content-addressed store deduplicates
 equal bytes, which would make the store's cost vanish from the figures). It keeps no record: a

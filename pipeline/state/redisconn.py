@@ -77,7 +77,7 @@ _client_name: str | None = None
 
 def name_connections(role: str) -> None:
     """Name every connection this process opens from now on after its role (``CLIENT LIST`` then says
-    which process holds which connection; ops/deployed.py counts each process's commands)."""
+    which process holds which connection; ops/bench/deployed.py counts each process's commands)."""
     global _client_name
     _client_name = role
 

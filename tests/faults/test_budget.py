@@ -1,6 +1,6 @@
-"""Every job's Redis work has a budget (ops/budget.py): the deployed path, measured as deployed.
+"""Every job's Redis work has a budget (ops/bench/budget.py): the deployed path, measured as deployed.
 
-ops/deployed.py starts the Procfile's processes with default settings on a private redis-server,
+ops/bench/deployed.py starts the Procfile's processes with default settings on a private redis-server,
 two simulated ComfyUI servers, and posts the jobs over HTTP, 2 outputs each, with a 10 KiB workflow;
 every process it starts it stops by PID. Here each server's cap is above the jobs posted (the bench
 runs them at cap 8), so no job parks for a free slot: each step's count is the same for every job
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops import budget
-from ops.deployed import run
+from ops.bench import budget
+from ops.bench.deployed import run
 
 JOBS = 100
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from ops import soak_check
+from ops.soak import soak_check
 from pipeline.state import keys
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.redisconn import connect_url

@@ -1,6 +1,6 @@
 """The broker seam: reckon's processes with Dramatiq's RabbitMQ broker (``RECKON_BROKER_URL=amqp://...``).
 
-State stays in Redis; only the queue moves. Runs against a private rabbitmq-server (ops/rabbitmq.py)
+State stays in Redis; only the queue moves. Runs against a private rabbitmq-server (ops/bench/rabbitmq.py)
 and skips, saying why, when Debian's rabbitmq-server is not installed.
 """
 
@@ -14,7 +14,7 @@ import pika
 import pytest
 import redis
 
-from ops import rabbitmq
+from ops.bench import rabbitmq
 from pipeline.state.tenants import create_key, create_tenant
 from tests.conftest import REDIS_PORT, wait_until
 from tests.faults.conftest import Stack

@@ -1,4 +1,4 @@
-"""The short soak (ops/soak.py --short): a few hundred jobs through every provider fault, worker
+"""The short soak (ops/soak/soak.py --short): a few hundred jobs through every provider fault, worker
 SIGKILLs and a stall, an API kill and a Redis restart, on a stack of its own (its own redis-server).
 
 It must keep every promise: no accepted job lost, provider charges equal to what was settled,
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(200)
 def test_short_soak_keeps_every_promise(tmp_path: Path) -> None:
     report = tmp_path / "soak.json"
-    argv = [sys.executable, "ops/soak.py", "--short", "--seed", "7", "--workdir", str(tmp_path / "stack"),
+    argv = [sys.executable, "ops/soak/soak.py", "--short", "--seed", "7", "--workdir", str(tmp_path / "stack"),
             "--json", str(report)]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
