@@ -21,7 +21,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from pipeline.providers.sim import server as simulated
+from pipeline.providers import sim as simulated
 from pipeline.settings import Settings
 from pipeline.state import keys
 from pipeline.state.redisconn import connect_url

@@ -36,8 +36,8 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
 import soak_check as checks  # noqa: E402
-from ops.bench.benchlib import free_port  # noqa: E402
 
+from ops.bench.benchlib import free_port  # noqa: E402
 from pipeline.state.keys import JobKeys, TenantKeys, use_shards
 from pipeline.state.store import Store
 from pipeline.state.tenants import create_key, create_tenant

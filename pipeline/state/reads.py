@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from pipeline.errors import UnknownTenant
-from pipeline.state import archive, keys
+from pipeline.state import archive, keys, redisconn
 from pipeline.state.keys import SERVER_BLOCKS, JobKeys, TenantKeys
 
 
@@ -15,6 +15,16 @@ class Reads:
     """Plain reads; ``redis`` is the client of reckon's state database (text replies)."""
 
     redis: Any
+
+    def server_ms(self, shard: keys.ShardKeys | None = None) -> int:
+        """Redis's clock (ms): the one clock that decides leases and due times. On a Cluster each
+        primary's clock judges its own shards (their leases were stamped by it): ``shard`` asks
+        the primary that holds that shard."""
+        if shard is None:
+            seconds, micros = self.redis.time()
+        else:
+            seconds, micros = redisconn.on_node(self.redis, shard.wake, lambda node: node.time())
+        return int(seconds) * 1000 + int(micros) // 1000
 
     def job(self, job_id: str) -> dict[str, str] | None:
         """The job's record (a finished job's fields unpacked, its parts left out: pipeline/state/archive.py), or None."""

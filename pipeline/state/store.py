@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import orjson
 import redis
@@ -18,7 +18,6 @@ from pipeline.errors import (
     DeadlineExceeded,
     DeadlineInfeasible,
     DispatchPaused,
-    InsufficientAllowance,
     InvalidRequest,
     OverLimit,
     UnknownTenant,
@@ -32,9 +31,10 @@ from pipeline.settings import (
     Settings,
 )
 from pipeline.state import keys, redisconn
-from pipeline.state.keys import SERVER_BLOCKS, JobKeys, ProviderKeys, TenantKeys
-from pipeline.state.reads import Reads
-from pipeline.state.scripts import Code, ReplicationTimeout, Scripts, raise_for
+from pipeline.state.controls import Controls
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.scripts import Code, ReplicationTimeout, Scripts
+from pipeline.state.sweeps import at
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +99,7 @@ def _overrun(claim: Claim, units: int, over: int) -> None:
               claim.job_id, claim.attempt, claim.server, units, over)
 
 
-def _at(now_ms: int | None) -> int | str:
-    """A script's ``now`` argument: '' lets the script read Redis's clock (production);
-    tests pass a number to control time."""
-    return "" if now_ms is None else now_ms
-
-
-class Store(Reads):
+class Store(Controls):
     """Every write is one Lua script; ``now_ms`` arguments default to Redis's own clock."""
 
     def __init__(self, client: redis.Redis, scripts: Scripts | None = None, *, shards: int | None = None,
@@ -146,16 +140,6 @@ class Store(Reads):
             raise WrongShards(f"RECKON_SHARDS is {keys.shard_count()} but this Redis holds {recorded} shards")
         self._shards_checked = True
 
-    def server_ms(self, shard: keys.ShardKeys | None = None) -> int:
-        """Redis's clock (ms): the one clock that decides leases and due times. On a Cluster each
-        primary's clock judges its own shards (their leases were stamped by it): ``shard`` asks
-        the primary that holds that shard."""
-        if shard is None:
-            seconds, micros = self.redis.time()
-        else:
-            seconds, micros = redisconn.on_node(self.redis, shard.wake, lambda node: node.time())
-        return int(seconds) * 1000 + int(micros) // 1000
-
     # -- writes (each one Lua script) ---------------------------------------------
 
     def admit(
@@ -171,7 +155,7 @@ class Store(Reads):
             [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
              older.record, older.events, t.retry, j.workflow, t.done, older.workflow, t.shard.wake, t.limits,
              *t.shard.globals, t.shard.admission, t.shard.fleet, *older.parts],
-            [_at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
+            [at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
              orjson.dumps(fields), status, supersedes, workflow, limits.slots, limits.queue_cap_interactive,
              limits.queue_cap_batch, limits.interactive_target_s, keys.shard_count(), self.retention],
             durable=True,
@@ -199,7 +183,7 @@ class Store(Reads):
         so a job still queued counts as sent now."""
         t = JobKeys(job_id).tenant
         reply = self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key), t.queued],
-                             [job_id, _at(now_ms), "1" if late else ""])
+                             [job_id, at(now_ms), "1" if late else ""])
         return bool(reply[1])
 
     def claim(
@@ -218,7 +202,7 @@ class Store(Reads):
             "claim",
             [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
              j.workflow, t.shard.wake, t.shard.fleet, t.shard.parked, t.shard.called, *t.shard.globals, j.outputs],
-            [_at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms, job_id,
+            [at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms, job_id,
              *[item for name, cap in servers.items() for item in (name, cap, (prices or {}).get(name, ""))]],
         )
         if Code(reply[0]) is not Code.OK:
@@ -233,7 +217,7 @@ class Store(Reads):
         ``refused``: the server's summary of output nodes it refused while taking the prompt."""
         j = JobKeys(claim.job_id)
         reply = self._fenced("await", j, [j.record, j.tenant.leases, j.shard.fleet, j.shard.wake],
-                             [claim.generation, _at(now_ms), lease_ms, orjson.dumps(refused) if refused else ""])
+                             [claim.generation, at(now_ms), lease_ms, orjson.dumps(refused) if refused else ""])
         return replace(claim, generation=int(reply[1]))
 
     def collect_claim(self, job_id: str, *, worker: str, lease_ms: int, charge: tuple[str, int] | None = None,
@@ -244,7 +228,7 @@ class Store(Reads):
         j = JobKeys(job_id)
         operation, units = charge or ("", 0)
         reply = self.scripts("collect-claim", [j.record, j.tenant.leases, j.shard.fleet, j.shard.wake, j.tenant.ledger,
-                                               *j.shard.globals], [_at(now_ms), worker, lease_ms, operation, units],
+                                               *j.shard.globals], [at(now_ms), worker, lease_ms, operation, units],
                              durable=charge is not None)
         if Code(reply[0]) is not Code.OK:
             return None
@@ -258,12 +242,12 @@ class Store(Reads):
         """The shard's best parked jobs, as many as its fleet has free slots not promised yet, each
         promised a slot for ``call_ms``: to publish (route ``unparked``)."""
         reply = self.scripts("unpark", [shard.fleet, shard.parked, shard.called],
-                             [_at(now_ms), call_ms, *[item for pair in servers.items() for item in pair]])
+                             [at(now_ms), call_ms, *[item for pair in servers.items() for item in pair]])
         return list(reply[1::2])
 
     def heartbeat(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> int:
         j = JobKeys(claim.job_id)
-        reply = self._fenced("heartbeat", j, [j.record, j.tenant.leases], [claim.generation, _at(now_ms), lease_ms])
+        reply = self._fenced("heartbeat", j, [j.record, j.tenant.leases], [claim.generation, at(now_ms), lease_ms])
         return int(reply[1])
 
     def mark_submit(self, claim: Claim, *, epoch: str, lease_ms: int, min_attempt_ms: int = 0,
@@ -272,7 +256,7 @@ class Store(Reads):
         CancelRequested if cancelled, DeadlineExceeded if too little time is left to run it."""
         j = JobKeys(claim.job_id)
         reply = self.scripts("mark-submit", [j.record, j.attempts, j.tenant.leases, j.shard.fleet],
-                             [claim.generation, _at(now_ms), epoch, lease_ms, min_attempt_ms], durable=True)
+                             [claim.generation, at(now_ms), epoch, lease_ms, min_attempt_ms], durable=True)
         if Code(reply[0]) is Code.CANCELLED:
             raise CancelRequested(claim.job_id)
         if Code(reply[0]) is Code.PAUSED:
@@ -284,7 +268,7 @@ class Store(Reads):
     def store_output(self, claim: Claim, index: int, record: dict[str, Any], *, now_ms: int | None = None) -> bool:
         j = JobKeys(claim.job_id)
         reply = self._fenced(
-            "store-output", j, [j.record, j.outputs], [claim.generation, _at(now_ms), index, orjson.dumps(record)],
+            "store-output", j, [j.record, j.outputs], [claim.generation, at(now_ms), index, orjson.dumps(record)],
             durable=True,
         )
         return bool(reply[1])
@@ -312,7 +296,7 @@ class Store(Reads):
             "finish", j,
             [j.record, t.ledger, t.leases, j.attempts, j.events, j.outputs, t.counts, t.reconcile, t.dead, t.done,
              j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals, t.shard.parked, *j.parts],
-            [claim.generation, _at(now_ms), outcome, error_class, reason or error_class or outcome,
+            [claim.generation, at(now_ms), outcome, error_class, reason or error_class or outcome,
              orjson.dumps(detail) if detail else "", self.retention],
             durable=True,
         )
@@ -326,7 +310,7 @@ class Store(Reads):
             "retry", j,
             [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, t.shard.wake, t.shard.fleet,
              *t.shard.globals, t.shard.parked],
-            [claim.generation, _at(now_ms), delay_ms, error_class, int(free)],
+            [claim.generation, at(now_ms), delay_ms, error_class, int(free)],
         )
         return int(reply[1])
 
@@ -339,7 +323,7 @@ class Store(Reads):
             "reconcile-begin",
             [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs, t.shard.wake,
              t.shard.fleet, *t.shard.globals],
-            [claim.generation if claim else "", _at(now_ms), delay_ms, reason],
+            [claim.generation if claim else "", at(now_ms), delay_ms, reason],
         )
         if claim is not None:
             self._check(reply, j)
@@ -350,7 +334,7 @@ class Store(Reads):
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts("reconcile-claim", [j.record, t.leases, t.reconcile, t.shard.wake],
-                             [_at(now_ms), worker, lease_ms])
+                             [at(now_ms), worker, lease_ms])
         if Code(reply[0]) is not Code.OK:
             return None
         claim = Claim(job_id, int(reply[1]), int(reply[5]), reply[2], int(reply[6]), reply[10])
@@ -365,146 +349,14 @@ class Store(Reads):
     def reconcile_later(self, claim: Claim, *, delay_ms: int, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
         self._fenced("reconcile-later", j, [j.record, j.tenant.leases, j.tenant.reconcile, j.shard.wake],
-                     [claim.generation, delay_ms, _at(now_ms)])
+                     [claim.generation, delay_ms, at(now_ms)])
 
     def send_to_review(self, claim: Claim, *, expires_in_ms: int, reason: str, now_ms: int | None = None) -> None:
         j = JobKeys(claim.job_id)
         t = j.tenant
         self._freeing("review", j, [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, t.shard.wake,
                                     t.shard.fleet, *t.shard.globals, t.shard.parked],
-                      [claim.generation, _at(now_ms), expires_in_ms, reason])
-
-    def resolve_review(self, job_id: str, decision: str, *, reason: str, now_ms: int | None = None) -> str:
-        j = JobKeys(job_id)
-        t = j.tenant
-        reply = self.scripts(
-            "resolve-review",
-            [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs, t.done,
-             j.workflow, t.shard.wake, *t.shard.globals, *j.parts],
-            [_at(now_ms), decision, reason, self.retention],
-            durable=True,
-        )
-        return self._check(reply, j)[1]
-
-    def promote(self, job_id: str, *, now_ms: int | None = None) -> str | None:
-        """retry_wait -> queued (or failed past the deadline) when due; the new state or None."""
-        j = JobKeys(job_id)
-        t = j.tenant
-        reply = self.scripts(
-            "promote", [j.record, t.ledger, t.retry, t.queued, t.outbox, j.events, t.counts, t.dead, t.done,
-                        j.workflow, t.shard.wake, *t.shard.globals],
-            [_at(now_ms), job_id, self.retention],
-        )
-        return reply[1] if Code(reply[0]) is Code.OK else None
-
-    def redeliver(self, job_id: str, state: str, *, window_ms: int, now_ms: int | None = None) -> str | None:
-        """A queued or reconciling job not claimed within its window: its priority when it is to be
-        published again; None when it is not due, failed past its deadline, or moved on."""
-        j = JobKeys(job_id)
-        t = j.tenant
-        index = t.queued if state == "queued" else t.reconcile
-        reply = self.scripts("redeliver", [j.record, index, t.ledger, t.dead, j.events, t.counts, t.done,
-                                           j.workflow, t.shard.wake, *t.shard.globals],
-                             [_at(now_ms), job_id, state, window_ms, self.retention])
-        return reply[2] if Code(reply[0]) is Code.OK else None
-
-    def purge(self, job_id: str, *, retention_ms: int, now_ms: int | None = None) -> bool:
-        """Remove a finished job past its retention with everything it owns; False if not due or gone."""
-        j = JobKeys(job_id)
-        t = j.tenant
-        reply = self.scripts("purge", [j.record, j.attempts, j.events, j.outputs, j.workflow, t.jobs, t.dead, t.done,
-                                       j.progress, j.progress_seen, t.counts, *t.shard.globals],
-                             [job_id, _at(now_ms), retention_ms])
-        return Code(reply[0]) is Code.OK
-
-    def take_due(self, shard: keys.ShardKeys, *, limit: int, hold_ms: int,
-                 now_ms: int | None = None) -> tuple[int, list[str]]:
-        """The shard's tenants with work due, each held for ``hold_ms`` so a second sweeper takes others;
-        and the time they were taken at, on the clock of the shard's primary (ms)."""
-        reply = self.scripts("take-due", [shard.wake], [_at(now_ms), limit, hold_ms])
-        return int(reply[1]), reply[2:]
-
-    def rearm(self, tenant: str, *, window_ms: int, retention_ms: int) -> int | None:
-        """Set the tenant's wake entry to when its next work is due; None when it has none."""
-        t = TenantKeys(tenant)
-        reply = self.scripts("rearm", [t.shard.wake, t.leases, t.reconcile, t.queued, t.retry, t.review, t.outbox,
-                                       t.done], [tenant, window_ms, retention_ms])
-        return None if int(reply[1]) < 0 else int(reply[1])
-
-    def cancel(self, job_id: str, *, now_ms: int | None = None) -> tuple[str, str]:
-        """Cancel or request cancellation; (state after, external_effect)."""
-        j = JobKeys(job_id)
-        t = j.tenant
-        reply = self.scripts(
-            "cancel", [j.record, t.ledger, t.queued, t.retry, j.events, t.counts, t.review, t.done,
-                       j.workflow, t.shard.wake, t.shard.parked, *t.shard.globals, *j.parts, t.shard.fleet],
-            [_at(now_ms), self.retention],
-            durable=True,
-        )
-        self._check(reply, j)
-        return reply[1], reply[2]
-
-    def replay(self, job_id: str, *, now_ms: int | None = None) -> None:
-        j = JobKeys(job_id)
-        t = j.tenant
-        reply = self.scripts(
-            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, t.done, t.shard.wake,
-             *t.shard.globals],
-            [_at(now_ms)]
-        )
-        if Code(reply[0]) is Code.INSUFFICIENT_ALLOWANCE:
-            raise InsufficientAllowance(reply[1], reply[2])
-        self._check(reply, j)
-
-    def budget(self, provider: str, operation: str, tokens: float, capacity: float) -> bool:
-        reply = self.scripts("budget", [ProviderKeys(provider).budget], [operation, tokens, capacity])
-        return Code(reply[0]) is Code.OK
-
-    def refund_budget(self, provider: str, tokens: float, capacity: float) -> bool:
-        """Give ``tokens`` back to the provider's retry budget; True if the bucket is full after it."""
-        reply = self.scripts("budget", [ProviderKeys(provider).budget], ["refund", tokens, capacity])
-        return float(reply[1]) >= capacity
-
-    def block_provider(self, server: str, reason: str, *, now_ms: int | None = None) -> bool:
-        """Stop dispatch to a server (one of ``SERVER_BLOCKS``) until cleared; False if it already was."""
-        if reason not in SERVER_BLOCKS:
-            raise ValueError(f"unknown block reason {reason!r}")
-        return self._fleet_setnx(f"{reason}:{server}", now_ms)
-
-    def provider_block(self, server: str) -> str | None:
-        """Why dispatch to the server is stopped (the first reason, in any shard), or None."""
-        found = self._each_shard(lambda pipe, shard: pipe.hmget(shard.fleet, [f"{r}:{server}" for r in SERVER_BLOCKS]))
-        return next((reason for i, reason in enumerate(SERVER_BLOCKS) if any(marks[i] for marks in found)), None)
-
-    def pause_class(self, priority: str, *, now_ms: int | None = None) -> bool:
-        """Stop claims and submissions of the class's jobs (admission goes on); False if it already was."""
-        return self._fleet_setnx(f"pause_class:{priority}", now_ms)
-
-    def resume_class(self, priority: str) -> bool:
-        return self._fleet_del([f"pause_class:{priority}"])
-
-    def clear_provider(self, server: str, reasons: Sequence[str] = SERVER_BLOCKS) -> bool:
-        """Let dispatch to the server resume (for ``reasons``); False if it was not stopped for them."""
-        return self._fleet_del([f"{reason}:{server}" for reason in reasons])
-
-    def _fleet_setnx(self, field: str, now_ms: int | None) -> bool:
-        """Set a stop in every shard's fleet hash (each shard's scripts read their own); True if some
-        shard did not have it yet. Readers take a stop set in any shard as set, so one that a writer
-        left half-written (it died midway) shows, and is cleared, as a whole."""
-        since = self.server_ms() if now_ms is None else now_ms
-        return any(self._each_shard(lambda pipe, shard: pipe.hsetnx(shard.fleet, field, since)))
-
-    def _fleet_del(self, fields: list[str]) -> bool:
-        """Clear stops in every shard; True if some shard had any of them."""
-        return any(self._each_shard(lambda pipe, shard: pipe.hdel(shard.fleet, *fields)))
-
-    def _check(self, reply: list[Any], job: JobKeys) -> list[Any]:
-        code = Code(reply[0])
-        if code is not Code.OK:
-            if code is Code.STALE_LEASE:
-                self.redis.hincrby(job.shard.stats, "stale_writes_rejected", 1)
-            raise_for(code, reply)
-        return reply
+                      [claim.generation, at(now_ms), expires_in_ms, reason])
 
     def _fenced(self, verb: str, job: JobKeys, keys_: list[str], args: list[Any], *,
                 durable: bool = False) -> list[Any]:

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.blobs.local import BlobStore
 from pipeline.errors import IdempotencyConflict, StaleLease
-from pipeline.providers.sim import server as simulated
+from pipeline.providers import sim as simulated
 from pipeline.state import keys
 from pipeline.state.keys import ProviderKeys
 from pipeline.state.submit import Admitter

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.errors import AttemptFailed, InsufficientAllowance
 from pipeline.operate import cli
-from pipeline.providers.sim import server as simulated
+from pipeline.providers import sim as simulated
 from pipeline.state import keys
 from pipeline.state.jobs import job_view
 from pipeline.state.keys import TenantKeys

@@ -21,7 +21,7 @@ from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
-from pipeline.providers.sim import server as simulated
+from pipeline.providers import sim as simulated
 from pipeline.state import keys
 from pipeline.state.jobs import job_view
 from pipeline.state.keys import JobKeys

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.errors import OutputMalformed
 from pipeline.providers.media import describe
-from pipeline.providers.sim.server import png
+from pipeline.providers.sim.comfy import png
 
 
 def chunk(tag: bytes, data: bytes) -> bytes:

@@ -18,7 +18,7 @@ from pipeline.errors import AttemptFailed, InvalidRequest, StaleLease
 from pipeline.operate import cli
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
-from pipeline.providers.sim import server as simulated
+from pipeline.providers import sim as simulated
 from pipeline.state import keys
 from pipeline.state.jobs import first_response
 from pipeline.state.keys import JobKeys, TenantKeys

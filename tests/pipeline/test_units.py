@@ -21,7 +21,7 @@ from pipeline.errors import (
     UnknownOutcome,
 )
 from pipeline.providers.http import Response, raise_for_status, retry_after
-from pipeline.providers.sim.server import png
+from pipeline.providers.sim.comfy import png
 from pipeline.settings import Settings, with_db
 from pipeline.state.jobs import fingerprint, parse_request
 from pipeline.state.scripts import Scripts

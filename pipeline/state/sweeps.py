@@ -1,0 +1,116 @@
+"""Steps on whole jobs that the sweeper and operators take (promote, redeliver, purge, rearm,
+cancel, replay, a review's decision), each one Lua script: the mixin ``Store`` inherits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.errors import InsufficientAllowance
+from pipeline.state import keys
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.reads import Reads
+from pipeline.state.scripts import Code, Scripts, raise_for
+
+
+def at(now_ms: int | None) -> int | str:
+    """A script's ``now`` argument: '' lets the script read Redis's clock (production);
+    tests pass a number to control time."""
+    return "" if now_ms is None else now_ms
+
+
+class Sweeps(Reads):
+    """Scripted steps that hold no lease; ``scripts`` are the client's loaded scripts, ``retention``
+    how long a finished job is kept (ms, '' for at once: ``Store``)."""
+
+    scripts: Scripts
+    retention: int | str
+
+    def resolve_review(self, job_id: str, decision: str, *, reason: str, now_ms: int | None = None) -> str:
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts(
+            "resolve-review",
+            [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs, t.done,
+             j.workflow, t.shard.wake, *t.shard.globals, *j.parts],
+            [at(now_ms), decision, reason, self.retention],
+            durable=True,
+        )
+        return self._check(reply, j)[1]
+
+    def promote(self, job_id: str, *, now_ms: int | None = None) -> str | None:
+        """retry_wait -> queued (or failed past the deadline) when due; the new state or None."""
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts(
+            "promote", [j.record, t.ledger, t.retry, t.queued, t.outbox, j.events, t.counts, t.dead, t.done,
+                        j.workflow, t.shard.wake, *t.shard.globals],
+            [at(now_ms), job_id, self.retention],
+        )
+        return reply[1] if Code(reply[0]) is Code.OK else None
+
+    def redeliver(self, job_id: str, state: str, *, window_ms: int, now_ms: int | None = None) -> str | None:
+        """A queued or reconciling job not claimed within its window: its priority when it is to be
+        published again; None when it is not due, failed past its deadline, or moved on."""
+        j = JobKeys(job_id)
+        t = j.tenant
+        index = t.queued if state == "queued" else t.reconcile
+        reply = self.scripts("redeliver", [j.record, index, t.ledger, t.dead, j.events, t.counts, t.done,
+                                           j.workflow, t.shard.wake, *t.shard.globals],
+                             [at(now_ms), job_id, state, window_ms, self.retention])
+        return reply[2] if Code(reply[0]) is Code.OK else None
+
+    def purge(self, job_id: str, *, retention_ms: int, now_ms: int | None = None) -> bool:
+        """Remove a finished job past its retention with everything it owns; False if not due or gone."""
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts("purge", [j.record, j.attempts, j.events, j.outputs, j.workflow, t.jobs, t.dead, t.done,
+                                       j.progress, j.progress_seen, t.counts, *t.shard.globals],
+                             [job_id, at(now_ms), retention_ms])
+        return Code(reply[0]) is Code.OK
+
+    def take_due(self, shard: keys.ShardKeys, *, limit: int, hold_ms: int,
+                 now_ms: int | None = None) -> tuple[int, list[str]]:
+        """The shard's tenants with work due, each held for ``hold_ms`` so a second sweeper takes others;
+        and the time they were taken at, on the clock of the shard's primary (ms)."""
+        reply = self.scripts("take-due", [shard.wake], [at(now_ms), limit, hold_ms])
+        return int(reply[1]), reply[2:]
+
+    def rearm(self, tenant: str, *, window_ms: int, retention_ms: int) -> int | None:
+        """Set the tenant's wake entry to when its next work is due; None when it has none."""
+        t = TenantKeys(tenant)
+        reply = self.scripts("rearm", [t.shard.wake, t.leases, t.reconcile, t.queued, t.retry, t.review, t.outbox,
+                                       t.done], [tenant, window_ms, retention_ms])
+        return None if int(reply[1]) < 0 else int(reply[1])
+
+    def cancel(self, job_id: str, *, now_ms: int | None = None) -> tuple[str, str]:
+        """Cancel or request cancellation; (state after, external_effect)."""
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts(
+            "cancel", [j.record, t.ledger, t.queued, t.retry, j.events, t.counts, t.review, t.done,
+                       j.workflow, t.shard.wake, t.shard.parked, *t.shard.globals, *j.parts, t.shard.fleet],
+            [at(now_ms), self.retention],
+            durable=True,
+        )
+        self._check(reply, j)
+        return reply[1], reply[2]
+
+    def replay(self, job_id: str, *, now_ms: int | None = None) -> None:
+        j = JobKeys(job_id)
+        t = j.tenant
+        reply = self.scripts(
+            "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, t.done, t.shard.wake,
+             *t.shard.globals],
+            [at(now_ms)]
+        )
+        if Code(reply[0]) is Code.INSUFFICIENT_ALLOWANCE:
+            raise InsufficientAllowance(reply[1], reply[2])
+        self._check(reply, j)
+
+    def _check(self, reply: list[Any], job: JobKeys) -> list[Any]:
+        code = Code(reply[0])
+        if code is not Code.OK:
+            if code is Code.STALE_LEASE:
+                self.redis.hincrby(job.shard.stats, "stale_writes_rejected", 1)
+            raise_for(code, reply)
+        return reply
