@@ -6,7 +6,7 @@ A room is a package (``pipeline.state``, ``pipeline.work``, ``api``); the module
 ``TYPE_CHECKING`` as well: each is a dependency someone must understand.
 
     python ops/dev/imports.py            # the picture
-    python ops/dev/imports.py --check    # exit 1 on a circle, a forbidden edge or a module over 400 lines
+    python ops/dev/imports.py --check    # exit 1 on a circle, a forbidden edge, or a module or script over 400 lines
 
 ``ROOMS`` is the layout's rule (docs/design.md, "Layout"): each room and the rooms it may import.
 """
@@ -153,6 +153,13 @@ def forbidden(edges: dict[str, set[str]], known: dict[str, Path]) -> list[str]:
     return found
 
 
+def oversized(known: dict[str, Path], root: Path) -> list[str]:
+    """Python modules and Lua scripts over ``MAX_LINES`` lines."""
+    files = [*known.values(), *sorted((root / "lua").glob("*.lua"))]
+    sizes = {path: len(path.read_text().splitlines()) for path in files}
+    return sorted(f"{path.relative_to(root)} ({n} lines)" for path, n in sizes.items() if n > MAX_LINES)
+
+
 def picture(root: Path = ROOT) -> dict[str, object]:
     known, edges = graph(root)
     rooms: dict[str, list[str]] = defaultdict(list)
@@ -175,7 +182,7 @@ def picture(root: Path = ROOT) -> dict[str, object]:
         "module_circles": circles(edges),
         "room_circles": circles(room_edges),
         "forbidden": forbidden(edges, known),
-        "oversized": sorted(f"{known[n].relative_to(root)} ({s} lines)" for n, s in sizes.items() if s > MAX_LINES),
+        "oversized": oversized(known, root),
     }
 
 

@@ -1,0 +1,91 @@
+-- The fleet's dispatch slots, shared by the scripts that claim, park and free them (after
+-- _lib.lua in the library's prelude: the loader joins the `lua/_*.lua` files in name order).
+-- Each server's slots in flight and its stops are fields of the shard's fleet hash.
+
+-- Why dispatch to a server is stopped; each is a field `<reason>:<server>` of the fleet hash.
+local SERVER_BLOCKS = {'dispatch_paused', 'provider_credentials', 'provider_unreachable'}
+
+-- A server's prompts in flight (busy slots), or nil while dispatch to it is stopped.
+local function server_fields(name)
+  local fields = {'busy:' .. name}
+  for _, reason in ipairs(SERVER_BLOCKS) do fields[#fields + 1] = reason .. ':' .. name end
+  return fields
+end
+
+-- Reads at once every field of the fleet hash that dispatch to `servers` ({name, cap} pairs) may
+-- ask (the helpers below read from this copy: lua/_cache.lua).
+local function fleet_view(fleet, servers)
+  local fields = {'rr', 'pause_class:interactive', 'pause_class:batch'}
+  for _, server in ipairs(servers) do
+    for _, field in ipairs(server_fields(server[1])) do fields[#fields + 1] = field end
+  end
+  preload(fleet, fields)
+end
+
+local function server_busy(fleet, name)
+  local fields = server_fields(name)
+  preload(fleet, fields)
+  local f = hmget(fleet, unpack(fields))
+  if f[2] or f[3] or f[4] then return nil end
+  return tonumber(f[1] or '0')
+end
+
+-- Why dispatch of a job of `class` to `server` (nil: any) must wait: its class is paused
+-- (`pause_class:<class>` in the fleet hash) or its server is; nil when it may go.
+local function paused_for(fleet, class, server)
+  preload(fleet, {'pause_class:' .. class, server and 'dispatch_paused:' .. server or nil})
+  if hget(fleet, 'pause_class:' .. class) then return 'class_paused' end
+  if server and hget(fleet, 'dispatch_paused:' .. server) then return 'dispatch_paused' end
+  return nil
+end
+
+-- Free slots on the usable servers of `servers` ({name, cap} pairs).
+local function free_slots(fleet, servers)
+  local free = 0
+  for _, server in ipairs(servers) do
+    local busy = server_busy(fleet, server[1])
+    if busy then free = free + math.max(0, server[2] - busy) end
+  end
+  return free
+end
+
+-- The jobs called to a slot and not yet claimed, each holding a promised slot. A call whose
+-- time ran out (its message was lost) or whose job left the parked set (claimed, cancelled,
+-- failed) is dropped; a called job keeps its place in the parked set until it claims.
+local function promised(called, parked, now)
+  redis.call('ZREMRANGEBYSCORE', called, '-inf', now)
+  local live = {}
+  for _, id in ipairs(redis.call('ZRANGE', called, 0, -1)) do
+    if redis.call('ZSCORE', parked, id) then live[#live + 1] = id else redis.call('ZREM', called, id) end
+  end
+  return live
+end
+
+-- Takes a dispatch slot on the least loaded usable server of `servers` ({name, cap}
+-- pairs), turning the round-robin start each time so equal loads share the work.
+-- Returns the server's name, or nil when every server is stopped or at its cap.
+local function take_slot(fleet, servers)
+  preload(fleet, {'rr'})
+  local start = hincrby(fleet, 'rr', 1)
+  local best, best_busy
+  for i = 0, #servers - 1 do
+    local server = servers[(start + i) % #servers + 1]
+    local busy = server_busy(fleet, server[1])
+    if busy and busy < server[2] and (not best or busy < best_busy) then best, best_busy = server[1], busy end
+  end
+  if best then hincrby(fleet, 'busy:' .. best, 1) end
+  return best
+end
+
+-- Gives back the job's dispatch slot, once (the claim took it), and ends the watch of
+-- its prompt at the provider, if any: the watch list holds a job exactly while the watcher
+-- holds its lease (`await` hands it over, collect-claim and reconcile-begin take it back), so
+-- called before `release`.
+local function free_slot(job, fleet)
+  local f = hmget(job, 'server', 'slot_held', 'id', 'lease_owner')
+  if f[4] == 'watcher' then redis.call('HDEL', fleet, 'w:' .. f[3]) end
+  if f[2] == '1' then
+    add(fleet, 'busy:' .. f[1], -1)
+    hset(job, 'slot_held', 0)
+  end
+end
