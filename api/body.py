@@ -5,7 +5,7 @@ so duplicates are found by counting colons. A colon in JSON text is a member's s
 character inside a string, and orjson writes string colons literally; so if the body has the same
 number of colons as orjson's encoding of what it decoded, no member was dropped. Only a body that
 escapes a colon (``\\u003a``) or differs in that count is decoded again, by the standard library,
-to find the duplicate. Measured costs are in the README (HTTP API).
+to find the duplicate. Measured costs are in docs/api.md ("The job request").
 """
 
 from __future__ import annotations

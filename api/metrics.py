@@ -18,7 +18,7 @@ from pipeline.state.status import BUDGET_PROVIDER, CLASSES, STATES, Figures, rea
 from pipeline.state.store import Store
 
 NAN = float("nan")
-#: Reasons admission refuses a request, each counted in ``refused:<reason>`` (README "Admission").
+#: Reasons admission refuses a request, each counted in ``refused:<reason>`` (docs/api.md "Admission").
 REFUSALS = ("max_inflight", "rate", "queue_full", "load_shed", "deadline_infeasible", "insufficient_allowance")
 TTC_BOUNDS = ("1", "5", "15", "30", "60", "120", "300", "600", "1800", "3600", "7200", "+Inf")
 ATTEMPT_BOUNDS = ("1", "2", "3", "5", "10", "+Inf")

@@ -2,7 +2,7 @@
 
 A stream holds one of gunicorn's threads while it is open, so it ends after ``max_seconds``
 (``retry: 1000`` asks the client to come back a second later with the last id it saw), and one
-process serves at most ``StreamSlots`` of them at once. See "Progress events" in the README.
+process serves at most ``StreamSlots`` of them at once. See "Progress events" in docs/api.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 -- the scripts write them); any other item is kept as the object it was stored as, keys in their
 -- order. An integer is a JSON number; a moment (the *_TIMES) counts from created_at, so most are a
 -- few digits.
--- About a third of the bytes of the record with its parts as JSON objects (README "Redis layout").
+-- About a third of the bytes of the record with its parts as JSON objects (docs/operations.md "Bounded memory and retention").
 
 local PACKED, PACK_VERSION = 'z', 1
 local RECORD_FIELDS = {'id', 'tenant', 'idem_key', 'kind', 'priority', 'outputs_requested', 'price', 'per_attempt',

@@ -67,7 +67,7 @@ end
 -- step by every script that moves a job or money, so /metrics, `reckon status` and admission read
 -- them in O(1) whatever the number of tenants (readers add the shards up):
 --   G.stats  hash: `jobs:<class>:<state>` counts, `ledger:<kind>` totals, counters, histograms,
---            `service_ms:<class>` estimates (README "Metrics" lists every field);
+--            `service_ms:<class>` estimates (docs/redis.md "Keys" lists every field);
 --   G.queue  zset: queued job id -> class rank + when it was queued (ms);
 --   G.due    zset: unfinished job id -> class rank + its deadline (ms).
 -- A class rank is 0 for interactive and BATCH_RANK for batch, so one range reads one class.

@@ -16,7 +16,7 @@
 -- `max_inflight`, and a token from the submission bucket (`rate` per second up to
 -- `burst`, refilled on Redis's clock). A refused request writes nothing, the bucket
 -- included.
--- Then the fleet-wide limits of the job's workload class (README "Admission"), read from
+-- Then the fleet-wide limits of the job's workload class (docs/api.md "Admission"), read from
 -- the global figures in O(1): queued jobs of the class below its cap (else 503 queue_full);
 -- a batch job is shed (503 load_shed) while the oldest queued interactive job has waited
 -- longer than its target, unless interactive dispatch is paused; and with a service-time

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pipeline.fleet import Server
 from pipeline.fleet import parse as parse_servers
 
-#: State and broker live in one redis-server, in two logical databases (see README).
+#: State and broker live in one redis-server, in two logical databases (docs/redis.md "Databases and shards").
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6390/0"
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6390/1"
 #: The simulated provider speaks ComfyUI's HTTP API on ComfyUI's default port.
@@ -20,7 +20,7 @@ DEFAULT_PROVIDERS = ""
 #: Prompts in flight per server unless its entry says ``cap=N``.
 DEFAULT_PROVIDER_CAP = 2
 DEFAULT_BLOB_DIR = "var/blobs"
-#: Where outputs are stored (README "Blob store"): empty for the local directory above, or
+#: Where outputs are stored (docs/operations.md "Blob store"): empty for the local directory above, or
 #: ``s3://BUCKET[/PREFIX]`` for an S3-compatible bucket that every host reaches...
 DEFAULT_BLOB_URL = ""
 #: How a local blob store makes a put durable: ``group`` (a ``syncfs`` of its filesystem shared by
@@ -36,7 +36,7 @@ DEFAULT_PRICE_PER_OUTPUT = 10
 DEFAULT_MAX_ATTEMPTS = 3
 #: How long a claim lives without a heartbeat (heartbeats come every third of it).
 DEFAULT_LEASE_SECONDS = 30.0
-#: Liveness (README "Liveness"): the lease keeper stops renewing an attempt's claim this long past
+#: Liveness (docs/design.md "Liveness"): the lease keeper stops renewing an attempt's claim this long past
 #: its job's deadline (time to collect a prompt that ended near it; reconciliation does the rest)...
 DEFAULT_DEADLINE_GRACE_SECONDS = 120.0
 #: ...or once its thread has made no progress (status answered, output stored) for this long: more
@@ -72,7 +72,7 @@ DEFAULT_WATCH = True
 #: websocket is down (and every ``watch_recheck_seconds`` per prompt while it is up).
 DEFAULT_WATCH_POLL_SECONDS = 1.0
 DEFAULT_WATCH_RECHECK_SECONDS = 30.0
-#: The watcher writes at most one progress point per job this often (README "Progress events"):
+#: The watcher writes at most one progress point per job this often (docs/api.md "Progress events"):
 #: the newest waits in memory, the first goes out at once; 0 writes every new point.
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 1.0
 #: An unreachable server is probed (GET /system_stats) this often until it answers.
@@ -115,7 +115,7 @@ DEFAULT_QUEUE_CAP_INTERACTIVE = 1000
 DEFAULT_QUEUE_CAP_BATCH = 10000
 #: ...and how long the oldest eligible interactive job may wait before batch work is shed (503).
 DEFAULT_INTERACTIVE_TARGET_SECONDS = 60
-#: Redis Sentinel (README "Failover (Sentinel)"): ``host:port,...`` and the master's name. When set,
+#: Redis Sentinel (docs/failover.md): ``host:port,...`` and the master's name. When set,
 #: state and broker default to ``redis+sentinel://<sentinels>/<master>/0`` and ``.../1``.
 DEFAULT_SENTINELS = ""
 DEFAULT_SENTINEL_MASTER = "mymaster"
@@ -128,7 +128,7 @@ DEFAULT_REPLICAS_TO_ACK = 0
 DEFAULT_ACK_TIMEOUT_MS = 1000
 #: Bearer token for the operator pages (``GET /ui``); empty: those pages answer 401 to everyone.
 DEFAULT_OPERATOR_TOKEN = ""
-#: Shards the state is split into (README "Redis Cluster"): fixed for a deployment's lifetime.
+#: Shards the state is split into (docs/failover.md "Redis Cluster"): fixed for a deployment's lifetime.
 DEFAULT_SHARDS = 1
 #: A durable write's WAIT must end well inside the 10 s socket timeout (pipeline/state/redisconn.py):
 #: cut by it, redis-py would send the script again and the client would read "nothing changed".

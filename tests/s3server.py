@@ -1,6 +1,6 @@
 """A real S3-compatible server for tests: moto in server mode, its own process on a free loopback port.
 
-Debian 12 packages no S3 server that runs alone here (README "Blob store" says which were
+Debian 12 packages no S3 server that runs alone here (docs/operations.md "Blob store" says which were
 considered), so the tests speak HTTP to moto's server, started and stopped by PID.
 """
 

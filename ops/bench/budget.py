@@ -1,5 +1,5 @@
 """What one job may cost in Redis on the deployed path: the budget ``tests/faults/test_budget.py``
-enforces and ``make bench`` reports against (README "What one job costs").
+enforces and ``make bench`` reports against (docs/performance.md "What one job costs").
 
 Measured by ops/bench/deployed.py: the Procfile's processes with default settings, two simulated ComfyUI
 servers, jobs posted over HTTP, 2 outputs each, progress on. A change that makes a job cost more

@@ -87,7 +87,7 @@ class Stack:
             "RECKON_POLL_INTERVAL_SECONDS": "0.02", "RECKON_RECONCILE_INTERVAL_SECONDS": "0.3",
             "RECKON_OUTBOX_GRACE_SECONDS": "1", "RECKON_RETRY_BASE_SECONDS": "0.2",
             "RECKON_PROVIDER_CAP": str(opts.cap), "RECKON_WATCH_POLL_SECONDS": "0.2",
-            # half a lease plus the 10 s connect timeout, and a margin (see README)
+            # half a lease plus the 10 s connect timeout, and a margin (docs/failures.md, "Reconciliation")
             "RECKON_SUBMIT_SETTLE_SECONDS": str(opts.lease / 2 + 11),
             "RECKON_DUPLICATE_COST_ALLOWANCE": str(opts.duplicate_cost_allowance),
         } | dict(item.split("=", 1) for item in opts.env)

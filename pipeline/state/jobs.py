@@ -31,7 +31,7 @@ _INTEGER_FIELDS = ("outputs", "max_cost", "deadline_s")
 
 
 class State(str, Enum):
-    """Job states; see the state machine in the README. The last three are terminal."""
+    """Job states; see the state machine in docs/design.md. The last three are terminal."""
 
     QUEUED = "queued"
     RUNNING = "running"

@@ -45,7 +45,7 @@ def shard_of(tenant: str) -> int:
 class ShardKeys:
     """The keys one shard's scripts keep in step with its tenants' keys. Every key of a shard,
     its tenants' and jobs' included, carries the hash tag ``{s<n>}``: one cluster slot, so each
-    script is atomic on one primary (README "Redis Cluster")."""
+    script is atomic on one primary (docs/failover.md "Redis Cluster")."""
 
     n: int
 
@@ -55,7 +55,7 @@ class ShardKeys:
     @property
     def stats(self) -> str:
         """Hash: the shard's figures, kept in step by the scripts (job counts per class and state, ledger
-        totals, counters, histograms, service-time estimates; README "Metrics" lists the fields)."""
+        totals, counters, histograms, service-time estimates; docs/redis.md "Keys" lists the fields)."""
         return self._k("stats")
 
     @property

@@ -6,7 +6,7 @@ from the counter the job's state events use. State events stay in their own list
 progress keeps the newest ``keep`` points. Readers merge the two lists by seq.
 
 A watcher does not record every message: its ``Coalescer`` writes at most one point per job per
-interval, the newest and highest (README "Progress events").
+interval, the newest and highest (docs/api.md "Progress events").
 """
 
 from __future__ import annotations

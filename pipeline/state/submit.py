@@ -39,7 +39,7 @@ class Admitter:
         self.settings = settings
         self.new_job_id = new_job_id
         self.limits = FleetLimits.of(settings)
-        #: The price per output every job is reserved at (README "Cost").
+        #: The price per output every job is reserved at (docs/costs.md "The reservation").
         self.price = highest_price(settings.servers())
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:

@@ -14,7 +14,7 @@ where n single refunds would. A refund call that fails is not sent again (it may
 applied), and a process that dies loses its unsent refunds (at most a second's): the budget is then
 a little more careful, never less.
 
-The keeper does not keep a claim forever (README "Liveness"): it stops renewing one whose job is
+The keeper does not keep a claim forever (docs/design.md "Liveness"): it stops renewing one whose job is
 past its deadline by more than ``grace_s``, or whose thread has reported no progress (an answered
 status read, a stored output) for ``stall_s``. It marks the claim lost (the thread's next check
 raises StaleLease) and lets the lease lapse: the sweeper reconciles the job as a dead worker's.

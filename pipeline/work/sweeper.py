@@ -15,7 +15,7 @@ visit ``rearm`` sets it to the tenant's true next due time. An idle pass is its 
 unpark and a take-due per shard.
 Many sweepers at once take different tenants: ``take-due`` holds each tenant it hands out
 for ``RECKON_SWEEP_HOLD_SECONDS`` (30 s), so a tenant of a sweeper that died mid-pass comes due
-again, for any sweeper, when its hold ends (README "Many sweepers"). Each sweeper's pass is in
+again, for any sweeper, when its hold ends (docs/operations.md "Many sweepers"). Each sweeper's pass is in
 the heartbeat hash (``at``/``by``: the latest pass of any; ``at:<host>/<pid>``: each one's).
 
 Run it: ``python -m pipeline.work.sweeper`` (the ``sweeper`` process in the Procfile).

@@ -4,7 +4,7 @@ broker through Sentinel with RECKON_REPLICAS_TO_ACK=1; jobs flow from client thr
 primary is SIGKILLed and Sentinel promotes a replica.
 
 Two replicas, not one: with one, the promoted replica has none left and every durable write would
-answer 503 until an operator brings a replica back (README "Failover (Sentinel)").
+answer 503 until an operator brings a replica back (docs/failover.md).
 """
 
 from __future__ import annotations

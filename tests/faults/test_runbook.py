@@ -16,6 +16,9 @@ The deployment's addresses (``-p 6390``, ``127.0.0.1:8000``) become the test's. 
 with the stack's environment and ``.venv/bin`` first on ``PATH``, so ``reckon`` is the installed entry point.
 The ``python -m`` spans are compared with the commands the stack starts its watcher and sweeper with.
 
+The docs' runnable blocks run too: every line of a fenced block marked ``sh run`` in ``README.md`` or
+``docs/`` (``docs_commands``), with the same placeholders and substitutions (``DOCS_KNOWN``).
+
 The test fails if the runbook holds a command it has no state for, if a command it knows is gone from the
 runbook, or if a command exits otherwise than expected or shows other than what the runbook says.
 """
@@ -43,6 +46,8 @@ from tests.conftest import REDIS_PORT, free_port, wait_until
 from tests.faults.conftest import BIN, ROOT, Stack
 
 RUNBOOK = ROOT / "ops" / "RUNBOOK.md"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RUNNABLE = "sh run"
 TENANT, SERVER = "acme", "comfyui"
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 SHELLS = ("sh", "bash", "shell")
@@ -99,6 +104,44 @@ KNOWN = frozenset({
 })
 
 
+# The commands of the docs' runnable blocks (docs/redis.md), run after the runbook's.
+DOCS_KNOWN = frozenset({
+    "redis-cli -p 6390 SMEMBERS 'reckon:{s0}:tenants'",
+    "redis-cli -p 6390 HGETALL 'reckon:{s0}:stats'",
+    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:queue' 0 0 WITHSCORES",
+    """redis-cli -p 6390 ZCOUNT 'reckon:{s0}:due' 0 "($(date +%s%3N)\"""",
+    "redis-cli -p 6390 HGETALL 'reckon:{s0}:t:TENANT:ledger'",
+    "redis-cli -p 6390 HGETALL 'reckon:{s0}:t:TENANT:counts'",
+    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:t:TENANT:leases' 0 -1 WITHSCORES",
+    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:t:TENANT:outbox' 0 -1 WITHSCORES",
+    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:t:TENANT:retry' 0 -1 WITHSCORES",
+    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:t:TENANT:dead' 0 -1 WITHSCORES",
+    "redis-cli -p 6390 HGETALL 'reckon:{s0}:fleet'",
+    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:fleet:parked' 0 -1 WITHSCORES",
+    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:wake' 0 -1 WITHSCORES",
+    "redis-cli -p 6390 HGETALL 'reckon:{s0}:job:JOB_ID'",
+    "redis-cli -p 6390 LRANGE 'reckon:{s0}:job:JOB_ID:events' 0 -1",
+    "redis-cli -p 6390 HGETALL 'reckon:{p:comfyui}:budget'",
+    "redis-cli -p 6390 HGETALL reckon:sweeper",
+    "redis-cli -p 6390 -n 1 LLEN dramatiq:reckon-interactive",
+})
+
+
+def docs_commands() -> dict[str, str]:
+    """Each line of a fenced ``sh run`` block of the docs -> the shell lines its block set before it."""
+    found: dict[str, str] = {}
+    for doc in DOCS:
+        for language, block in FENCE.findall(doc.read_text()):
+            if language.strip() == RUNNABLE:
+                prelude = ""
+                for line in block.splitlines():
+                    command = COMMENT.sub("", line).strip()
+                    if command:
+                        found.setdefault(command, prelude)
+                        prelude += command + "\n" if ASSIGNMENT.match(command) else ""
+    return found
+
+
 def runbook_commands(text: str) -> dict[str, str]:
     """Each command of the runbook (the rule is in the module's docstring) -> the shell lines it needs
     before it (the variables its block set)."""
@@ -134,13 +177,13 @@ class Runbook:
     """Runs the runbook's commands, as written, against one stack, and remembers which ran."""
 
     def __init__(self, stack: Stack) -> None:
-        self.commands = runbook_commands(RUNBOOK.read_text())
+        self.commands = docs_commands() | runbook_commands(RUNBOOK.read_text())
         self.stack = stack
         self.ran: set[str] = set()
 
     def run(self, command: str, *, code: int = 0, then: str = "", **values: Any) -> str:
         """The command's stdout, once it exited with ``code``; ``then`` is shell run after it."""
-        assert command in self.commands, f"not in ops/RUNBOOK.md: {command}"
+        assert command in self.commands, f"not in ops/RUNBOOK.md or a runnable block of docs/: {command}"
         stdout = self._bash(self._fill(self.commands[command] + command, values) + then, code)
         self.ran.add(command)
         return stdout
@@ -214,6 +257,9 @@ def test_the_runbook_holds_exactly_the_commands_this_test_runs() -> None:
     found = set(runbook_commands(RUNBOOK.read_text()))
     assert sorted(found - KNOWN) == [], "commands in ops/RUNBOOK.md that no test makes state for"
     assert sorted(KNOWN - found) == [], "commands gone from ops/RUNBOOK.md: drop them from KNOWN"
+    documented = set(docs_commands())
+    assert sorted(documented - DOCS_KNOWN) == [], "commands in a runnable block of docs/ that no test runs"
+    assert sorted(DOCS_KNOWN - documented) == [], "commands gone from the docs' runnable blocks"
 
 
 def test_every_runbook_command_against_a_live_stack(stack: Stack, redis_client, store: Store) -> None:
@@ -231,6 +277,7 @@ def test_every_runbook_command_against_a_live_stack(stack: Stack, redis_client, 
     server_pause_and_credentials(live)
     outbox(live)
     processes_and_tenant(live)
+    redis_layout(live)
     assert sorted(set(live.rb.commands) - live.rb.ran) == []
 
 
@@ -393,7 +440,7 @@ def processes_and_tenant(live: Live) -> None:
     assert beat[beat.index("by") + 1] == sweeper
     assert store.server_ms() - 5_000 < int(beat[beat.index("at") + 1]) <= store.server_ms()
     for name in ("watcher", "sweeper"):
-        rb.started(f"python -m pipeline.{name}", stack.procs[name])
+        rb.started(f"python -m pipeline.work.{name}", stack.procs[name])
     lines = rb.lines("reckon status")
     rows = [line.split() for line in lines[1:3]]  # class, depth, oldest, running, ..., dead, overdue, paused
     assert [row[:2] + row[3:] for row in rows] == [[cls, "0", "0", "0", "0", "0", "1", "0", "-"]
@@ -411,3 +458,44 @@ def processes_and_tenant(live: Live) -> None:
     assert rb.json("reckon tenant disable TENANT", TENANT=TENANT) == {"tenant": TENANT, "disabled": True}
     # refused once each web process's trust in the key lapses (RECKON_AUTH_CACHE_SECONDS, 1 s)
     wait_until(lambda: stack.api("GET", "/v1/usage", Authorization=f"Bearer {live.api_key}")[0] == 401, timeout=5)
+
+
+def redis_layout(live: Live) -> None:
+    """docs/redis.md's redis-cli block, once every job has come to rest: each command reads the key
+    the docs say, and shows what the state holds."""
+    rb, store = live.rb, live.store
+    t = TenantKeys(TENANT)
+    dead = store.redis.zrange(t.dead, 0, -1)
+    failed = dead[0]
+    assert live.job(failed)["state"] == "failed"
+    cmd = "redis-cli -p 6390 "
+
+    def read(command: str, **values: Any) -> list[str]:  # redis-cli prints an empty reply as one empty line
+        lines = rb.lines(command, **values)
+        return [] if lines == [""] else lines
+
+    assert read(cmd + "SMEMBERS 'reckon:{s0}:tenants'") == [TENANT]
+    stats = read(cmd + "HGETALL 'reckon:{s0}:stats'")
+    assert dict(zip(stats[0::2], stats[1::2], strict=True)) == store.redis.hgetall(keys.ShardKeys(0).stats)
+    assert read(cmd + "ZRANGE 'reckon:{s0}:queue' 0 0 WITHSCORES") == []
+    assert read(cmd + """ZCOUNT 'reckon:{s0}:due' 0 "($(date +%s%3N)\"""") == ["0"]
+    ledger = read(cmd + "HGETALL 'reckon:{s0}:t:TENANT:ledger'", TENANT=TENANT)
+    assert dict(zip(ledger[0::2], ledger[1::2], strict=True))["allowance"] == "10000"
+    counts = read(cmd + "HGETALL 'reckon:{s0}:t:TENANT:counts'", TENANT=TENANT)
+    assert {k: int(v) for k, v in zip(counts[0::2], counts[1::2], strict=True) if int(v)} == {
+        "completed": len(store.redis.zrange(t.done, 0, -1)) - len(dead), "failed": len(dead)}
+    for index in ("leases", "outbox", "retry"):
+        assert read(cmd + f"ZRANGE 'reckon:{{s0}}:t:TENANT:{index}' 0 -1 WITHSCORES", TENANT=TENANT) == []
+    assert read(cmd + "ZRANGE 'reckon:{s0}:t:TENANT:dead' 0 -1 WITHSCORES", TENANT=TENANT)[0::2] == dead
+    fleet = read(cmd + "HGETALL 'reckon:{s0}:fleet'")
+    assert dict(zip(fleet[0::2], fleet[1::2], strict=True)).get(f"busy:{SERVER}") == "0"
+    assert read(cmd + "ZRANGE 'reckon:{s0}:fleet:parked' 0 -1 WITHSCORES") == []
+    assert read(cmd + "ZRANGE 'reckon:{s0}:wake' 0 -1 WITHSCORES")[0::2] == [TENANT]
+    record = read(cmd + "HGETALL 'reckon:{s0}:job:JOB_ID'", JOB_ID=failed)
+    assert dict(zip(record[0::2], record[1::2], strict=True))["state"] == "failed"
+    events = [orjson.loads(line)["to"] for line in read(cmd + "LRANGE 'reckon:{s0}:job:JOB_ID:events' 0 -1",
+                                                             JOB_ID=failed)]
+    assert events[-1] == "failed"
+    assert read(cmd + "HGETALL 'reckon:{p:comfyui}:budget'") == ["tokens", "100"]
+    assert read(cmd + "HGETALL reckon:sweeper")[0] == "at"
+    assert read(cmd + "-n 1 LLEN dramatiq:reckon-interactive") == ["0"]

@@ -148,7 +148,7 @@ def test_finish_during_a_slot_migration_happens_whole_or_not_at_all(busy_tenant:
     its slot migrates. Named inside the script, the DEL of the progress keys failed it after the ledger
     settled, the lease index dropped the job and its slot was given back, but before its record left
     `running`: a job no sweeper would reconcile, settled in the ledger but not on its record. Declared,
-    the step is refused whole and the job is still running under its lease (README "Resharding while jobs
+    the step is refused whole and the job is still running under its lease (docs/failover.md "Resharding while jobs
     run": a worker step that fails is recovered like any other, lease expiry and reconcile)."""
     job_id = busy_tenant["holder"]
     held_claim = Claim(job_id, 1, 1, "op-h", NOW + 10, "one")  # the holder's worker (generation 1, attempt 1)
