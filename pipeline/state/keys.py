@@ -94,8 +94,8 @@ class ShardKeys:
         """Hash: the provider fleet as this shard uses it. ``busy:<server>`` prompts in flight (slots taken
         by claims; a server's cap holds per shard); ``<reason>:<server>`` (``SERVER_BLOCKS``) -> since when
         (ms) while dispatch to the server is stopped, and ``pause_class:<class>`` while a workload class is
-        paused (both written to every shard); ``w:<job id>`` -> JSON {server, gen, op, attempt} for each
-        prompt waiting at a server, followed by the server's watcher; ``rr``."""
+        paused (both written to every shard); ``w:<job id>`` -> JSON {server, gen, op, attempt, deadline,
+        and ``cancel`` once the client cancelled} for each prompt waiting at a server, followed by the server's watcher; ``rr``."""
         return self._k("fleet")
 
     @property
@@ -177,7 +177,7 @@ class TenantKeys:
 
     @property
     def queued(self) -> str:
-        """Sorted set: queued job id scored by the time it was queued (ms)."""
+        """Sorted set: queued job id scored by when its message was last sent (ms; later as redeliveries repeat)."""
         return self._k("queued")
 
     @property
@@ -221,7 +221,9 @@ class TenantKeys:
         return self._k("limits")
 
     def idempotency(self, key: str) -> str:
-        """Hash: fingerprint, job_id, state (pending|done), status, body; expires."""
+        """String ``<state> <status> <fingerprint> <job id>`` (state pending|done), set with its expiry in one
+        SET; no body (a replay rebuilds it). A hash of those fields, written by earlier versions, is read
+        until it expires."""
         return self._k(f"idem:{key}")
 
 

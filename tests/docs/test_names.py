@@ -72,6 +72,30 @@ def test_every_path_the_docs_name_exists() -> None:
     assert missing == []
 
 
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#+ (.+)$", re.MULTILINE)
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_docs_lands_on_a_file_and_a_heading() -> None:
+    broken = []
+    for path in DOCS:
+        for target in LINK.findall(text(path)):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            name, _, anchor = target.partition("#")
+            linked = (path.parent / name).resolve() if name else path
+            if not linked.exists():
+                broken.append((path.name, target))
+            elif anchor and linked.suffix == ".md" and anchor not in {slug(h) for h in HEADING.findall(text(linked))}:
+                broken.append((path.name, target))
+    assert broken == []
+
+
 def exists(dotted: str) -> bool:
     """A module, or a name a module defines (``pipeline.state.keys.JobKeys``)."""
     parts = dotted.split(".")
@@ -190,10 +214,15 @@ def test_the_key_table_lists_exactly_the_keys_keys_py_builds() -> None:
     ("`reckon tenant frobnicate NAME`", "test_every_reckon_command_the_docs_name_exists"),
     ("RECKON_NO_SUCH_SETTING", "test_every_variable_the_docs_name_is_read_somewhere"),
     ("| `reckon:{s<n>}:t:<tenant>:nothing` | set | x |", "test_the_key_table_lists_exactly_the_keys_keys_py_builds"),
+    ("[costs](costs.md#the-ledger-of-old)", "test_every_link_between_the_docs_lands_on_a_file_and_a_heading"),
 ])
 def test_a_stale_name_fails_its_check(stale: str, caught_by: str, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    doc = tmp_path / "redis.md"
+    (tmp_path / "docs").mkdir()  # docs/redis.md with the stale name, beside links to the real rest
+    for other in [*ROOT.glob("docs/*.md"), ROOT / "ops", ROOT / "README.md", ROOT / "pipeline", ROOT / "lua"]:
+        if other != KEY_TABLE:
+            (tmp_path / other.relative_to(ROOT)).symlink_to(other)
+    doc = tmp_path / "docs" / "redis.md"
     doc.write_text(text(KEY_TABLE).replace("## redis-cli", f"{stale}\n\n## redis-cli"))
     here = sys.modules[__name__]
     monkeypatch.setattr(here, "DOCS", [doc])
@@ -210,4 +239,5 @@ def test_a_stale_name_fails_its_check(stale: str, caught_by: str, tmp_path: Path
 CHECKS = [test_every_path_the_docs_name_exists, test_every_module_the_docs_name_exists,
           test_every_lua_script_the_docs_name_exists, test_no_doc_names_a_script_by_its_old_key_count,
           test_every_reckon_command_the_docs_name_exists, test_every_variable_the_docs_name_is_read_somewhere,
-          test_the_key_table_lists_exactly_the_keys_keys_py_builds]
+          test_the_key_table_lists_exactly_the_keys_keys_py_builds,
+          test_every_link_between_the_docs_lands_on_a_file_and_a_heading]
