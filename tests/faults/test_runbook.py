@@ -127,27 +127,11 @@ DOCS_KNOWN = frozenset({
 })
 
 
-def docs_commands() -> dict[str, str]:
-    """Each line of a fenced ``sh run`` block of the docs -> the shell lines its block set before it."""
-    found: dict[str, str] = {}
-    for doc in DOCS:
-        for language, block in FENCE.findall(doc.read_text()):
-            if language.strip() == RUNNABLE:
-                prelude = ""
-                for line in block.splitlines():
-                    command = COMMENT.sub("", line).strip()
-                    if command:
-                        found.setdefault(command, prelude)
-                        prelude += command + "\n" if ASSIGNMENT.match(command) else ""
-    return found
-
-
-def runbook_commands(text: str) -> dict[str, str]:
-    """Each command of the runbook (the rule is in the module's docstring) -> the shell lines it needs
-    before it (the variables its block set)."""
+def block_commands(text: str, languages: tuple[str, ...]) -> dict[str, str]:
+    """Each line of the fenced blocks in ``languages`` -> the shell lines its block set before it."""
     found: dict[str, str] = {}
     for language, block in FENCE.findall(text):
-        if language.strip() not in SHELLS:
+        if language.strip() not in languages:
             continue
         prelude = ""
         for line in block.splitlines():
@@ -155,6 +139,22 @@ def runbook_commands(text: str) -> dict[str, str]:
             if command:
                 found.setdefault(command, prelude)
                 prelude += command + "\n" if ASSIGNMENT.match(command) else ""
+    return found
+
+
+def docs_commands() -> dict[str, str]:
+    """Each line of a fenced ``sh run`` block of the docs -> the shell lines its block set before it."""
+    found: dict[str, str] = {}
+    for doc in DOCS:
+        for command, prelude in block_commands(doc.read_text(), (RUNNABLE,)).items():
+            found.setdefault(command, prelude)
+    return found
+
+
+def runbook_commands(text: str) -> dict[str, str]:
+    """Each command of the runbook (the rule is in the module's docstring) -> the shell lines it needs
+    before it (the variables its block set)."""
+    found = block_commands(text, SHELLS)
     spans = (" ".join(span.split()) for span in SPAN.findall(FENCE.sub("", text)))
     inline = {choice for span in spans if span.startswith(INLINE_STARTS) for choice in _choices(span.split())}
     every = inline | set(found)
