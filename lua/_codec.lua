@@ -1,5 +1,5 @@
 -- A finished job in one compact field: `z` of its record, beside its plain `state` (what redis-cli
--- and every script look at first). pipeline/packed.py reads the same form; the key lists below are
+-- and every script look at first). pipeline/state/archive.py reads the same form; the key lists below are
 -- in step with its own (a test compares them). `z` is JSON:
 --
 --   [1, created_at, [record values], {other fields}, [attempts], [events], [outputs]]

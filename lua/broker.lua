@@ -1,7 +1,7 @@
 -- broker: the dispatch script of reckon's Redis broker (pipeline/work/waking.py), in place of the one
 -- Dramatiq ships: the same calls and replies, so Dramatiq's Python side is unchanged, with fewer
--- Redis commands per message. Not part of the state library (pipeline/state/scripts.py loads only
--- `<verb>-<keys>.lua`): the broker registers it itself, on the broker's own Redis database.
+-- Redis commands per message. Not part of the state library (pipeline/state/scripts.py skips it by
+-- name, `SEPARATE`): the broker registers it itself, on the broker's own Redis database.
 --
 -- Keys, under the namespace KEYS[1]:
 --   <ns>:<queue>                      list of waiting messages, each `<message id> <message>`

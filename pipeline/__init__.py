@@ -1,9 +1,11 @@
 """reckon's domain, one package per concern (docs/design.md, "Layout"; ``ops/dev/imports.py`` checks it).
 
-The modules here are the ground every room reads, and they import nothing of reckon's:
+The modules here are the ground every room reads:
 ``settings`` (the one reader of the environment), ``errors`` (one exception tree), ``logs``,
 ``faultpoints`` (where crash tests stop a process), ``fleet`` (the configured servers, their caps
-and prices) and ``claims`` (what a claim hands a worker). Above them, lowest first:
+and prices) and ``claims`` (what a claim hands a worker). They import nothing of reckon's but each
+other (``settings`` parses ``fleet``'s servers; ``errors`` names ``claims.Claim``). Above them,
+lowest first:
 
 - ``state``: reckon's Redis state (key names, the Lua scripts' wrappers, reads, figures); imports the ground.
 - ``blobs``: durable output storage; imports the ground.

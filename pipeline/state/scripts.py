@@ -31,7 +31,7 @@ from pipeline.settings import DEFAULT_ACK_TIMEOUT_MS, Settings
 from pipeline.state.redisconn import on_node
 
 LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
-_NAME_RE = re.compile(r"[a-z]+(?:-[a-z]+)*\.lua")  # fullmatch
+_NAME_RE = re.compile(r"[a-z]+(?:-[a-z]+)*\.lua")  # fullmatch; the helpers are lua/_*.lua
 _KEYS_RE = re.compile(r"^-- keys: ([0-9]+)$", re.MULTILINE)  # [0-9]: \d would take "١" too
 _DOCUMENTED_RE = re.compile(r"KEYS\[([0-9]+)\](?: to KEYS\[([0-9]+)\])?")
 #: Scripts of ``lua/`` that are not part of the library: the broker's dispatch runs on the
@@ -150,8 +150,10 @@ class Scripts:
         prelude = "".join(path.read_text() for path in sorted(lua_dir.glob("_*.lua")))  # _cache, _lib
         bodies: dict[str, tuple[int, str]] = {}
         for path in sorted(lua_dir.glob("*.lua")):
-            if path.name in SEPARATE or not _NAME_RE.fullmatch(path.name):
+            if path.name in SEPARATE or path.name.startswith("_"):
                 continue
+            if not _NAME_RE.fullmatch(path.name):  # an old name (claim-18.lua) or a typo: never silently unloaded
+                raise ScriptError(f"lua/{path.name}: a script is named after its verb, lua/<verb>.lua")
             body = path.read_text()
             bodies[path.name.removesuffix(".lua")] = (key_count(path.name, body), body)
         functions = {verb: f"{{library}}_{verb.replace('-', '_')}" for verb in bodies}  # named once hashed

@@ -8,11 +8,11 @@ import hashlib
 import pytest
 
 from pipeline.errors import InvalidInput, OutputLost, Unreachable
+from pipeline.providers import sim as simulated
 from pipeline.providers.base import OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.comfyui_answers import from_history, node_error_detail, prompt_error_detail, safe_message
 from pipeline.providers.http import HttpTransport
-from pipeline.providers import sim as simulated
 from tests.conftest import wait_until
 
 WORKFLOW = {

@@ -17,10 +17,10 @@ import pytest
 
 from pipeline.claims import Claim
 from pipeline.errors import StaleLease, Transient
+from pipeline.providers import sim as simulated
 from pipeline.providers.base import OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.http import HttpTransport
-from pipeline.providers import sim as simulated
 from pipeline.settings import Settings
 from pipeline.state.keys import JobKeys
 from pipeline.state.store import Store

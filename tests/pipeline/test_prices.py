@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from pipeline.blobs.local import BlobStore
 from pipeline.errors import AttemptFailed, InvalidRequest, OperationFailed, UnknownOutcome
+from pipeline.providers import sim as simulated
 from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
-from pipeline.providers import sim as simulated
 from pipeline.settings import Settings
 from pipeline.state import keys
 from pipeline.state.jobs import job_view

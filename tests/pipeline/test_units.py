@@ -107,8 +107,12 @@ def test_retry_after_reads_only_ascii_seconds() -> None:
 def test_script_names_are_verbs_and_headers_state_an_ascii_key_count(tmp_path) -> None:
     (tmp_path / "_lib.lua").write_text("")
     (tmp_path / "ping.lua").write_text("-- keys: 1\n-- KEYS[1] a key\nreturn 1")
-    (tmp_path / "Ping.lua").write_text("-- keys: 1\n-- KEYS[1] a key\nreturn 1")
     assert Scripts(fakeredis.FakeRedis(), lua_dir=tmp_path).verbs == ["ping"]
+    for name in ("Ping.lua", "pong-1.lua", "take_due.lua"):
+        (tmp_path / name).write_text("-- keys: 1\n-- KEYS[1] a key\nreturn 1")
+        with pytest.raises(ScriptError, match="named after its verb"):
+            Scripts(fakeredis.FakeRedis(), lua_dir=tmp_path)
+        (tmp_path / name).unlink()
     for header in ("-- keys: ١\n-- KEYS[1] a key", "-- keys: 2\n-- KEYS[1] a key", "-- KEYS[1] a key"):
         (tmp_path / "pong.lua").write_text(header + "\nreturn 1")
         with pytest.raises(ScriptError):

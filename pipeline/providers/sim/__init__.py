@@ -4,7 +4,7 @@ ComfyUI's ``server.py``, real PNG outputs, injected faults, and a ledger of what
 Imports only ``pipeline.providers`` and the ground. Run it with ``python -m pipeline.providers.sim``.
 """
 
-from pipeline.providers.sim.comfy import SimComfy, png
+from pipeline.providers.sim.comfy import png
 from pipeline.providers.sim.server import SimServer, start
 
-__all__ = ["SimComfy", "SimServer", "png", "start"]
+__all__ = ["SimServer", "png", "start"]
