@@ -15,7 +15,7 @@ end
 -- Reads at once every field of the fleet hash that dispatch to `servers` ({name, cap} pairs) may
 -- ask (the helpers below read from this copy: lua/_cache.lua).
 local function fleet_view(fleet, servers)
-  local fields = {'rr', 'pause_class:interactive', 'pause_class:batch'}
+  local fields = {'rr', 'pause_class:interactive', 'pause_class:batch', 'vt:interactive', 'vt:batch'}
   for _, server in ipairs(servers) do
     for _, field in ipairs(server_fields(server[1])) do fields[#fields + 1] = field end
   end
@@ -33,7 +33,7 @@ end
 -- Why dispatch of a job of `class` to `server` (nil: any) must wait: its class is paused
 -- (`pause_class:<class>` in the fleet hash) or its server is; nil when it may go.
 local function paused_for(fleet, class, server)
-  preload(fleet, {'pause_class:' .. class, server and 'dispatch_paused:' .. server or nil})
+  preload(fleet, {'pause_class:' .. class, 'vt:' .. class, server and 'dispatch_paused:' .. server or nil})
   if hget(fleet, 'pause_class:' .. class) then return 'class_paused' end
   if server and hget(fleet, 'dispatch_paused:' .. server) then return 'dispatch_paused' end
   return nil
@@ -88,4 +88,31 @@ local function free_slot(job, fleet)
     add(fleet, 'busy:' .. f[1], -1)
     hset(job, 'slot_held', 0)
   end
+end
+
+-- Fair dispatch between tenants (start-time fair queueing, by cost): each job gets a finish tag
+-- when it is admitted, F = max(V, the tenant's last F in the class) + cost / weight, where cost is
+-- the job's reserved price times its outputs and weight the tenant's (`reckon tenant set --weight`,
+-- default 1). Parked jobs wait by class, then tag; V, the shard's virtual time per class
+-- (`vt:<class>` in the fleet hash), is the highest tag that took a slot, so a tenant that was idle
+-- starts level with the others instead of ahead by all it did not use. Tags count tenths of a cost
+-- unit, whole numbers: a parked job's score (1e13 for batch, plus its tag) must stay exact through
+-- Lua's 14 significant digits, which also bounds a shard's lifetime to 1e12 cost units per class.
+-- Returns F as text.
+local TAG_SCALE = 10
+local function finish_tag(fleet, class, last, cost, weight)
+  preload(fleet, {'vt:' .. class})  -- read with the class's pause (`paused_for`): no command of its own
+  local v = tonumber(hget(fleet, 'vt:' .. class) or '0')
+  local w = tonumber(weight)
+  if not w or w <= 0 then w = 1 end
+  local step = math.max(1, math.floor(cost * TAG_SCALE / w + 0.5))
+  return string.format('%d', math.max(v, tonumber(last) or 0) + step)
+end
+
+-- A job that took a slot moves its class's virtual time up to its tag (read by `fleet_view`, written
+-- with the slot it took: no command of its own).
+local function advance_virtual_time(fleet, class, tag)
+  local field = 'vt:' .. class
+  preload(fleet, {field})
+  if tonumber(tag) > tonumber(hget(fleet, field) or '0') then hset(fleet, field, tag) end
 end

@@ -39,9 +39,9 @@
 -- KEYS[7] job's event list               KEYS[14] superseded job's workflow (likewise)
 -- KEYS[8] tenant's per-state counts      KEYS[15] wake set (zset: tenant -> when work is due)
 --                                        KEYS[16] tenant's limits (hash: max_inflight, rate,
---                                                 burst, tokens, at)
+--                                                 burst, tokens, at, weight)
 -- KEYS[20] admission settings (hash: queue_cap:<class>, target_s:interactive)
--- KEYS[21] fleet (hash: pause_class:<class>)
+-- KEYS[21] fleet (hash: pause_class:<class>, vt:<class>)
 -- KEYS[22] to KEYS[26] the superseded job's parts, packed if it ends here (`parts_at` in _lib.lua; likewise)
 --
 -- KEYS[17] global stats (hash), KEYS[18] queue (zset), KEYS[19] due (zset):
@@ -127,7 +127,7 @@ if seen then
   return {2, seen[2], tonumber(seen[4])}
 end
 
-local ledger = hmget(KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain')
+local ledger = hmget(KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain', 'vf:' .. record.priority)
 if not ledger[1] then return {6} end
 local older, leaving = '', nil
 if ARGV[9] ~= '' then
@@ -136,7 +136,7 @@ if ARGV[9] ~= '' then
   if not older then return {7} end
   if older == 'queued' then leaving = o[2] end
 end
-local limit = redis.call('HMGET', KEYS[16], 'max_inflight', 'rate', 'burst', 'tokens', 'at')
+local limit = redis.call('HMGET', KEYS[16], 'max_inflight', 'rate', 'burst', 'tokens', 'at', 'weight')
 if limit[1] then
   local c = redis.call('HMGET', KEYS[8], 'queued', 'running', 'retry_wait', 'reconciling')
   local inflight = 0
@@ -159,6 +159,10 @@ if ceiling > available then return refuse('insufficient_allowance', 5, available
 if tokens then redis.call('HSET', KEYS[16], 'tokens', tostring(tokens - 1), 'at', now) end
 ledger_add(KEYS[2], 'reserved', ceiling)
 local seq = hincrby(KEYS[2], 'job_seq', 1)
+-- The job's place in fair dispatch (`finish_tag` in _slots.lua): after the tenant's last job of its class.
+local cost = (tonumber(record.price) or 0) * (tonumber(record.outputs_requested) or 1)
+record.vf = finish_tag(KEYS[21], record.priority, ledger[5], cost, limit[6])
+hset(KEYS[2], 'vf:' .. record.priority, record.vf)
 local fields = {}
 for field, value in pairs(record) do
   fields[#fields + 1] = field

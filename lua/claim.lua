@@ -13,7 +13,7 @@
 -- server that is paused, unreachable or refusing our credentials, or at its cap.
 -- So a server's cap holds however many workers claim at once. With no server
 -- free, the job stays `queued`, parked in the fleet's waiting set (by priority,
--- then age) without using an attempt; a freed slot publishes it again. A job does
+-- then finish tag: fair between tenants by cost, see _slots.lua) without using an attempt; a freed slot publishes it again. A job does
 -- not take a slot that better-ranked parked jobs are waiting for (as many slots as
 -- are free go to the best parked, and slots promised to called jobs are theirs), so a
 -- parked job is not overtaken by newcomers.
@@ -29,7 +29,8 @@
 -- KEYS[4] job's attempts (hash)      KEYS[10] job's workflow (string)
 -- KEYS[5] job's event list           KEYS[11] wake set (zset)
 -- KEYS[6] tenant's per-state counts (hash)   KEYS[12] fleet (hash)
---                                           KEYS[13] fleet's parked jobs (zset)
+--                                           KEYS[13] fleet's parked jobs (zset; score: 1e13 for batch, plus
+--                                                    the job's finish tag: `finish_tag` in _slots.lua)
 --                                           KEYS[14] fleet's called jobs (zset)
 --
 -- KEYS[15] global stats (hash), KEYS[16] queue (zset), KEYS[17] due (zset):
@@ -77,8 +78,8 @@ for i = 8, #ARGV, 3 do
   prices[ARGV[i]] = ARGV[i + 2]
 end
 fleet_view(KEYS[12], servers)
-local g = hmget(job, 'priority', 'created_at')
-local rank = (g[1] == 'batch' and tonumber(BATCH_RANK) or 0) + tonumber(g[2] or now)
+local g = hmget(job, 'priority', 'vf')
+local rank = (g[1] == 'batch' and tonumber(BATCH_RANK) or 0) + tonumber(g[2] or '0')  -- no tag: admitted before fair dispatch
 if paused_for(KEYS[12], g[1] or 'interactive') then  -- `reckon pause --class`: it waits, parked
   redis.call('ZADD', KEYS[13], rank, job_id)
   return {16}
@@ -102,6 +103,7 @@ if not server then
   redis.call('ZADD', KEYS[13], rank, job_id)
   return {15}
 end
+advance_virtual_time(KEYS[12], g[1] or 'interactive', g[2] or '0')
 local expires = now + tonumber(ARGV[3])
 local price = tonumber(prices[server]) or tonumber(hget(job, 'price'))
 local gen = hincrby(job, 'lease_gen', 1)

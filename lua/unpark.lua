@@ -1,5 +1,5 @@
 -- unpark: calls as many parked jobs as the fleet has slots free and not yet promised,
--- for the caller to publish again (best priority, then oldest, first).
+-- for the caller to publish again (best priority, then the fairest: lowest finish tag, first).
 --
 -- Guarantees: a called job is promised a slot until it claims (or `call` ms pass: its
 -- message was lost), so unparks that run before it arrives call nobody else for the
@@ -9,7 +9,7 @@
 --
 -- keys: 3
 -- KEYS[1] fleet (hash)
--- KEYS[2] fleet's parked jobs (zset; score: 1e13 for batch, plus admission time in ms)
+-- KEYS[2] fleet's parked jobs (zset; score: 1e13 for batch, plus the job's finish tag)
 -- KEYS[3] fleet's called jobs (zset; score: when the promise lapses, ms)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)

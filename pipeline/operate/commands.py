@@ -52,7 +52,8 @@ def tenant_disable(store: Store, args: argparse.Namespace) -> int:
 
 
 def tenant_set(store: Store, args: argparse.Namespace) -> int:
-    limits = set_limits(store.redis, args.name, max_inflight=args.max_inflight, rate=args.rate, burst=args.burst)
+    limits = set_limits(store.redis, args.name, max_inflight=args.max_inflight, rate=args.rate, burst=args.burst,
+                        weight=args.weight)
     _print({"tenant": args.name, "limits": limits})
     return 0
 

@@ -19,6 +19,9 @@ class TenantError(ReckonError):
     pass
 
 
+#: The largest weight a tenant may have in fair dispatch (the default is 1).
+MAX_WEIGHT = 1000.0
+
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
@@ -76,13 +79,17 @@ def set_disabled(client: redis.Redis, tenant: str, disabled: bool) -> None:
 
 
 def set_limits(client: redis.Redis, tenant: str, *, max_inflight: int | None = None, rate: float | None = None,
-               burst: int | None = None) -> dict[str, str]:
+               burst: int | None = None, weight: float | None = None) -> dict[str, str]:
     """Set the tenant's admission limits (None leaves one as it is; 0 removes it): jobs in flight, and a
-    submission rate (jobs per second) with its burst (default: the rate, at least 1). Returns them."""
+    submission rate (jobs per second) with its burst (default: the rate, at least 1); and its weight in
+    fair dispatch (1 when unset: a tenant of weight 3 is served three times the cost of one of weight 1
+    while both wait). Returns them."""
     _require(client, tenant)
     key = TenantKeys(tenant).limits
     if (max_inflight or 0) < 0 or (rate or 0) < 0 or (burst is not None and burst < 1):
         raise TenantError("limits are non-negative (burst at least 1)")
+    if weight is not None and not (0 < weight <= MAX_WEIGHT):
+        raise TenantError(f"a weight is above 0 and at most {MAX_WEIGHT:g}")
     with client.pipeline(transaction=True) as pipe:
         if max_inflight == 0:
             pipe.hdel(key, "max_inflight")
@@ -96,8 +103,11 @@ def set_limits(client: redis.Redis, tenant: str, *, max_inflight: int | None = N
             pipe.hdel(key, "tokens", "at")
         elif burst is not None:
             pipe.hset(key, "burst", burst)
+        if weight is not None:
+            pipe.hset(key, "weight", f"{weight:g}")
         pipe.execute()
-    return {_text(k): _text(v) for k, v in client.hgetall(key).items() if _text(k) in ("max_inflight", "rate", "burst")}
+    return {_text(k): _text(v) for k, v in client.hgetall(key).items()
+            if _text(k) in ("max_inflight", "rate", "burst", "weight")}
 
 
 def is_disabled(client: redis.Redis, tenant: str) -> bool:

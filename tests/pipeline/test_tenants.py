@@ -15,6 +15,7 @@ from pipeline.state.tenants import (
     list_keys,
     revoke_key,
     set_disabled,
+    set_limits,
     tenant_for_key,
 )
 
@@ -79,3 +80,13 @@ def test_a_disabled_tenant_authenticates_no_key_until_enabled(fake) -> None:
     with pytest.raises(TenantError):
         set_disabled(fake, "nobody", True)
     assert not fake.exists(keys.tenant_disabled("nobody"))
+
+
+def test_a_weight_is_stored_for_fair_dispatch_and_a_bad_one_changes_nothing(fake) -> None:
+    create_tenant(fake, "acme", 500)
+    assert set_limits(fake, "acme", weight=3) == {"weight": "3"}
+    assert set_limits(fake, "acme", max_inflight=5, weight=0.5) == {"max_inflight": "5", "weight": "0.5"}
+    for bad in (0, -1, 1001):
+        with pytest.raises(TenantError):
+            set_limits(fake, "acme", weight=bad)
+    assert fake.hgetall(keys.TenantKeys("acme").limits) == {"max_inflight": "5", "weight": "0.5"}

@@ -1,0 +1,144 @@
+"""Fair dispatch between tenants by cost (lua/_slots.lua ``finish_tag``): one server with one slot,
+jobs parked behind it, and the order in which the freed slot calls them, through the real admission
+and claim scripts on a real redis-server."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+
+from pipeline.settings import Settings
+from pipeline.state import keys
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_tenant, set_limits
+
+SERVERS = {"gpu": 1}
+PRICE = 10  # the settings' price per output: a job's cost is PRICE x its outputs
+
+
+class Fleet:
+    """Tenants' jobs admitted, parked behind one busy slot, then dispatched one at a time."""
+
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.admitter = Admitter(store, lambda job_id, priority: None, settings)
+        self.running: Any = None
+        self.sent = 0
+        self.owner: dict[str, tuple[str, int]] = {}
+
+    def tenant(self, name: str, weight: float | None = None) -> None:
+        create_tenant(self.store.redis, name, 10**9)
+        if weight is not None:
+            set_limits(self.store.redis, name, weight=weight)
+
+    def submit(self, tenant: str, count: int, *, outputs: int = 1, priority: str = "batch") -> list[str]:
+        """``count`` jobs of ``tenant``, each claimed once: the first takes the free slot, the rest park."""
+        ids = []
+        for _ in range(count):
+            self.sent += 1
+            body = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": outputs,
+                    "priority": priority}
+            job_id = self.admitter.submit(tenant, f"intent-{self.sent}", body).job_id
+            self.owner[job_id] = (tenant, outputs * PRICE)
+            claim = self.store.claim(job_id, worker="w", lease_ms=600_000, operation_id=job_id, servers=SERVERS)
+            if claim is not None:
+                assert self.running is None
+                self.running = claim
+            ids.append(job_id)
+        return ids
+
+    def dispatch(self, n: int) -> list[str]:
+        """Free the slot ``n`` times; the job each freed slot calls, in order."""
+        order = []
+        for _ in range(n):
+            self.store.finish(self.running, "cancelled", reason="cancelled")
+            called = self.store.unpark(keys.ShardKeys(0), SERVERS)
+            assert len(called) == 1, called
+            job_id = called[0]
+            self.running = self.store.claim(job_id, worker="w", lease_ms=600_000, operation_id=f"{job_id}-run",
+                                            servers=SERVERS)
+            assert self.running is not None
+            order.append(job_id)
+        return order
+
+
+def test_ten_jobs_after_a_thousand_are_dispatched_among_the_next_twenty(store: Store, settings: Settings) -> None:
+    fleet = Fleet(store, settings)
+    fleet.tenant("a")
+    fleet.tenant("b")
+    fleet.submit("a", 1000)
+    late = set(fleet.submit("b", 10))
+    order = fleet.dispatch(20)
+    assert set(order) >= late
+    assert [fleet.owner[j][0] for j in order].count("a") == 10
+
+
+def test_weights_three_to_one_share_the_cost_three_to_one(store: Store, settings: Settings) -> None:
+    fleet = Fleet(store, settings)
+    fleet.tenant("a", weight=3)
+    fleet.tenant("b")
+    fleet.submit("a", 400)
+    fleet.submit("b", 200)
+    order = fleet.dispatch(400)
+    for start in range(0, 201, 50):  # every window of 200 dispatches while both wait
+        cost = Counter()
+        for job_id in order[start:start + 200]:
+            tenant, units = fleet.owner[job_id]
+            cost[tenant] += units
+        assert 2.7 <= cost["a"] / cost["b"] <= 3.3, (start, cost)
+
+
+def test_big_jobs_and_small_jobs_receive_equal_cost_not_equal_counts(store: Store, settings: Settings) -> None:
+    fleet = Fleet(store, settings)
+    fleet.tenant("big")
+    fleet.tenant("small")
+    fleet.submit("big", 20, outputs=16)
+    fleet.submit("small", 400, outputs=1)
+    order = fleet.dispatch(160)
+    jobs = Counter(fleet.owner[j][0] for j in order)
+    cost = Counter()
+    for job_id in order:
+        cost[fleet.owner[job_id][0]] += fleet.owner[job_id][1]
+    assert abs(cost["big"] - cost["small"]) <= 16 * PRICE, cost
+    assert jobs["small"] >= 14 * jobs["big"], jobs
+
+
+def test_interactive_goes_before_batch_whatever_the_tags(store: Store, settings: Settings) -> None:
+    fleet = Fleet(store, settings)
+    fleet.tenant("a")
+    fleet.tenant("b")
+    fleet.submit("a", 5)
+    urgent = fleet.submit("a", 3, priority="interactive")
+    fleet.submit("b", 5)
+    assert fleet.dispatch(3) == urgent
+
+
+@hypothesis_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(1, 8), st.integers(5, 25)), min_size=2, max_size=4))
+def test_no_backlogged_tenant_falls_below_its_weighted_share_by_more_than_one_job(
+        store: Store, settings: Settings, tenants: list[tuple[int, int, int]]) -> None:
+    """Tenants (weight, outputs per job, jobs) all waiting: at every point while every tenant still has
+    jobs waiting, each has been served at least its weighted share of the cost less one job's cost."""
+    store.redis.flushdb()
+    fleet = Fleet(store, settings)
+    names = [f"t{i}" for i in range(len(tenants))]
+    for name, (weight, outputs, count) in zip(names, tenants, strict=True):
+        fleet.tenant(name, weight=weight)
+        fleet.submit(name, count, outputs=outputs)
+    first = fleet.owner[fleet.running.job_id][0]
+    left = {name: count for name, (_, _, count) in zip(names, tenants, strict=True)}
+    left[first] -= 1
+    served = Counter({first: fleet.owner[fleet.running.job_id][1]})
+    total_weight = sum(weight for weight, _, _ in tenants)
+    biggest = max(outputs for _, outputs, _ in tenants) * PRICE
+    while all(left.values()):
+        job_id = fleet.dispatch(1)[0]
+        tenant, units = fleet.owner[job_id]
+        left[tenant] -= 1
+        served[tenant] += units
+        total = sum(served.values())
+        for name, (weight, _, _) in zip(names, tenants, strict=True):
+            assert served[name] >= total * weight / total_weight - biggest, (name, served, tenants)
