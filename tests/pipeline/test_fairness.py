@@ -142,3 +142,25 @@ def test_no_backlogged_tenant_falls_below_its_weighted_share_by_more_than_one_jo
         total = sum(served.values())
         for name, (weight, _, _) in zip(names, tenants, strict=True):
             assert served[name] >= total * weight / total_weight - biggest, (name, served, tenants)
+
+
+def test_a_replayed_request_a_duplicate_claim_and_a_lost_call_move_no_tag(store: Store, settings: Settings) -> None:
+    """The tag is written by the admission script itself (no step to die between), once per job: a retried
+    request replays without a second tag, a message that arrives twice claims nothing, and a parked job
+    claimed again keeps its place; only a job that takes a slot moves the virtual time."""
+    fleet = Fleet(store, settings)
+    fleet.tenant("a")
+    running, parked = fleet.submit("a", 2)
+    ledger, shard = keys.TenantKeys("a").ledger, keys.ShardKeys(0)
+    before = (store.redis.hget(ledger, "vf:batch"), store.redis.hget(shard.fleet, "vt:batch"),
+              store.redis.zscore(shard.parked, parked))
+    assert before == ("200", "100", 10**13 + 200)  # 1 output x price 10, in tenths; the first took the slot
+    body = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs": 1, "priority": "batch"}
+    replay = fleet.admitter.submit("a", "intent-2", body)
+    assert (replay.job_id, replay.replayed) == (parked, True)
+    for job_id in (running, parked):  # a duplicate message of each
+        assert store.claim(job_id, worker="w2", lease_ms=60_000, operation_id="dup", servers=SERVERS) is None
+    after = (store.redis.hget(ledger, "vf:batch"), store.redis.hget(shard.fleet, "vt:batch"),
+             store.redis.zscore(shard.parked, parked))
+    assert after == before
+    assert fleet.dispatch(1) == [parked] and store.redis.hget(shard.fleet, "vt:batch") == "200"
