@@ -13,6 +13,7 @@ import falcon
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from pipeline.state import fairness
 from pipeline.state.keys import SERVER_BLOCKS
 from pipeline.state.status import BUDGET_PROVIDER, CLASSES, STATES, Figures, read
 from pipeline.state.store import Store
@@ -55,6 +56,19 @@ class StateCollector:
         yield from self._jobs(f)
         yield from self._money_and_counters(f)
         yield from self._fleet(f)
+        yield self._shares()
+
+    def _shares(self) -> Metric:
+        """The sweeper's last fair-share figures (pipeline/state/fairness.py): no tenant named."""
+        shares = _gauge("reckon_fair_share_ratio", "Cost served over weighted fair share in the last minute, the "
+                        "smallest (bound=min) and largest (bound=max) among tenants waiting throughout; NaN: "
+                        "fewer than two waited.", ["class", "bound"])
+        figures = fairness.read(self.store)
+        for cls in CLASSES:
+            low, high = figures.get(cls, (NAN, NAN))
+            shares.add_metric([cls, "min"], low)
+            shares.add_metric([cls, "max"], high)
+        return shares
 
     def _jobs(self, f: Figures) -> Iterator[Metric]:
         jobs = _gauge("reckon_jobs", "Jobs per class and state (terminal ones while retained).", ["class", "state"])

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 import falcon
 
 from api.problems import Problem
-from pipeline.state import history, status
+from pipeline.state import fairness, history, status
 from pipeline.state.store import Store
 
 COOKIE = "reckon_operator"
@@ -117,4 +117,5 @@ class Status:
             "dead_letters": history.recent(client, tenants, "dead"),
             "needs_review": history.recent(client, tenants, "review"),
             "history": history.read(client, int(figures["at"])),
+            "fairness": fairness.view(self.store),
         }

@@ -13,9 +13,9 @@ local function server_fields(name)
 end
 
 -- Reads at once every field of the fleet hash that dispatch to `servers` ({name, cap} pairs) may
--- ask (the helpers below read from this copy: lua/_cache.lua).
-local function fleet_view(fleet, servers)
-  local fields = {'rr', 'pause_class:interactive', 'pause_class:batch', 'vt:interactive', 'vt:batch'}
+-- ask, and the caller's `extra` fields (the helpers below read from this copy: lua/_cache.lua).
+local function fleet_view(fleet, servers, extra)
+  local fields = {'rr', 'pause_class:interactive', 'pause_class:batch', 'vt:interactive', 'vt:batch', unpack(extra or {})}
   for _, server in ipairs(servers) do
     for _, field in ipairs(server_fields(server[1])) do fields[#fields + 1] = field end
   end
@@ -115,4 +115,28 @@ local function advance_virtual_time(fleet, class, tag)
   local field = 'vt:' .. class
   preload(fleet, {field})
   if tonumber(tag) > tonumber(hget(fleet, field) or '0') then hset(fleet, field, tag) end
+end
+
+-- No starvation of batch behind interactive: moves up to AGED of the oldest batch jobs queued for
+-- longer than `bound` ms and parked ahead of every other parked job (score: when queued, less
+-- BATCH_RANK: negative, so below every interactive score, oldest first). `queue` is the shard's
+-- queue (G.queue: class rank + when queued), so they are found in O(log n), no scan. A job already
+-- moved keeps its (lower) score: ZADD's XX LT.
+local AGED = 16
+local function age_batch(parked, queue, now, bound)
+  local rank = tonumber(BATCH_RANK)
+  local aged = redis.call('ZRANGEBYSCORE', queue, rank, rank + now - bound, 'WITHSCORES', 'LIMIT', 0, AGED)
+  for i = 1, #aged, 2 do
+    redis.call('ZADD', parked, 'XX', 'LT', tonumber(aged[i + 1]) - 2 * rank, aged[i])
+  end
+end
+
+-- A job's place among the parked: its class rank plus its finish tag, or the lower place it was
+-- moved up to past the starvation bound (`age_batch`) while it waited parked.
+local function parked_rank(parked, job_id, class, tag, waiting)
+  local rank = class_rank(class) + tonumber(tag or '0')  -- no tag: admitted before fair dispatch
+  if not waiting or class ~= 'batch' then return rank end
+  local moved = tonumber(redis.call('ZSCORE', parked, job_id) or '')
+  if moved and moved < 0 then return moved end
+  return rank
 end

@@ -13,10 +13,14 @@
 -- server that is paused, unreachable or refusing our credentials, or at its cap.
 -- So a server's cap holds however many workers claim at once. With no server
 -- free, the job stays `queued`, parked in the fleet's waiting set (by priority,
--- then finish tag: fair between tenants by cost, see _slots.lua) without using an attempt; a freed slot publishes it again. A job does
+-- then finish tag: fair between tenants by cost, see _slots.lua; a batch job parked past the
+-- starvation bound goes first, see `age_batch`) without using an attempt; a freed slot publishes
+-- it again. A job does
 -- not take a slot that better-ranked parked jobs are waiting for (as many slots as
 -- are free go to the best parked, and slots promised to called jobs are theirs), so a
 -- parked job is not overtaken by newcomers.
+-- A claim that takes a slot adds the job's cost (its reserved price times its outputs) to
+-- `served:<class>:<tenant>` in the fleet hash: the fair-share figures (pipeline/state/fairness.py).
 -- The claim records the price per output of the server it took (`attempt_price` on the job,
 -- `price` on the attempt): what an unknown outcome of this attempt holds as uncertain.
 -- A claim hands back what the attempt needs (the workflow, the outputs still to make), read in
@@ -30,7 +34,8 @@
 -- KEYS[5] job's event list           KEYS[11] wake set (zset)
 -- KEYS[6] tenant's per-state counts (hash)   KEYS[12] fleet (hash)
 --                                           KEYS[13] fleet's parked jobs (zset; score: 1e13 for batch, plus
---                                                    the job's finish tag: `finish_tag` in _slots.lua)
+--                                                    the job's finish tag: `finish_tag` in _slots.lua;
+--                                                    below 0: a batch job past the bound, `age_batch`)
 --                                           KEYS[14] fleet's called jobs (zset)
 --
 -- KEYS[15] global stats (hash), KEYS[16] queue (zset), KEYS[17] due (zset):
@@ -71,16 +76,17 @@ if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
 end
 
 local job_id = f[2]
--- rank: interactive before batch, then the oldest intent first
 local servers, prices = {}, {}
 for i = 8, #ARGV, 3 do
   servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])}
   prices[ARGV[i]] = ARGV[i + 2]
 end
-fleet_view(KEYS[12], servers)
-local g = hmget(job, 'priority', 'vf')
-local rank = (g[1] == 'batch' and tonumber(BATCH_RANK) or 0) + tonumber(g[2] or '0')  -- no tag: admitted before fair dispatch
-if paused_for(KEYS[12], g[1] or 'interactive') then  -- `reckon pause --class`: it waits, parked
+local g = hmget(job, 'priority', 'vf', 'tenant', 'price', 'outputs_requested')
+local class = g[1] or 'interactive'
+local served = 'served:' .. class .. ':' .. (g[3] or '')  -- cost dispatched to the tenant: its share
+fleet_view(KEYS[12], servers, {served})
+local rank = parked_rank(KEYS[13], job_id, g[1], g[2], waiting)  -- interactive before batch, then the tag
+if paused_for(KEYS[12], class) then  -- `reckon pause --class`: it waits, parked
   redis.call('ZADD', KEYS[13], rank, job_id)
   return {16}
 end
@@ -88,11 +94,13 @@ local server
 local calls, ahead = {}, 0
 if waiting then
   calls = promised(KEYS[14], KEYS[13], now)
-  local low = paused_for(KEYS[12], 'interactive') and BATCH_RANK or '-inf'  -- a paused class waits behind
-  ahead = redis.call('ZCOUNT', KEYS[13], low, '(' .. rank)
+  -- parked jobs ahead of this one, less interactive ones while their class is paused (they wait behind)
+  local skip = rank >= 0 and paused_for(KEYS[12], 'interactive')
+  local function ahead_of(r) return r < rank and not (skip and r >= 0 and r < tonumber(BATCH_RANK)) end
+  ahead = redis.call('ZCOUNT', KEYS[13], '-inf', '(' .. rank)
+  if skip then ahead = ahead - redis.call('ZCOUNT', KEYS[13], 0, '(' .. BATCH_RANK) end
   for _, id in ipairs(calls) do  -- a called job holds a promised slot: counted in `open`, not ahead
-    local r = tonumber(redis.call('ZSCORE', KEYS[13], id))
-    if r < rank and (low == '-inf' or r >= tonumber(low)) then ahead = ahead - 1 end
+    if ahead_of(tonumber(redis.call('ZSCORE', KEYS[13], id))) then ahead = ahead - 1 end
   end
 end
 local open = free_slots(KEYS[12], servers) - #calls
@@ -103,7 +111,8 @@ if not server then
   redis.call('ZADD', KEYS[13], rank, job_id)
   return {15}
 end
-advance_virtual_time(KEYS[12], g[1] or 'interactive', g[2] or '0')
+advance_virtual_time(KEYS[12], class, g[2] or '0')
+hincrby(KEYS[12], served, (tonumber(g[4]) or 0) * (tonumber(g[5]) or 1))
 local expires = now + tonumber(ARGV[3])
 local price = tonumber(prices[server]) or tonumber(hget(job, 'price'))
 local gen = hincrby(job, 'lease_gen', 1)

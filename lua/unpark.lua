@@ -7,16 +7,26 @@
 -- polled. A called job stays in the parked set, in its place, until it claims: if its
 -- call lapses, a later unpark calls it again first.
 --
--- keys: 3
+-- No starvation: a batch job queued longer than the bound (ARGV[3]) is served before any
+-- interactive job. Each unpark moves up to AGED of the oldest such parked jobs ahead of every
+-- other (score: when it was queued, less 1e13; so among them the oldest goes first), found in
+-- O(log n) in the shard's queue (scored by class and time queued). A batch job still in the
+-- broker's queue, not parked, is not moved: its claim comes first anyway.
+--
+-- keys: 4
 -- KEYS[1] fleet (hash)
--- KEYS[2] fleet's parked jobs (zset; score: 1e13 for batch, plus the job's finish tag)
+-- KEYS[2] fleet's parked jobs (zset; score: 1e13 for batch, plus the job's finish tag; or, for
+--         a batch job past the bound, when it was queued less 1e13)
 -- KEYS[3] fleet's called jobs (zset; score: when the promise lapses, ms)
+-- KEYS[4] queue (zset: see use_globals in _lib.lua)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] how long a call holds its slot (ms)
--- ARGV[3], ARGV[4], ... server name, its cap, for each server
+-- ARGV[3] longest a batch job waits behind interactive ones (ms)
+-- ARGV[4], ARGV[5], ... server name, its cap, for each server
 --
--- Jobs of a paused class (`pause_class:<class>` in the fleet hash) are not called.
+-- Jobs of a paused class (`pause_class:<class>` in the fleet hash) are not called; a batch job
+-- past the bound is a batch job for its class's pause.
 --
 -- Returns {0 OK, job id, score, job id, score, ...}. The caller publishes them to the
 -- `reckon-unparked` queue, which workers serve before their other queues, so a parked
@@ -25,15 +35,25 @@
 if redis.call('ZCARD', KEYS[2]) == 0 then return {0} end
 local now = clock(ARGV[1])
 local servers = {}
-for i = 3, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
+for i = 4, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
 fleet_view(KEYS[1], servers)
+local interactive_paused = paused_for(KEYS[1], 'interactive')
+local batch_paused = paused_for(KEYS[1], 'batch')
+if not batch_paused then age_batch(KEYS[2], KEYS[4], now, tonumber(ARGV[3])) end
 local calls = promised(KEYS[3], KEYS[2], now)
 local open = free_slots(KEYS[1], servers) - #calls
 local reply = {0}
-local low = paused_for(KEYS[1], 'interactive') and BATCH_RANK or '-inf'
-local high = paused_for(KEYS[1], 'batch') and '(' .. BATCH_RANK or '+inf'
-if open <= 0 or (low ~= '-inf' and high ~= '+inf') then return reply end
-local best = redis.call('ZRANGEBYSCORE', KEYS[2], low, high, 'WITHSCORES', 'LIMIT', 0, open + #calls)
+if open <= 0 or (interactive_paused and batch_paused) then return reply end
+local best
+if batch_paused then  -- interactive ones only
+  best = redis.call('ZRANGEBYSCORE', KEYS[2], 0, '(' .. BATCH_RANK, 'WITHSCORES', 'LIMIT', 0, open + #calls)
+elseif interactive_paused then  -- batch ones, past the bound first
+  best = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(0', 'WITHSCORES', 'LIMIT', 0, open + #calls)
+  for _, item in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], BATCH_RANK, '+inf', 'WITHSCORES', 'LIMIT', 0,
+      open + #calls - #best / 2)) do best[#best + 1] = item end
+else
+  best = redis.call('ZRANGE', KEYS[2], 0, open + #calls - 1, 'WITHSCORES')
+end
 for i = 1, #best, 2 do
   if #reply > 2 * open then break end
   if not redis.call('ZSCORE', KEYS[3], best[i]) then  -- not called already

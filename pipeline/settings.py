@@ -115,6 +115,8 @@ DEFAULT_QUEUE_CAP_INTERACTIVE = 1000
 DEFAULT_QUEUE_CAP_BATCH = 10000
 #: ...and how long the oldest eligible interactive job may wait before batch work is shed (503).
 DEFAULT_INTERACTIVE_TARGET_SECONDS = 60
+#: Longest a queued batch job waits behind interactive ones before it goes first (no starvation).
+DEFAULT_BATCH_MAX_WAIT_SECONDS = 600
 #: Redis Sentinel (docs/failover.md): ``host:port,...`` and the master's name. When set,
 #: state and broker default to ``redis+sentinel://<sentinels>/<master>/0`` and ``.../1``.
 DEFAULT_SENTINELS = ""
@@ -183,6 +185,7 @@ class Settings:
     queue_cap_interactive: int = DEFAULT_QUEUE_CAP_INTERACTIVE
     queue_cap_batch: int = DEFAULT_QUEUE_CAP_BATCH
     interactive_target_seconds: int = DEFAULT_INTERACTIVE_TARGET_SECONDS
+    batch_max_wait_seconds: int = DEFAULT_BATCH_MAX_WAIT_SECONDS
     operator_token: str = field(default=DEFAULT_OPERATOR_TOKEN, repr=False)
     shards: int = DEFAULT_SHARDS
     sentinels: str = DEFAULT_SENTINELS
@@ -263,6 +266,7 @@ class Settings:
             "queue_cap_interactive": ("RECKON_QUEUE_CAP_INTERACTIVE", int),
             "queue_cap_batch": ("RECKON_QUEUE_CAP_BATCH", int),
             "interactive_target_seconds": ("RECKON_INTERACTIVE_TARGET_SECONDS", int),
+            "batch_max_wait_seconds": ("RECKON_BATCH_MAX_WAIT_SECONDS", int),
             "operator_token": ("RECKON_OPERATOR_TOKEN", str),
             "shards": ("RECKON_SHARDS", int),
             "sentinels": ("RECKON_SENTINELS", str),

@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 
 from pipeline.blobs import open_blobs
-from pipeline.operate.report import render
+from pipeline.operate.report import render, render_fairness
 from pipeline.settings import Settings
-from pipeline.state import admission, keys
+from pipeline.state import admission, fairness, keys
 from pipeline.state.jobs import iso
 from pipeline.state.keys import ProviderKeys, TenantKeys
 from pipeline.state.migrate import migrate
@@ -154,15 +154,17 @@ def _exists(store: Store, job_id: str) -> bool:
 
 
 def status(store: Store, args: argparse.Namespace) -> int:
-    """The fleet on one screen (O(1) reads, whatever the number of tenants); ``--watch S`` redraws it
-    every S seconds until interrupted; ``--json`` for scripts. Per tenant: ``reckon tenant show``."""
+    """The fleet on one screen (O(1) reads, whatever the number of tenants), then the tenants with the
+    most queued cost (reads up to fairness.MAX_QUEUED_READ queued jobs per shard); ``--watch S``
+    redraws it every S seconds until interrupted; ``--json`` for scripts. Per tenant: ``reckon tenant show``."""
     caps = _caps()
     while True:
-        snap = snapshot(store, caps)
+        snap, fair = snapshot(store, caps), fairness.view(store)
         if args.json:
-            _print(snap)
+            _print({**snap, "fairness": fair})
         else:
-            sys.stdout.write(("\x1b[H\x1b[2J" if args.watch else "") + render(snap) + "\n")
+            screen = render(snap) + "\n" + render_fairness(fair) + "\n"
+            sys.stdout.write(("\x1b[H\x1b[2J" if args.watch else "") + screen)
         sys.stdout.flush()
         if not args.watch:
             return 0

@@ -29,3 +29,14 @@ def render(snap: dict[str, Any]) -> str:
         lines.append(f"server {name}: busy {server['busy']}/{server['cap']}  watched {server['watched']}  "
                      f"watcher {'up' if server['watcher_up'] else 'DOWN'}  stopped {stops}")
     return "\n".join(lines)
+
+
+def render_fairness(view: dict[str, Any]) -> str:
+    """The tenants with the most queued cost, and how the last minute's service met the fair shares."""
+    lines = []
+    for row in view["most_queued"]:
+        more = "at least " if row["at_least"] else ""
+        lines.append(f"tenant {row['tenant']}: queued {more}{row['jobs']} jobs, {more}{row['cost']} cost units")
+    shares = "; ".join(f"{cls} {r['min']:g} to {r['max']:g}" for cls, r in view["shares"].items()) or "-"
+    lines.append(f"cost served / weighted fair share (tenants waiting, last minute): {shares}")
+    return "\n".join(lines)

@@ -19,6 +19,8 @@ PREFIX = "reckon"
 SWEEPER = f"{PREFIX}:sweeper"
 #: Hash: status page samples (pipeline/state/history.py): slot % 120 -> JSON {at, depth and oldest age per class}.
 HISTORY = f"{PREFIX}:history"
+#: Hash: fair-share figures the sweeper publishes (pipeline/state/fairness.py): at, min:<class>, max:<class>.
+FAIRNESS = f"{PREFIX}:fairness"
 #: Rank of a batch job in a shard's queue, due and parked sets (interactive ranks are plain times in ms).
 BATCH_RANK = 10**13
 #: Why dispatch to a server may be stopped (fields ``<reason>:<server>`` of a shard's ``fleet``): an operator's
@@ -95,12 +97,14 @@ class ShardKeys:
         by claims; a server's cap holds per shard); ``<reason>:<server>`` (``SERVER_BLOCKS``) -> since when
         (ms) while dispatch to the server is stopped, and ``pause_class:<class>`` while a workload class is
         paused (both written to every shard); ``w:<job id>`` -> JSON {server, gen, op, attempt, deadline,
-        and ``cancel`` once the client cancelled} for each prompt waiting at a server, followed by the server's watcher; ``rr``."""
+        and ``cancel`` once the client cancelled} for each prompt waiting at a server, followed by the server's watcher; ``rr``;
+        ``vt:<class>`` (virtual time) and ``served:<class>:<tenant>`` (cost dispatched: pipeline/state/fairness.py)."""
         return self._k("fleet")
 
     @property
     def parked(self) -> str:
-        """Sorted set: queued job id waiting for a free server slot, scored BATCH_RANK for batch + admission ms."""
+        """Sorted set: queued job id waiting for a free server slot, scored BATCH_RANK for batch + its
+        finish tag (lua/_slots.lua); below 0 for a batch job moved up past the starvation bound."""
         return self._k("fleet:parked")
 
     @property
@@ -217,7 +221,8 @@ class TenantKeys:
 
     @property
     def limits(self) -> str:
-        """Hash: max_inflight, rate (jobs/s), burst, tokens, at (ms): the admission limits (``reckon tenant set``)."""
+        """Hash: max_inflight, rate (jobs/s), burst, tokens, at (ms), weight: the admission limits and fair-share
+        weight (``reckon tenant set``)."""
         return self._k("limits")
 
     def idempotency(self, key: str) -> str:

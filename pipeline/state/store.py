@@ -24,6 +24,7 @@ from pipeline.errors import (
     WrongShards,
 )
 from pipeline.settings import (
+    DEFAULT_BATCH_MAX_WAIT_SECONDS,
     DEFAULT_INTERACTIVE_TARGET_SECONDS,
     DEFAULT_PROVIDER_CAP,
     DEFAULT_QUEUE_CAP_BATCH,
@@ -238,11 +239,13 @@ class Store(Controls):
         return Collect(claim, bool(reply[6]), int(reply[7]), reply[8], int(reply[9]) >= 0)
 
     def unpark(self, shard: keys.ShardKeys, servers: Mapping[str, int], *, call_ms: int = CALL_MS,
-               now_ms: int | None = None) -> list[str]:
+               batch_wait_ms: int = DEFAULT_BATCH_MAX_WAIT_SECONDS * 1000, now_ms: int | None = None) -> list[str]:
         """The shard's best parked jobs, as many as its fleet has free slots not promised yet, each
-        promised a slot for ``call_ms``: to publish (route ``unparked``)."""
-        reply = self.scripts("unpark", [shard.fleet, shard.parked, shard.called],
-                             [at(now_ms), call_ms, *[item for pair in servers.items() for item in pair]])
+        promised a slot for ``call_ms``: to publish (route ``unparked``). A batch job queued longer
+        than ``batch_wait_ms`` goes before every interactive one (no starvation)."""
+        reply = self.scripts("unpark", [shard.fleet, shard.parked, shard.called, shard.queue],
+                             [at(now_ms), call_ms, batch_wait_ms,
+                              *[item for pair in servers.items() for item in pair]])
         return list(reply[1::2])
 
     def heartbeat(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> int:

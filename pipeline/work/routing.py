@@ -166,7 +166,8 @@ class Unpark(Middleware):
             if not current.store.freed():  # no slot given back, or no job waiting for one
                 return
             shard = keys.JobKeys(message.args[0]).shard  # the shard whose slot the message may have freed
-            for job_id in current.store.unpark(shard, current.fleet.caps()):
+            wait_ms = current.settings.batch_max_wait_seconds * 1000
+            for job_id in current.store.unpark(shard, current.fleet.caps(), batch_wait_ms=wait_ms):
                 self.publish(job_id, "unparked")
         except Exception:  # the sweeper unparks on its next pass
             log.warning("unpark after message %s failed", message.message_id, exc_info=True)

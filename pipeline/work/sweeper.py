@@ -33,7 +33,7 @@ from typing import Callable
 
 from pipeline import faultpoints
 from pipeline.settings import Settings
-from pipeline.state import history, keys, status
+from pipeline.state import fairness, history, keys, status
 from pipeline.state.keys import TenantKeys
 from pipeline.state.redisconn import name_connections
 from pipeline.state.store import Store, open_store
@@ -49,6 +49,9 @@ TAKE_BATCH = 20
 #: A sweeper that starts drops the heartbeat fields of sweepers silent this long (ms), so the hash
 #: names the sweepers of the last hour, not every pid since install.
 FORGET_MS = 3_600_000
+
+#: How far apart the fairness samples the sweeper compares are (ms).
+FAIR_WINDOW_MS = 60_000
 
 
 class Sweeper:
@@ -66,6 +69,9 @@ class Sweeper:
         self.retention_ms = int(settings.retention_seconds * 1000)
         #: A tenant taken by this sweeper is not taken again for this long (a sweeper that died mid-pass).
         self.hold_ms = int(settings.sweep_hold_seconds * 1000)
+        self.batch_wait_ms = settings.batch_max_wait_seconds * 1000
+        #: The last fairness sample and when it was taken (ms).
+        self.fair_sample: tuple[int, fairness.Sample] | None = None
         self.name = f"{socket.gethostname()}/{os.getpid()}"
         #: When the last pass began (ms, Redis's clock).
         self.pass_ms = 0
@@ -80,7 +86,7 @@ class Sweeper:
         self.store.redis.hset(keys.SWEEPER, mapping={"at": self.pass_ms, "by": self.name,
                                                      f"at:{self.name}": self.pass_ms})
         for shard in keys.shards():
-            for job_id in self.store.unpark(shard, self.servers):
+            for job_id in self.store.unpark(shard, self.servers, batch_wait_ms=self.batch_wait_ms):
                 self.publish(job_id, "unparked")
                 done["unparked"] += 1
             taken = 0
@@ -151,6 +157,16 @@ class Sweeper:
             self.publish(job_id, record["priority"])
         return int(sent)
 
+    def measure_fairness(self) -> None:
+        """Once a window (FAIR_WINDOW_MS): sample who waits and the cost each tenant was served, and
+        publish how the window's service compares with the weighted fair shares (pipeline/state/fairness.py)."""
+        if self.fair_sample is not None and self.pass_ms - self.fair_sample[0] < FAIR_WINDOW_MS:
+            return
+        taken = fairness.sample(self.store)
+        if self.fair_sample is not None:
+            fairness.publish(self.store, fairness.shares(self.fair_sample[1], taken), self.pass_ms)
+        self.fair_sample = (self.pass_ms, taken)
+
     def forget_stopped(self) -> list[str]:
         """Drop the heartbeat fields of sweepers silent for ``FORGET_MS``; their names."""
         now = self.now_ms()
@@ -170,6 +186,7 @@ class Sweeper:
             try:
                 moved = self.sweep_once()
                 history.record(self.store.redis, self.pass_ms, lambda: status.snapshot(self.store, self.servers))
+                self.measure_fairness()
                 if moved:
                     log.info("sweep: %s", dict(moved))
             except Exception:  # keep sweeping: one bad pass must not stop recovery

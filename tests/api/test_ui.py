@@ -231,6 +231,8 @@ def test_the_page_shows_the_figures_and_follows_them_without_a_reload(web, chrom
         server = page.locator('#providers tr[data-provider="comfyui"] td')
         assert server.all_inner_texts() == ["comfyui", "1", "2", "dispatch_paused", "0", "down"]
 
+        queued = page.locator('#most-queued tr[data-tenant="acme"] td')
+        assert queued.all_inner_texts() == ["acme", "5", "50"]  # 3 interactive and 2 batch jobs: 1 output at 10
         dead = page.locator(f'#dead-letters tr[data-job="{ids["dead"]}"] td')
         assert dead.all_inner_texts()[:4] == [ids["dead"], "interactive", "provider_rejected", "policy"]
         assert page.locator("#dead-letters tbody tr").count() == 1

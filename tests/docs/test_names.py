@@ -223,15 +223,20 @@ def test_every_setting_is_documented() -> None:
 
 
 def built_keys() -> set[str]:
-    """Every key pattern pipeline/state/keys.py builds, with the placeholders docs/redis.md uses."""
-    tenant, job_id = "tnt", "tnt.0123456789abcdef0123"
-    holders = [ShardKeys(0), TenantKeys(tenant), JobKeys(job_id), ProviderKeys("prv")]
-    built = {keys.SWEEPER, keys.HISTORY, keys.watcher_lock("srv"), keys.api_key("sha"), keys.tenant_disabled(tenant),
-             keys.tenant_api_keys(tenant), TenantKeys(tenant).idempotency("idk")}
-    for holder in holders:
-        for name, member in inspect.getmembers(type(holder)):
-            if isinstance(member, property) and isinstance(value := getattr(holder, name), str):
-                built.add(value)
+    """Every key pattern pipeline/state/keys.py builds, with the placeholders docs/redis.md uses (one
+    shard, whatever count a test before this one left set: a tenant's keys are then in `{s0}`)."""
+    tenant, job_id, count = "tnt", "tnt.0123456789abcdef0123", keys.shard_count()
+    keys.use_shards(1)
+    try:
+        holders = [ShardKeys(0), TenantKeys(tenant), JobKeys(job_id), ProviderKeys("prv")]
+        built = {keys.SWEEPER, keys.HISTORY, keys.FAIRNESS, keys.watcher_lock("srv"), keys.api_key("sha"),
+                 keys.tenant_disabled(tenant), keys.tenant_api_keys(tenant), TenantKeys(tenant).idempotency("idk")}
+        for holder in holders:
+            for name, member in inspect.getmembers(type(holder)):
+                if isinstance(member, property) and isinstance(value := getattr(holder, name), str):
+                    built.add(value)
+    finally:
+        keys.use_shards(count)
     return {placeholders(key) for key in built}
 
 

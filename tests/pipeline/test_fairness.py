@@ -50,12 +50,12 @@ class Fleet:
             ids.append(job_id)
         return ids
 
-    def dispatch(self, n: int) -> list[str]:
+    def dispatch(self, n: int, *, batch_wait_ms: int = 3_600_000) -> list[str]:
         """Free the slot ``n`` times; the job each freed slot calls, in order."""
         order = []
         for _ in range(n):
             self.store.finish(self.running, "cancelled", reason="cancelled")
-            called = self.store.unpark(keys.ShardKeys(0), SERVERS)
+            called = self.store.unpark(keys.ShardKeys(0), SERVERS, batch_wait_ms=batch_wait_ms)
             assert len(called) == 1, called
             job_id = called[0]
             self.running = self.store.claim(job_id, worker="w", lease_ms=600_000, operation_id=f"{job_id}-run",
@@ -114,6 +114,43 @@ def test_interactive_goes_before_batch_whatever_the_tags(store: Store, settings:
     urgent = fleet.submit("a", 3, priority="interactive")
     fleet.submit("b", 5)
     assert fleet.dispatch(3) == urgent
+
+
+def test_a_batch_job_past_the_starvation_bound_goes_before_interactive_ones(store: Store, settings: Settings) -> None:
+    """Batch waits behind interactive only up to the bound (``batch_wait_ms``): then the oldest batch
+    jobs go first, oldest first, ahead of every interactive job, and a claim that finds them parked
+    keeps their place; while batch is paused they wait and interactive ones go."""
+    fleet = Fleet(store, settings)
+    fleet.tenant("a")
+    fleet.tenant("b")
+    fleet.submit("a", 1, priority="interactive")  # takes the slot
+    old = fleet.submit("b", 2)
+    urgent = fleet.submit("a", 4, priority="interactive")
+    assert fleet.dispatch(1) == urgent[:1]  # within the bound: interactive first
+    parked = keys.ShardKeys(0).parked
+    assert store.redis.zscore(parked, old[0]) >= 10**13
+    store.pause_class("batch")
+    assert fleet.dispatch(1, batch_wait_ms=0) == urgent[1:2]  # batch paused: not moved, not called
+    assert store.redis.zscore(parked, old[0]) >= 10**13
+    store.resume_class("batch")
+    for job_id in old:  # a duplicate message of each: the claim parks it again, in its moved place
+        store.unpark(keys.ShardKeys(0), SERVERS, batch_wait_ms=0)
+        assert store.claim(job_id, worker="w2", lease_ms=60_000, operation_id="dup", servers=SERVERS) is None
+        assert store.redis.zscore(parked, job_id) < 0
+    assert fleet.dispatch(3, batch_wait_ms=0) == [*old, urgent[2]]
+
+
+def test_while_interactive_is_paused_batch_jobs_past_the_bound_go_first(store: Store, settings: Settings) -> None:
+    fleet = Fleet(store, settings)
+    fleet.tenant("a")
+    fleet.tenant("b")
+    fleet.submit("a", 1)  # takes the slot
+    first = fleet.submit("b", 1, outputs=16)  # its tag is behind the two that follow
+    store.unpark(keys.ShardKeys(0), SERVERS, batch_wait_ms=0)  # moved past the bound
+    later = fleet.submit("a", 2)
+    store.pause_class("interactive")
+    fleet.submit("a", 2, priority="interactive")  # parked by the pause
+    assert fleet.dispatch(3) == [*first, *later]
 
 
 @hypothesis_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
