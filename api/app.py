@@ -32,6 +32,7 @@ from pipeline.errors import (
     OverLimit,
     ReckonError,
     UnknownTenant,
+    UnsupportedWorkflow,
 )
 from pipeline.settings import Settings
 from pipeline.state.redisconn import name_connections
@@ -107,6 +108,9 @@ _OVER_LIMIT = {
 
 _ERROR_HANDLERS = {
     InvalidRequest: _problem(lambda e: Problem(422, e.problem, "Invalid job request", e.detail, field=e.field)),
+    UnsupportedWorkflow: _problem(lambda e: Problem(
+        422, e.problem, "No server can run this workflow", e.detail, field=e.field,
+        missing_node_classes=list(e.nodes), missing_models=list(e.models))),
     IdempotencyKeyReused: _problem(lambda e: Problem(
         422, "idempotency-key-reused", "Idempotency-Key reused",
         "this key was used before with a different request body")),

@@ -138,7 +138,8 @@ SPEC: dict[str, Any] = {
                         "a member name repeated in one object (duplicate-member), the key used before with "
                         "another request (idempotency-key-reused), or a deadline the backlog ahead of the job "
                         "makes impossible to meet (deadline-infeasible, with estimate_seconds and "
-                        "deadline_seconds)"),
+                        "deadline_seconds), or a workflow no server can run (unsupported-workflow, with "
+                        "missing_node_classes and missing_models)"),
                 },
             },
             "get": {

@@ -260,7 +260,7 @@ local PACKS = {}
 -- packed job drops them, and its progress marks (`pm:<attempt>:<node>`, lua/progress.lua).
 local LIVE_FIELDS = {lease_owner = true, lease_expires = true, slot_held = true, sends = true,
   attempt_charged = true, submit_epoch = true, operation_id = true, provider = true, server = true,
-  attempt_price = true, submitted_at = true, vf = true}
+  attempt_price = true, submitted_at = true, vf = true, servers = true, ckpt = true}
 
 -- The five keys a finished job is packed from, from KEYS[first] on (the caller passes them in this
 -- order: pipeline/state/keys.py `JobKeys.parts`): declared, as a Cluster's slot migration needs every key.

@@ -18,6 +18,7 @@ local function fleet_view(fleet, servers, extra)
   local fields = {'rr', 'pause_class:interactive', 'pause_class:batch', 'vt:interactive', 'vt:batch', unpack(extra or {})}
   for _, server in ipairs(servers) do
     for _, field in ipairs(server_fields(server[1])) do fields[#fields + 1] = field end
+    fields[#fields + 1] = 'ckpt:' .. server[1]
   end
   preload(fleet, fields)
 end
@@ -61,20 +62,41 @@ local function promised(called, parked, now)
   return live
 end
 
--- Takes a dispatch slot on the least loaded usable server of `servers` ({name, cap}
--- pairs), turning the round-robin start each time so equal loads share the work.
+-- Takes a dispatch slot on a usable server of `servers` ({name, cap} pairs) with a slot free:
+-- one that last took a job of checkpoint `ckpt` (the job's `ckpt`, a digest of its first
+-- checkpoint; `ckpt:<server>` in the fleet hash) if any, so its GPU need not load another model;
+-- else the least loaded, turning the round-robin start each time so equal loads share the work.
 -- Returns the server's name, or nil when every server is stopped or at its cap.
-local function take_slot(fleet, servers)
+local function take_slot(fleet, servers, ckpt)
   preload(fleet, {'rr'})
   local start = hincrby(fleet, 'rr', 1)
-  local best, best_busy
+  local best, best_key
   for i = 0, #servers - 1 do
     local server = servers[(start + i) % #servers + 1]
     local busy = server_busy(fleet, server[1])
-    if busy and busy < server[2] and (not best or busy < best_busy) then best, best_busy = server[1], busy end
+    if busy and busy < server[2] then
+      local warm = ckpt and ckpt ~= '' and hget(fleet, 'ckpt:' .. server[1]) == ckpt
+      local key = (warm and 0 or 1e9) + busy
+      if not best or key < best_key then best, best_key = server[1], key end
+    end
   end
-  if best then hincrby(fleet, 'busy:' .. best, 1) end
+  if best then
+    hincrby(fleet, 'busy:' .. best, 1)
+    if ckpt and ckpt ~= '' then hset(fleet, 'ckpt:' .. best, ckpt) end
+  end
   return best
+end
+
+-- The servers of `servers` ({name, cap} pairs) a job may run on: those its record names (`servers`,
+-- comma-separated: set at admission when not every server can run its workflow), else all.
+local function able_servers(servers, named)
+  if not named or named == '' then return servers end
+  local allowed, able = {}, {}
+  for name in string.gmatch(named, '[^,]+') do allowed[name] = true end
+  for _, server in ipairs(servers) do
+    if allowed[server[1]] then able[#able + 1] = server end
+  end
+  return able
 end
 
 -- Gives back the job's dispatch slot, once (the claim took it), and ends the watch of
@@ -139,4 +161,76 @@ local function parked_rank(parked, job_id, class, tag, waiting)
   local moved = tonumber(redis.call('ZSCORE', parked, job_id) or '')
   if moved and moved < 0 then return moved end
   return rank
+end
+
+-- A parked job that only some servers can run, or that names a checkpoint, has `p:<job id>` ->
+-- '<servers>|<ckpt>' in the fleet hash while it waits (claim.lua writes it when the job parks and
+-- removes it when the job leaves): what unpark needs to match it to a free slot.
+local function placement(fleet, job_id)
+  local value = hget(fleet, 'p:' .. job_id)
+  if not value then return nil, nil end
+  local named, ckpt = string.match(value, '^([^|]*)|(.*)$')
+  return (named ~= '' and named or nil), (ckpt ~= '' and ckpt or nil)
+end
+
+-- How far a batch job whose checkpoint a free server has loaded may go before batch jobs that would
+-- make it load another (they are passed over until the starvation bound moves them first).
+local AFFINITY_WINDOW = 8
+
+-- Matches parked jobs (`best`: id, score, id, score, ... in rank order) to the free slots of `servers`,
+-- at most `open` of them: each free slot takes the best job that can run on its server (`placement`),
+-- a batch job whose checkpoint the server has loaded (`ckpt:<server>`) before up to AFFINITY_WINDOW
+-- batch ones that would load another; interactive jobs, and batch jobs past the starvation bound,
+-- are never passed over. A job already called (in `called`) holds a slot of a server it can run
+-- on. Returns the positions in `best` of the jobs to call, in rank order.
+local function match_calls(fleet, servers, best, called, open)
+  local fields = {}
+  for i = 1, #best, 2 do fields[#fields + 1] = 'p:' .. best[i] end
+  if #fields > 0 then preload(fleet, fields) end
+  local free, warm = {}, {}
+  for _, server in ipairs(servers) do
+    local busy = server_busy(fleet, server[1])
+    if busy then free[server[1]] = math.max(0, server[2] - busy) end
+    warm[server[1]] = hget(fleet, 'ckpt:' .. server[1]) or nil
+  end
+  local jobs = {}
+  for i = 1, #best, 2 do
+    local named, ckpt = placement(fleet, best[i])
+    local job = {at = i, able = {}, ckpt = ckpt, batch = tonumber(best[i + 1]) >= tonumber(BATCH_RANK)}
+    for _, server in ipairs(able_servers(servers, named)) do job.able[server[1]] = true end
+    if redis.call('ZSCORE', called, best[i]) then  -- called already: a slot of its servers is promised
+      local most
+      for name in pairs(job.able) do
+        if (free[name] or 0) > 0 and (not most or free[name] > free[most]) then most = name end
+      end
+      if most then free[most] = free[most] - 1 end
+    else
+      jobs[#jobs + 1] = job
+    end
+  end
+  local picked, count = {}, 0
+  for _, server in ipairs(servers) do
+    local name = server[1]
+    while count < open and (free[name] or 0) > 0 do
+      local first, choice
+      for j, job in ipairs(jobs) do
+        if not picked[j] and job.able[name] then
+          if not first then
+            first = j
+            if not (job.batch and warm[name] and job.ckpt ~= warm[name]) then choice = j break end
+          elseif j - first > AFFINITY_WINDOW then break
+          elseif job.batch and job.ckpt == warm[name] then choice = j break end
+        end
+      end
+      choice = choice or first
+      if not choice then break end
+      picked[choice], count, free[name] = true, count + 1, free[name] - 1
+      warm[name] = jobs[choice].ckpt or warm[name]
+    end
+  end
+  local calls = {}
+  for j, job in ipairs(jobs) do
+    if picked[j] then calls[#calls + 1] = job.at end
+  end
+  return calls
 end

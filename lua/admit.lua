@@ -41,7 +41,7 @@
 --                                        KEYS[16] tenant's limits (hash: max_inflight, rate,
 --                                                 burst, tokens, at, weight)
 -- KEYS[20] admission settings (hash: queue_cap:<class>, target_s:interactive)
--- KEYS[21] fleet (hash: pause_class:<class>, vt:<class>)
+-- KEYS[21] fleet (hash: pause_class:<class>, vt:<class>, p:<superseded job id>)
 -- KEYS[22] to KEYS[26] the superseded job's parts, packed if it ends here (`parts_at` in _lib.lua; likewise)
 --
 -- KEYS[17] global stats (hash), KEYS[18] queue (zset), KEYS[19] due (zset):
@@ -181,6 +181,9 @@ move(KEYS[3], KEYS[8], KEYS[7], now, '', 'queued', 'admitted')
 redis.call('SET', KEYS[1], idem_text('pending', ARGV[8], fingerprint, job_id), 'EX', math.max(1, tonumber(ARGV[5])))
 
 if older == 'queued' or older == 'retry_wait' then
+  if hget(KEYS[9], 'servers') or hget(KEYS[9], 'ckpt') then  -- parked: its `placement` goes (_slots.lua)
+    redis.call('HDEL', KEYS[21], 'p:' .. ARGV[9])
+  end
   hset(KEYS[9], 'cancel_requested', 1, 'external_effect', external_effect(KEYS[9]))
   end_waiting(KEYS[9], {ledger = KEYS[2], queued = KEYS[5], retry = KEYS[11],
     events = KEYS[10], counts = KEYS[8], done = KEYS[13], workflow = KEYS[14], wake = KEYS[15],

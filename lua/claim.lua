@@ -56,10 +56,15 @@
 use_globals(15)
 local job = KEYS[1]
 local now = clock(ARGV[1])
-local f = hmget(job, 'state', 'id', 'deadline')
+local f = hmget(job, 'state', 'id', 'deadline', 'servers', 'ckpt')
+-- A parked job that only some servers can run, or that names a checkpoint, has its `placement`
+-- (_slots.lua) in the fleet hash while it waits, for unpark; it goes when the job leaves the parked set.
+local placed = f[4] or f[5]
+local function unplace() if placed then redis.call('HDEL', KEYS[12], 'p:' .. ARGV[7]) end end
 if f[1] ~= 'queued' then
   redis.call('ZREM', KEYS[14], ARGV[7])  -- a call is answered by this claim, whatever it finds
   redis.call('ZREM', KEYS[13], ARGV[7])  -- a parked entry of a job that moved on (or is gone) goes
+  unplace()
   if not f[1] then return {7} end
   return {8, f[1]}
 end
@@ -67,9 +72,10 @@ end
 -- ahead of this one and none is called (a called job stays parked until it claims; a call of a job
 -- that left the parked set lapses in `promised`), so neither set is read or written.
 local waiting = redis.call('ZCARD', KEYS[13]) > 0
-if waiting then redis.call('ZREM', KEYS[14], ARGV[7]) end  -- a call is answered by this claim, whatever it finds
+-- a call is answered by this claim, whatever it finds; a called job was promised a slot (unpark)
+local called = waiting and redis.call('ZREM', KEYS[14], ARGV[7]) == 1
 if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
-  if waiting then redis.call('ZREM', KEYS[13], ARGV[7]) end
+  if waiting then redis.call('ZREM', KEYS[13], ARGV[7]) unplace() end
   expire_queued(job, {ledger = KEYS[7], queued = KEYS[3], dead = KEYS[8], events = KEYS[5], counts = KEYS[6],
     done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'deadline_passed_while_queued')  -- rare: woken at once
   return {14}
@@ -81,19 +87,26 @@ for i = 8, #ARGV, 3 do
   servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])}
   prices[ARGV[i]] = ARGV[i + 2]
 end
+servers = able_servers(servers, f[4])  -- the servers that can run its workflow
 local g = hmget(job, 'priority', 'vf', 'tenant', 'price', 'outputs_requested')
 local class = g[1] or 'interactive'
 local served = 'served:' .. class .. ':' .. (g[3] or '')  -- cost dispatched to the tenant: its share
 fleet_view(KEYS[12], servers, {served})
 local rank = parked_rank(KEYS[13], job_id, g[1], g[2], waiting)  -- interactive before batch, then the tag
-if paused_for(KEYS[12], class) then  -- `reckon pause --class`: it waits, parked
+local function park()
   redis.call('ZADD', KEYS[13], rank, job_id)
+  if placed then hset(KEYS[12], 'p:' .. job_id, (f[4] or '') .. '|' .. (f[5] or '')) end
+end
+if paused_for(KEYS[12], class) then  -- `reckon pause --class`: it waits, parked
+  park()
   return {16}
 end
 local server
 local calls, ahead = {}, 0
 if waiting then
   calls = promised(KEYS[14], KEYS[13], now)
+end
+if waiting and not called then  -- a called job takes its promised slot, whoever waits
   -- parked jobs ahead of this one, less interactive ones while their class is paused (they wait behind)
   local skip = rank >= 0 and paused_for(KEYS[12], 'interactive')
   local function ahead_of(r) return r < rank and not (skip and r >= 0 and r < tonumber(BATCH_RANK)) end
@@ -103,12 +116,12 @@ if waiting then
     if ahead_of(tonumber(redis.call('ZSCORE', KEYS[13], id))) then ahead = ahead - 1 end
   end
 end
-local open = free_slots(KEYS[12], servers) - #calls
+local open = free_slots(KEYS[12], servers) - (called and 0 or #calls)  -- its servers' free slots
 if ahead < open then
-  server = take_slot(KEYS[12], servers)  -- else better jobs wait parked for the free slots
+  server = take_slot(KEYS[12], servers, f[5])  -- else better jobs wait parked for the free slots
 end
 if not server then
-  redis.call('ZADD', KEYS[13], rank, job_id)
+  park()
   return {15}
 end
 advance_virtual_time(KEYS[12], class, g[2] or '0')
@@ -124,6 +137,7 @@ redis.call('ZADD', KEYS[2], expires, job_id)
 wake(KEYS[11], job, expires)
 redis.call('ZREM', KEYS[3], job_id)
 if waiting then redis.call('ZREM', KEYS[13], job_id) end
+if waiting and placed then hdel(KEYS[12], 'p:' .. job_id) end
 redis.call('HSET', KEYS[4], n, cjson.encode({
   number = n, worker = ARGV[2], generation = gen, provider = ARGV[5], server = server, price = price,
   operation_id = ARGV[4], state = 'running', started_at = now,

@@ -32,6 +32,9 @@
 -- `reckon-unparked` queue, which workers serve before their other queues, so a parked
 -- job does not wait again behind the backlog that arrived after it.
 
+-- Parked jobs looked at beyond the free slots, for jobs passed over because no server of theirs is free.
+local LOOKAHEAD = 32
+
 if redis.call('ZCARD', KEYS[2]) == 0 then return {0} end
 local now = clock(ARGV[1])
 local servers = {}
@@ -45,20 +48,21 @@ local open = free_slots(KEYS[1], servers) - #calls
 local reply = {0}
 if open <= 0 or (interactive_paused and batch_paused) then return reply end
 local best
+local want = open + #calls + LOOKAHEAD
 if batch_paused then  -- interactive ones only
-  best = redis.call('ZRANGEBYSCORE', KEYS[2], 0, '(' .. BATCH_RANK, 'WITHSCORES', 'LIMIT', 0, open + #calls)
+  best = redis.call('ZRANGEBYSCORE', KEYS[2], 0, '(' .. BATCH_RANK, 'WITHSCORES', 'LIMIT', 0, want)
 elseif interactive_paused then  -- batch ones, past the bound first
-  best = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(0', 'WITHSCORES', 'LIMIT', 0, open + #calls)
+  best = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(0', 'WITHSCORES', 'LIMIT', 0, want)
   for _, item in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], BATCH_RANK, '+inf', 'WITHSCORES', 'LIMIT', 0,
-      open + #calls - #best / 2)) do best[#best + 1] = item end
+      want - #best / 2)) do best[#best + 1] = item end
 else
-  best = redis.call('ZRANGE', KEYS[2], 0, open + #calls - 1, 'WITHSCORES')
+  best = redis.call('ZRANGE', KEYS[2], 0, want - 1, 'WITHSCORES')
 end
-for i = 1, #best, 2 do
-  if #reply > 2 * open then break end
-  if not redis.call('ZSCORE', KEYS[3], best[i]) then  -- not called already
-    reply[#reply + 1], reply[#reply + 2] = best[i], best[i + 1]
-    redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), best[i])
-  end
+-- Each call is matched to a free slot of a server that can run the job (`match_calls`: a job none of
+-- whose servers has a slot free is passed over, not called, so it holds no slot another server could
+-- fill), with checkpoint affinity among batch jobs.
+for _, at in ipairs(match_calls(KEYS[1], servers, best, KEYS[3], open)) do
+  reply[#reply + 1], reply[#reply + 2] = best[at], best[at + 1]
+  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), best[at])
 end
 return reply

@@ -3,7 +3,8 @@
 The modules here are the ground every room reads:
 ``settings`` (the one reader of the environment), ``errors`` (one exception tree), ``logs``,
 ``faultpoints`` (where crash tests stop a process), ``fleet`` (the configured servers, their caps
-and prices) and ``claims`` (what a claim hands a worker). They import nothing of reckon's but each
+and prices), ``claims`` (what a claim hands a worker) and ``needs`` (what a workflow needs of a
+server, what a server offers). They import nothing of reckon's but each
 other (``settings`` parses ``fleet``'s servers; ``errors`` names ``claims.Claim``). Above them,
 lowest first:
 

@@ -176,6 +176,16 @@ class InvalidRequest(ReckonError):
         self.problem = problem
 
 
+class UnsupportedWorkflow(InvalidRequest):
+    """No configured server has every node class and model file the workflow names (HTTP 422)."""
+
+    def __init__(self, nodes: tuple[str, ...], models: tuple[str, ...]) -> None:
+        named = [f"node classes {', '.join(nodes)}" if nodes else "", f"models {', '.join(models)}" if models else ""]
+        super().__init__("workflow", "no server can run it: missing " + " and ".join(n for n in named if n),
+                         problem="unsupported-workflow")
+        self.nodes, self.models = nodes, models
+
+
 class OverLimit(ReckonError):
     """Admission refused for load: the tenant is over one of its limits (HTTP 429: ``max_inflight``,
     ``rate``) or the fleet is (HTTP 503: ``queue_full``, ``load_shed``); ``retry_after`` in seconds."""

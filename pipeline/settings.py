@@ -77,6 +77,8 @@ DEFAULT_WATCH_RECHECK_SECONDS = 30.0
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 1.0
 #: An unreachable server is probed (GET /system_stats) this often until it answers.
 DEFAULT_PROBE_SECONDS = 5.0
+#: How often the watcher reads again what its server can run (node classes, model files).
+DEFAULT_OFFERS_REFRESH_SECONDS = 300.0
 #: Retry backoff: sleep = uniform(0, min(cap, base * 2**(attempt - 1))), or Retry-After if larger.
 DEFAULT_RETRY_BASE_SECONDS = 1.0
 DEFAULT_RETRY_CAP_SECONDS = 60.0
@@ -168,6 +170,7 @@ class Settings:
     watch_recheck_seconds: float = DEFAULT_WATCH_RECHECK_SECONDS
     progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS
     probe_seconds: float = DEFAULT_PROBE_SECONDS
+    offers_refresh_seconds: float = DEFAULT_OFFERS_REFRESH_SECONDS
     retry_base_seconds: float = DEFAULT_RETRY_BASE_SECONDS
     retry_cap_seconds: float = DEFAULT_RETRY_CAP_SECONDS
     min_attempt_seconds: float = DEFAULT_MIN_ATTEMPT_SECONDS
@@ -249,6 +252,7 @@ class Settings:
             "watch_recheck_seconds": ("RECKON_WATCH_RECHECK_SECONDS", float),
             "progress_interval_seconds": ("RECKON_PROGRESS_INTERVAL_SECONDS", float),
             "probe_seconds": ("RECKON_PROBE_SECONDS", float),
+            "offers_refresh_seconds": ("RECKON_OFFERS_REFRESH_SECONDS", float),
             "retry_base_seconds": ("RECKON_RETRY_BASE_SECONDS", float),
             "retry_cap_seconds": ("RECKON_RETRY_CAP_SECONDS", float),
             "min_attempt_seconds": ("RECKON_MIN_ATTEMPT_SECONDS", float),

@@ -111,11 +111,13 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.
 
 
 @pytest.fixture
-def shards(backend: str) -> int:
-    """The shard count of this test's deployment (set before any key is built)."""
+def shards(backend: str) -> Iterator[int]:
+    """The shard count of this test's deployment (set before any key is built; one shard again after,
+    so a test that follows builds the keys it expects)."""
     count = cluster.SHARDS if backend == "cluster" else 1
     keys.use_shards(count)
-    return count
+    yield count
+    keys.use_shards(1)
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pipeline.needs import Offer
+
 
 @dataclass(frozen=True)
 class OutputRef:
@@ -67,3 +69,7 @@ class Provider(Protocol):
         the operation, proves the operation never executed; a new epoch proves
         nothing (the provider may have run it and forgotten).
         """
+
+    def offers(self) -> Offer | None:
+        """What the server can run (node classes, model files per folder: pipeline/needs.py), or None
+        when it does not say (then it is taken to run anything)."""

@@ -22,6 +22,7 @@ from urllib.parse import quote, urlencode
 import orjson
 
 from pipeline.errors import InvalidInput, OutputLost, Transient, UnknownOutcome
+from pipeline.needs import FOLDERS, Offer
 from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui_answers import SAFE_REASON, from_history, node_error_detail, prompt_error_detail
 from pipeline.providers.http import HttpTransport
@@ -107,6 +108,26 @@ class ComfyUI:
         stats = _json_object(self.transport.request("GET", "/system_stats").body)
         system = stats.get("system")
         return str(system.get("reckon_boot_id", "")) if isinstance(system, dict) else ""
+
+    def offers(self) -> Offer | None:
+        """Its node classes (``GET /object_info``) and, for each folder reckon checks, its model files
+        (``GET /models/<folder>``): read without authentication, as ComfyUI serves them. None when
+        the server has no ``/object_info`` (404)."""
+        info = self.transport.request("GET", "/object_info", accept=(404,))
+        if info.status == 404:
+            return None
+        nodes = _loads(info.body)
+        folders = _loads(self.transport.request("GET", "/models").body)
+        if not isinstance(nodes, dict) or not isinstance(folders, list):
+            raise Transient("provider_answer_malformed")
+        models = {}
+        for folder in FOLDERS:
+            if folder in folders:
+                files = _loads(self.transport.request("GET", f"/models/{quote(folder)}").body)
+                if not isinstance(files, list):
+                    raise Transient("provider_answer_malformed")
+                models[folder] = frozenset(str(name) for name in files)
+        return Offer(frozenset(nodes), models)
 
     def fetch(self, ref: OutputRef) -> bytes:
         """The file as ComfyUI wrote it (metadata included: media.describe strips it).

@@ -50,3 +50,6 @@ class NullProvider:
 
     def epoch(self) -> str:
         return "null"
+
+    def offers(self) -> None:
+        return None

@@ -1,8 +1,9 @@
 """reckon's Redis state: every key name (``keys``), the clients (``redisconn``), the Lua scripts as
 typed calls (``scripts``, ``store``), plain reads (``reads``, ``views``, ``archive``, ``progress``),
-jobs as clients see them (``jobs``, ``submit``), tenants and admission settings, the operators'
-figures (``status``, ``history``) and the migration of older layouts (``migrate``).
+jobs as clients see them (``jobs``, ``submit``), tenants and admission settings, what each server
+can run (``offers``), the operators' figures (``status``, ``history``, ``fairness``) and the
+migration of older layouts (``migrate``).
 
-Imports only the ground (``pipeline.settings``, ``errors``, ``fleet``, ``claims``, ``faultpoints``):
+Imports only the ground (``pipeline.settings``, ``errors``, ``fleet``, ``claims``, ``needs``, ``faultpoints``):
 what changes state here is one script, and nothing here runs a provider or a process.
 """

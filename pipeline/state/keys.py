@@ -300,6 +300,12 @@ class ProviderKeys:
         return f"{PREFIX}:{{p:{self.name}}}:budget"
 
 
+def server_offers(server: str) -> str:
+    """String: JSON {at (ms), offer: {nodes, models: {folder: files}} or null (the server does not say)}:
+    what the server can run, as its watcher last read it (pipeline/state/offers.py)."""
+    return f"{PREFIX}:{{server:{server}}}:offers"
+
+
 def tenant_disabled(tenant: str) -> str:
     """String: exists while the tenant is disabled (value: since when, ms); its keys are refused."""
     return TenantKeys(tenant)._k("disabled")

@@ -3,15 +3,24 @@ job's message is published (or left to the sweeper's outbox when the broker does
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipeline import faultpoints
-from pipeline.errors import IdempotencyConflict, IdempotencyKeyReused, InsufficientAllowance, InvalidRequest
+from pipeline.errors import (
+    IdempotencyConflict,
+    IdempotencyKeyReused,
+    InsufficientAllowance,
+    InvalidRequest,
+    UnsupportedWorkflow,
+)
 from pipeline.fleet import highest_price
+from pipeline.needs import needs_of
 from pipeline.settings import Settings
 from pipeline.state import keys
+from pipeline.state.offers import Routes
 from pipeline.state.jobs import State, cost_plan, fingerprint, first_response, parse_request
 from pipeline.state.scripts import Code, ReplicationTimeout
 from pipeline.state.store import Admission, FleetLimits, Store
@@ -39,23 +48,34 @@ class Admitter:
         self.settings = settings
         self.new_job_id = new_job_id
         self.limits = FleetLimits.of(settings)
-        #: The price per output every job is reserved at (docs/costs.md "The reservation").
-        self.price = highest_price(settings.servers())
+        self.servers = settings.servers()
+        #: Which servers can run a workflow (docs/fleet.md "Routing by what a server can run").
+        self.routes = Routes(store.redis, [server.name for server in self.servers])
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
         request = parse_request(body, self.settings)
         if request.supersedes and keys.tenant_of(request.supersedes) != tenant:
             raise InvalidRequest("supersedes", "no such job")
-        per_attempt, attempts, ceiling = cost_plan(request, self.settings, self.price)
+        needs = needs_of(request.workflow)
+        route = self.routes.route(needs)
+        if not route.servers and not self.store.redis.exists(keys.TenantKeys(tenant).idempotency(idem_key)):
+            raise UnsupportedWorkflow(route.lacking.nodes, route.lacking.models)  # a retry replays below
+        # reserved at the highest price of the servers that may run it (docs/costs.md "The reservation")
+        price = highest_price([s for s in self.servers if route.every or s.name in route.servers] or self.servers)
+        per_attempt, attempts, ceiling = cost_plan(request, self.settings, price)
         job_id = self.new_job_id(tenant)
         record = {
             "id": job_id, "tenant": tenant, "state": State.QUEUED.value, "kind": request.kind,
             "priority": request.priority,
-            "outputs_requested": request.outputs, "price": self.price, "ceiling": ceiling,
+            "outputs_requested": request.outputs, "price": price, "ceiling": ceiling,
             "reserved": ceiling, "charged": 0, "uncertain": 0, "settled": 0, "per_attempt": per_attempt,
             "attempts_allowed": attempts, "attempt_count": 0, "lease_gen": 0, "deadline_s": request.deadline_s,
             "idem_key": idem_key, "supersedes": request.supersedes or "",
         }  # created_at, updated_at and deadline: the admission script stamps them on Redis's clock
+        if not route.every:  # only these servers can run it: a claim takes a slot on one of them
+            record["servers"] = ",".join(route.servers)
+        if needs.checkpoint:  # a claim prefers a server that last loaded it (lua/_slots.lua `take_slot`): a
+            record["ckpt"] = hashlib.sha256(needs.checkpoint.encode()).hexdigest()[:16]  # digest, not the name
         try:
             admission = self.store.admit(
                 tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,

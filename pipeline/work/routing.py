@@ -49,7 +49,7 @@ class Router:
                  rng: Callable[[], float] = random.random) -> None:
         self.store, self.settings, self.budget, self.rng = store, settings, budget, rng
         #: A retry may run on any server of the fleet: it is affordable at the dearest one's price.
-        self.price = highest_price(settings.servers())
+        self.servers = settings.servers()
 
     def route(self, failure: AttemptFailed, *, base: float | None = None, cap: float | None = None) -> str:
         claim, cause = failure.claim, failure.cause
@@ -84,11 +84,17 @@ class Router:
         if int(job["attempt_count"]) >= int(job["attempts_allowed"]):
             return "attempts_exhausted"
         missing = int(job["outputs_requested"]) - stored
-        if missing * self.price > int(job["reserved"]):
+        if missing * self._dearest(job) > int(job["reserved"]):
             return "reservation_exhausted"
         if now + (delay + self.settings.min_attempt_seconds) * 1000 >= int(job["deadline"]):
             return "deadline_exceeded"
         return None
+
+    def _dearest(self, job: dict[str, str]) -> int:
+        """The price per output of the dearest server another attempt may run on: of those the job's
+        workflow can run on (``servers``, set at admission), else of the fleet."""
+        named = set(job.get("servers", "").split(",")) - {""}
+        return highest_price([s for s in self.servers if s.name in named] or self.servers)
 
     def _dead_letter(self, claim: Claim, error_class: str, reason: str, detail: dict[str, str] | None = None) -> str:
         self.store.finish(claim, "failed", error_class=error_class, reason=reason, detail=detail)

@@ -14,7 +14,10 @@ server then:
 - asks ``/history`` about one watched prompt per tick (at most once a second per server,
   not per job), round-robin: every tick while the websocket is down, and for each prompt
   every ``watch_recheck_seconds`` while it is up, so a lost message costs a delay, never a job;
-- probes a server marked unreachable and clears the mark when it answers.
+- probes a server marked unreachable and clears the mark when it answers;
+- reads what the server can run (node classes, model files: pipeline/state/offers.py) when it
+  connects (a restarted server is reconnected to), when a probe finds it back, and every
+  ``offers_refresh_seconds``.
 
 While a server does not answer, its watched prompts' leases are not renewed: they expire
 and the sweeper moves the jobs to reconciliation, which asks that same server until it
@@ -42,7 +45,7 @@ from pipeline.claims import Claim
 from pipeline.errors import ProviderError, StaleLease
 from pipeline.providers.fleet import Fleet
 from pipeline.settings import Settings
-from pipeline.state import keys
+from pipeline.state import keys, offers
 from pipeline.state.progress import Coalescer, Record
 from pipeline.state.redisconn import name_connections
 from pipeline.state.store import Store, open_store
@@ -71,7 +74,7 @@ class ServerWatch:
         self.late: dict[str, int] = {}  # job id -> generation found past its deadline
         self.contact = 0.0  # when the server last answered (monotonic)
         self.connected = False
-        self._next_tick = self._next_probe = self._held_until = 0.0
+        self._next_tick = self._next_probe = self._held_until = self._next_offers = 0.0
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -104,6 +107,7 @@ class ServerWatch:
                          ping_interval=keepalive, ping_timeout=keepalive, max_size=2**22, proxy=None) as ws:
                 self.connected = True
                 self.checked.clear()  # what ended while we were away is asked about now
+                self._next_offers = 0.0  # perhaps a new process life: what it can run is read again
                 while not stop.is_set() and self._hold():
                     try:
                         self.on_message(ws.recv(timeout=self.settings.watch_poll_seconds))
@@ -179,6 +183,8 @@ class ServerWatch:
         self._cancels()
         if self.store.provider_block(self.name) == "provider_unreachable":
             return self._probe(now)
+        if now >= self._next_offers:
+            self.read_offers(now)
         self._check_one(now)
         if self.clock() - self.contact < self.settings.lease_seconds / 2:
             self._renew(now)
@@ -233,11 +239,24 @@ class ServerWatch:
         except ProviderError:
             return
         self.contact = self.clock()
+        self._next_offers = 0.0  # back: perhaps restarted with other nodes or models
         if self.store.clear_provider(self.name, ["provider_unreachable"]):
             log.info("server %s answers again; dispatch resumes", self.name)
             for shard in keys.shards():
                 for job_id in self.store.unpark(shard, self.caps):
                     self.publish(job_id, "unparked")
+
+    def read_offers(self, now: float) -> None:
+        """Store what the server can run (its node classes and model files); asked again after a
+        probe's interval if it does not answer."""
+        try:
+            offer = self.provider.offers()
+        except ProviderError as exc:
+            log.info("watcher of %s: what it can run is unread (%s)", self.name, exc.reason)
+            self._next_offers = now + self.settings.probe_seconds
+            return
+        offers.write(self.store.redis, self.name, offer, self.store.server_ms())
+        self._next_offers = now + self.settings.offers_refresh_seconds
 
     def _collect(self, job_id: str) -> None:
         """A worker takes the job; a progress point still pending is dropped (what the worker

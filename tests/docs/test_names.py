@@ -229,7 +229,8 @@ def built_keys() -> set[str]:
     keys.use_shards(1)
     try:
         holders = [ShardKeys(0), TenantKeys(tenant), JobKeys(job_id), ProviderKeys("prv")]
-        built = {keys.SWEEPER, keys.HISTORY, keys.FAIRNESS, keys.watcher_lock("srv"), keys.api_key("sha"),
+        built = {keys.SWEEPER, keys.HISTORY, keys.FAIRNESS, keys.watcher_lock("srv"), keys.server_offers("srv"),
+                 keys.api_key("sha"),
                  keys.tenant_disabled(tenant), keys.tenant_api_keys(tenant), TenantKeys(tenant).idempotency("idk")}
         for holder in holders:
             for name, member in inspect.getmembers(type(holder)):

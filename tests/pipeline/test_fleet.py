@@ -264,6 +264,9 @@ class Refusing:
     def epoch(self) -> str:
         return ""
 
+    def offers(self) -> None:  # does not say what it can run: taken to run anything
+        return None
+
 
 def test_a_refusal_at_submission_survives_hand_backs_and_names_the_failure(store, settings, admit) -> None:
     fleet = Fleet([Server("a", "http://a", 2)], lambda _: Refusing())
@@ -366,6 +369,9 @@ class PausesBeforeSending(ComfyUI):
     def epoch(self) -> str:
         self.store.pause_class("interactive")
         return super().epoch()
+
+    def offers(self) -> None:  # does not say what it can run: taken to run anything
+        return None
 
 
 def test_a_pause_after_the_claim_sends_nothing_and_gives_the_attempt_back(store, settings, admit, sim) -> None:

@@ -43,6 +43,9 @@ class Rendering:
     def epoch(self) -> str:
         return "e1"
 
+    def offers(self) -> None:  # does not say what it can run: taken to run anything
+        return None
+
     def submit(self, operation_id: str, workflow: dict[str, Any], indices: list[int], *,
                front: bool = False) -> dict[str, str] | None:
         raise AssertionError("a watcher submits nothing")

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.needs import Offer, missing, needs_of
 from pipeline.providers.sim.faults import Faults
 from pipeline.providers.sim.websocket import frame
 
@@ -36,9 +37,17 @@ def png(seed: str, size: int = 8) -> bytes:
 class SimComfy:
     """The provider's in-memory state and its single executor thread."""
 
-    def __init__(self, *, delay: float = 0.0, price_per_output: int = DEFAULT_PRICE_PER_OUTPUT) -> None:
+    def __init__(self, *, delay: float = 0.0, price_per_output: int = DEFAULT_PRICE_PER_OUTPUT,
+                 nodes: list[str] | None = None, models: dict[str, list[str]] | None = None,
+                 load_seconds: float = 0.0) -> None:
+        """``nodes``, ``models``: what it offers (``/object_info``, ``/models/<folder>``), and refuses a
+        prompt naming anything else as ComfyUI does (400); None: no ``/object_info`` (404), runs
+        anything. ``load_seconds``: what loading another checkpoint than the last one costs."""
         self.delay = delay
         self.price_per_output = price_per_output
+        self.nodes, self.models, self.load_seconds = nodes, models, load_seconds
+        #: The checkpoint in memory, and how many times one was loaded.
+        self.loaded, self.loads = "", 0
         self.cond = threading.Condition()
         self.pending: list[list[Any]] = []
         self.running: list[Any] | None = None
@@ -68,6 +77,9 @@ class SimComfy:
         prompt = payload.get("prompt")
         if not isinstance(prompt, dict) or not prompt:
             raise ValueError("prompt_no_outputs")
+        lacking = missing(needs_of(prompt), self.offer())
+        if lacking:
+            raise ValueError("invalid_prompt" if lacking.nodes else "prompt_outputs_failed_validation")
         with self.cond:
             self.number += 1
             prompt_id = str(payload.get("prompt_id") or hashlib.sha1(str(self.number).encode()).hexdigest())
@@ -76,6 +88,18 @@ class SimComfy:
             self.pending.append([self.number, prompt_id, prompt, extra, []])
             self.cond.notify_all()
             return {"prompt_id": prompt_id, "number": self.number, "node_errors": {}}
+
+    def offer(self) -> Offer | None:
+        if self.nodes is None:
+            return None
+        return Offer(frozenset(self.nodes), {k: frozenset(v) for k, v in (self.models or {}).items()})
+
+    def _load(self, prompt: dict[str, Any]) -> None:
+        """Load the prompt's checkpoint unless it is the one in memory (``load_seconds``)."""
+        checkpoint = needs_of(prompt).checkpoint
+        if checkpoint and checkpoint != self.loaded:
+            time.sleep(self.load_seconds)
+            self.loaded, self.loads = checkpoint, self.loads + 1
 
     def restart(self) -> None:
         """Lose queue and history (a new process life) and every websocket; keep the charge ledger."""
@@ -129,6 +153,7 @@ class SimComfy:
                     return
                 self.running = self.pending.pop(0)
             item = self.running
+            self._load(item[2])
             self._progress(item)
             with self.cond:
                 if self.running is not None:  # None: a restart lost it mid-execution

@@ -95,6 +95,12 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, {"faults": sim.faults.listing()})
         if url.path == "/queue":
             return self._send(200, sim.queue())
+        if url.path == "/object_info" and sim.nodes is not None:
+            return self._send(200, {name: {"input": {}} for name in sim.nodes})
+        if url.path == "/models" and sim.nodes is not None:
+            return self._send(200, sorted(sim.models or {}))
+        if url.path.startswith("/models/") and sim.nodes is not None:
+            return self._send(200, sorted((sim.models or {}).get(url.path.removeprefix("/models/"), [])))
         if url.path.startswith("/history/"):
             prompt_id = url.path.removeprefix("/history/")
             with sim.cond:
@@ -158,7 +164,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             answer = sim.enqueue(payload if isinstance(payload, dict) else {})
         except ValueError as exc:
-            error = {"type": str(exc), "message": "Prompt has no outputs", "details": "", "extra_info": {}}
+            message = "Prompt has no outputs" if str(exc) == "prompt_no_outputs" else "Prompt refused"
+            error = {"type": str(exc), "message": message, "details": "", "extra_info": {}}
             return self._send(400, {"error": error, "node_errors": {}})
         if accepted and accepted["kind"] == "drop":
             self.close_connection = True
