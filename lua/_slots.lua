@@ -177,16 +177,39 @@ end
 -- make it load another (they are passed over until the starvation bound moves them first).
 local AFFINITY_WINDOW = 8
 
+-- Reads the fields unpark needs of parked jobs (`best`: id, score, ...): each one's `placement` and, for
+-- a called one, the server its call was promised (`c:<job id>`); one HMGET for those not read yet.
+local function read_parked(fleet, best)
+  local fields = {}
+  for i = 1, #best, 2 do fields[#fields + 1], fields[#fields + 2] = 'p:' .. best[i], 'c:' .. best[i] end
+  if #fields > 0 then preload(fleet, fields) end
+end
+
+-- How many of the parked jobs `best` some server of their own with a slot free could take.
+local function fits(fleet, servers, best)
+  read_parked(fleet, best)
+  local free, n = {}, 0
+  for _, server in ipairs(servers) do
+    local busy = server_busy(fleet, server[1])
+    free[server[1]] = busy and busy < server[2]
+  end
+  for i = 1, #best, 2 do
+    for _, server in ipairs(able_servers(servers, (placement(fleet, best[i])))) do
+      if free[server[1]] then n = n + 1 break end
+    end
+  end
+  return n
+end
+
 -- Matches parked jobs (`best`: id, score, id, score, ... in rank order) to the free slots of `servers`,
 -- at most `open` of them: each free slot takes the best job that can run on its server (`placement`),
 -- a batch job whose checkpoint the server has loaded (`ckpt:<server>`) before up to AFFINITY_WINDOW
 -- batch ones that would load another; interactive jobs, and batch jobs past the starvation bound,
--- are never passed over. A job already called (in `called`) holds a slot of a server it can run
--- on. Returns the positions in `best` of the jobs to call, in rank order.
+-- are never passed over. Each call is promised its server (`c:<job id>` in the fleet hash, which its
+-- claim takes, and other claims leave to it); a job called already holds its promised server's slot.
+-- Returns the positions in `best` of the jobs to call, in rank order.
 local function match_calls(fleet, servers, best, called, open)
-  local fields = {}
-  for i = 1, #best, 2 do fields[#fields + 1] = 'p:' .. best[i] end
-  if #fields > 0 then preload(fleet, fields) end
+  read_parked(fleet, best)
   local free, warm = {}, {}
   for _, server in ipairs(servers) do
     local busy = server_busy(fleet, server[1])
@@ -198,12 +221,9 @@ local function match_calls(fleet, servers, best, called, open)
     local named, ckpt = placement(fleet, best[i])
     local job = {at = i, able = {}, ckpt = ckpt, batch = tonumber(best[i + 1]) >= tonumber(BATCH_RANK)}
     for _, server in ipairs(able_servers(servers, named)) do job.able[server[1]] = true end
-    if redis.call('ZSCORE', called, best[i]) then  -- called already: a slot of its servers is promised
-      local most
-      for name in pairs(job.able) do
-        if (free[name] or 0) > 0 and (not most or free[name] > free[most]) then most = name end
-      end
-      if most then free[most] = free[most] - 1 end
+    if redis.call('ZSCORE', called, best[i]) then  -- called already: its promised server's slot is its
+      local promised_to = hget(fleet, 'c:' .. best[i])
+      if promised_to and (free[promised_to] or 0) > 0 then free[promised_to] = free[promised_to] - 1 end
     else
       jobs[#jobs + 1] = job
     end
@@ -224,13 +244,25 @@ local function match_calls(fleet, servers, best, called, open)
       end
       choice = choice or first
       if not choice then break end
-      picked[choice], count, free[name] = true, count + 1, free[name] - 1
+      picked[choice], count, free[name] = name, count + 1, free[name] - 1
       warm[name] = jobs[choice].ckpt or warm[name]
     end
   end
   local calls = {}
   for j, job in ipairs(jobs) do
-    if picked[j] then calls[#calls + 1] = job.at end
+    if picked[j] then
+      calls[#calls + 1] = job.at
+      hset(fleet, 'c:' .. best[job.at], picked[j])
+    end
   end
   return calls
+end
+
+-- A job leaves the parked set for good (it failed or is gone): its entry, its call and its fields in the
+-- fleet hash (`p:` its placement, `c:` the server its call was promised) go, whether it had them or not.
+local function leave_parked(fleet, parked, called, job_id)
+  if redis.call('ZREM', parked, job_id) == 1 then
+    redis.call('ZREM', called, job_id)
+    redis.call('HDEL', fleet, 'p:' .. job_id, 'c:' .. job_id)
+  end
 end

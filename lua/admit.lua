@@ -57,12 +57,13 @@
 -- ARGV[14] default target wait of interactive jobs (s)
 -- ARGV[15] shards the state is split into: a queue cap is fleet-wide, each shard keeps its share
 -- ARGV[16] retention (ms; '' = 0: see finalize in _lib.lua)
+-- ARGV[17] '1' when no configured server can run the workflow: a replay answers, anything else is refused
 --
 -- Returns {1 CREATED, job_id, now (ms)} | {2 REPLAYED, job_id, status}
 --   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
 --   | {5 INSUFFICIENT_ALLOWANCE, available, ceiling} | {6 UNKNOWN_TENANT} | {7 NOT_FOUND}
 --   | {17 LIMITED, reason (max_inflight | rate | queue_full | load_shed), retry after (ms)}
---   | {18 INFEASIBLE, estimated finish (ms from now), deadline (ms from now)}
+--   | {18 INFEASIBLE, estimated finish (ms from now), deadline (ms from now)} | {19 UNSUPPORTED}
 
 use_globals(17)
 local now, job_id, fingerprint = clock(ARGV[1]), ARGV[2], ARGV[3]
@@ -126,6 +127,7 @@ if seen then
   if seen[3] ~= 'done' then return {3, seen[2]} end
   return {2, seen[2], tonumber(seen[4])}
 end
+if ARGV[17] == '1' then return {19} end  -- no server can run it: only a replay may answer, nothing is written
 
 local ledger = hmget(KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain', 'vf:' .. record.priority)
 if not ledger[1] then return {6} end

@@ -38,8 +38,9 @@ local state = f[1]
 local effect = external_effect(job)
 if state == 'queued' or state == 'retry_wait' or state == 'needs_review' then
   redis.call('ZREM', KEYS[7], f[2])
-  redis.call('ZREM', KEYS[11], f[2])
-  if hget(job, 'servers') or hget(job, 'ckpt') then redis.call('HDEL', KEYS[20], 'p:' .. f[2]) end  -- `placement`
+  if redis.call('ZREM', KEYS[11], f[2]) == 1 then  -- parked: its placement and promised server go (_slots.lua)
+    redis.call('HDEL', KEYS[20], 'p:' .. f[2], 'c:' .. f[2])
+  end
   hset(job, 'cancel_requested', 1, 'external_effect', effect)
   end_waiting(job, {ledger = KEYS[2], queued = KEYS[3], retry = KEYS[4], events = KEYS[5], counts = KEYS[6],
     done = KEYS[8], workflow = KEYS[9], wake = KEYS[10], parts = parts_at(15), retention = ARGV[2]}, now, state, 'cancelled', 'cancelled')

@@ -60,11 +60,9 @@ local f = hmget(job, 'state', 'id', 'deadline', 'servers', 'ckpt')
 -- A parked job that only some servers can run, or that names a checkpoint, has its `placement`
 -- (_slots.lua) in the fleet hash while it waits, for unpark; it goes when the job leaves the parked set.
 local placed = f[4] or f[5]
-local function unplace() if placed then redis.call('HDEL', KEYS[12], 'p:' .. ARGV[7]) end end
 if f[1] ~= 'queued' then
   redis.call('ZREM', KEYS[14], ARGV[7])  -- a call is answered by this claim, whatever it finds
-  redis.call('ZREM', KEYS[13], ARGV[7])  -- a parked entry of a job that moved on (or is gone) goes
-  unplace()
+  leave_parked(KEYS[12], KEYS[13], KEYS[14], ARGV[7])  -- a parked entry of a job that moved on (or is gone) goes
   if not f[1] then return {7} end
   return {8, f[1]}
 end
@@ -75,7 +73,7 @@ local waiting = redis.call('ZCARD', KEYS[13]) > 0
 -- a call is answered by this claim, whatever it finds; a called job was promised a slot (unpark)
 local called = waiting and redis.call('ZREM', KEYS[14], ARGV[7]) == 1
 if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
-  if waiting then redis.call('ZREM', KEYS[13], ARGV[7]) unplace() end
+  if waiting then leave_parked(KEYS[12], KEYS[13], KEYS[14], ARGV[7]) end
   expire_queued(job, {ledger = KEYS[7], queued = KEYS[3], dead = KEYS[8], events = KEYS[5], counts = KEYS[6],
     done = KEYS[9], workflow = KEYS[10], wake = KEYS[11]}, now, 'deadline_passed_while_queued')  -- rare: woken at once
   return {14}
@@ -91,7 +89,7 @@ servers = able_servers(servers, f[4])  -- the servers that can run its workflow
 local g = hmget(job, 'priority', 'vf', 'tenant', 'price', 'outputs_requested')
 local class = g[1] or 'interactive'
 local served = 'served:' .. class .. ':' .. (g[3] or '')  -- cost dispatched to the tenant: its share
-fleet_view(KEYS[12], servers, {served})
+fleet_view(KEYS[12], servers, {served, 'c:' .. job_id})
 local rank = parked_rank(KEYS[13], job_id, g[1], g[2], waiting)  -- interactive before batch, then the tag
 local function park()
   redis.call('ZADD', KEYS[13], rank, job_id)
@@ -102,23 +100,44 @@ if paused_for(KEYS[12], class) then  -- `reckon pause --class`: it waits, parked
   return {16}
 end
 local server
-local calls, ahead = {}, 0
+local calls, ahead, generic = {}, 0, 0
+-- the server its call was promised (unpark's `match_calls`), if it was called; the promise is answered
+local promised_to = called and hget(KEYS[12], 'c:' .. job_id) or nil
+local mine = servers  -- its servers, less the slots promised to other called jobs
 if waiting then
   calls = promised(KEYS[14], KEYS[13], now)
+  if #calls > 0 then
+    local fields, held = {}, {}
+    for i, id in ipairs(calls) do fields[i] = 'c:' .. id end
+    preload(KEYS[12], fields)
+    for _, id in ipairs(calls) do
+      local to = hget(KEYS[12], 'c:' .. id)
+      if to then held[to] = (held[to] or 0) + 1 else generic = generic + 1 end
+    end
+    mine = {}
+    for i, s in ipairs(servers) do mine[i] = {s[1], s[2] - (held[s[1]] or 0)} end
+  end
 end
 if waiting and not called then  -- a called job takes its promised slot, whoever waits
-  -- parked jobs ahead of this one, less interactive ones while their class is paused (they wait behind)
+  -- parked jobs ahead of this one, less those of a paused class (they wait behind): interactive ones
+  -- while interactive is paused; while batch is, this job is interactive and only interactive ones count
   local skip = rank >= 0 and paused_for(KEYS[12], 'interactive')
-  local function ahead_of(r) return r < rank and not (skip and r >= 0 and r < tonumber(BATCH_RANK)) end
-  ahead = redis.call('ZCOUNT', KEYS[13], '-inf', '(' .. rank)
+  local only_interactive = paused_for(KEYS[12], 'batch')
+  local function ahead_of(r)
+    return r < rank and not (skip and r >= 0 and r < tonumber(BATCH_RANK)) and not (only_interactive and r < 0)
+  end
+  ahead = redis.call('ZCOUNT', KEYS[13], only_interactive and 0 or '-inf', '(' .. rank)
   if skip then ahead = ahead - redis.call('ZCOUNT', KEYS[13], 0, '(' .. BATCH_RANK) end
   for _, id in ipairs(calls) do  -- a called job holds a promised slot: counted in `open`, not ahead
     if ahead_of(tonumber(redis.call('ZSCORE', KEYS[13], id))) then ahead = ahead - 1 end
   end
 end
-local open = free_slots(KEYS[12], servers) - (called and 0 or #calls)  -- its servers' free slots
-if ahead < open then
-  server = take_slot(KEYS[12], servers, f[5])  -- else better jobs wait parked for the free slots
+local open = free_slots(KEYS[12], mine) - (called and 0 or generic)  -- its servers' free slots
+if ahead < open then  -- else better jobs wait parked for the free slots
+  for _, s in ipairs(promised_to and mine or {}) do  -- its promised server first
+    if s[1] == promised_to then server = take_slot(KEYS[12], {s}, f[5]) end
+  end
+  server = server or take_slot(KEYS[12], mine, f[5])
 end
 if not server then
   park()
@@ -137,7 +156,7 @@ redis.call('ZADD', KEYS[2], expires, job_id)
 wake(KEYS[11], job, expires)
 redis.call('ZREM', KEYS[3], job_id)
 if waiting then redis.call('ZREM', KEYS[13], job_id) end
-if waiting and placed then hdel(KEYS[12], 'p:' .. job_id) end
+if waiting then hdel(KEYS[12], 'p:' .. job_id, 'c:' .. job_id) end  -- its placement and promise, if any
 redis.call('HSET', KEYS[4], n, cjson.encode({
   number = n, worker = ARGV[2], generation = gen, provider = ARGV[5], server = server, price = price,
   operation_id = ARGV[4], state = 'running', started_at = now,

@@ -6,9 +6,10 @@
 -- published again; duplicates are harmless (a claim takes the job once). Each
 -- redelivery of the same wait doubles the window (up to 32x), so a long backlog
 -- is not flooded with copies; a claim resets it. A queued job past its deadline
--- fails `deadline_exceeded` here instead, settled, never dispatched.
+-- fails `deadline_exceeded` here instead, settled, never dispatched, and leaves the fleet's parked
+-- and called sets with its fields there (`p:` and `c:`: _slots.lua), as a claim would.
 --
--- keys: 12
+-- keys: 15
 -- KEYS[1] job record (hash)          KEYS[5] job's event list
 -- KEYS[2] index the job waits in     KEYS[6] tenant's per-state counts (hash)
 --         (queued or reconcile zset) KEYS[7] tenant's done index (zset)
@@ -17,6 +18,7 @@
 --
 -- KEYS[10] global stats (hash), KEYS[11] queue (zset), KEYS[12] due (zset):
 --   see use_globals in _lib.lua
+-- KEYS[13] fleet (hash)   KEYS[14] fleet's parked jobs (zset)   KEYS[15] fleet's called jobs (zset)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] job id
@@ -39,6 +41,7 @@ local score = tonumber(redis.call('ZSCORE', KEYS[2], job_id) or now)
 if state == 'queued' then score = score + tonumber(ARGV[4]) end
 if score > now then return {11} end
 if state == 'queued' and tonumber(f[2]) <= now then
+  leave_parked(KEYS[13], KEYS[14], KEYS[15], job_id)
   expire_queued(job, {ledger = KEYS[3], queued = KEYS[2], dead = KEYS[4], events = KEYS[5], counts = KEYS[6],
     done = KEYS[7], workflow = KEYS[8], wake = KEYS[9], retention = ARGV[5]}, now, 'deadline_passed_while_queued')
   return {14}

@@ -23,7 +23,8 @@
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] how long a call holds its slot (ms)
 -- ARGV[3] longest a batch job waits behind interactive ones (ms)
--- ARGV[4], ARGV[5], ... server name, its cap, for each server
+-- ARGV[4], ARGV[5], ARGV[6], ... for each server: its name, its cap, and its slots free across shards
+--   ('' with one shard: pipeline/state/slots.py), which bounds its free slots here
 --
 -- Jobs of a paused class (`pause_class:<class>` in the fleet hash) are not called; a batch job
 -- past the bound is a batch job for its class's pause.
@@ -32,14 +33,23 @@
 -- `reckon-unparked` queue, which workers serve before their other queues, so a parked
 -- job does not wait again behind the backlog that arrived after it.
 
--- Parked jobs looked at beyond the free slots, for jobs passed over because no server of theirs is free.
-local LOOKAHEAD = 32
+-- Parked jobs read beyond the free slots at first, then a page at a time, up to LOOK_MAX in all, for jobs
+-- passed over because no server of theirs is free.
+local LOOKAHEAD, LOOK_PAGE, LOOK_MAX = 32, 256, 2048
 
 if redis.call('ZCARD', KEYS[2]) == 0 then return {0} end
 local now = clock(ARGV[1])
 local servers = {}
-for i = 4, #ARGV, 2 do servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])} end
+local across = {}
+for i = 4, #ARGV, 3 do
+  servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])}
+  across[ARGV[i]] = tonumber(ARGV[i + 2])
+end
 fleet_view(KEYS[1], servers)
+for _, server in ipairs(servers) do  -- with shards, no more free here than across all of them
+  local busy = across[server[1]] and server_busy(KEYS[1], server[1])
+  if busy then server[2] = math.min(server[2], busy + across[server[1]]) end
+end
 local interactive_paused = paused_for(KEYS[1], 'interactive')
 local batch_paused = paused_for(KEYS[1], 'batch')
 if not batch_paused then age_batch(KEYS[2], KEYS[4], now, tonumber(ARGV[3])) end
@@ -47,16 +57,32 @@ local calls = promised(KEYS[3], KEYS[2], now)
 local open = free_slots(KEYS[1], servers) - #calls
 local reply = {0}
 if open <= 0 or (interactive_paused and batch_paused) then return reply end
-local best
-local want = open + #calls + LOOKAHEAD
-if batch_paused then  -- interactive ones only
-  best = redis.call('ZRANGEBYSCORE', KEYS[2], 0, '(' .. BATCH_RANK, 'WITHSCORES', 'LIMIT', 0, want)
-elseif interactive_paused then  -- batch ones, past the bound first
-  best = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(0', 'WITHSCORES', 'LIMIT', 0, want)
-  for _, item in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], BATCH_RANK, '+inf', 'WITHSCORES', 'LIMIT', 0,
-      want - #best / 2)) do best[#best + 1] = item end
-else
-  best = redis.call('ZRANGE', KEYS[2], 0, want - 1, 'WITHSCORES')
+-- The parked jobs in dispatch order from `offset` on (`count` of them), less those of a paused class.
+local moved = interactive_paused and redis.call('ZCOUNT', KEYS[2], '-inf', '(0') or 0
+local function page(offset, count)
+  if batch_paused then  -- interactive ones only
+    return redis.call('ZRANGEBYSCORE', KEYS[2], 0, '(' .. BATCH_RANK, 'WITHSCORES', 'LIMIT', offset, count)
+  elseif interactive_paused then  -- batch ones, past the bound first
+    local found = {}
+    if offset < moved then
+      found = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(0', 'WITHSCORES', 'LIMIT', offset, count)
+    end
+    if #found / 2 < count then
+      for _, item in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], BATCH_RANK, '+inf', 'WITHSCORES', 'LIMIT',
+          math.max(0, offset - moved), count - #found / 2)) do found[#found + 1] = item end
+    end
+    return found
+  end
+  return redis.call('ZRANGE', KEYS[2], offset, offset + count - 1, 'WITHSCORES')
+end
+-- Pages of parked jobs, until they hold a job for each free slot that a server of its own can take
+-- (`fits`, _slots.lua), the set ends, or LOOK_MAX are read: jobs whose servers are full are looked past.
+local best, asked = {}, open + #calls + LOOKAHEAD
+while true do
+  local found = page(#best / 2, asked)
+  for _, item in ipairs(found) do best[#best + 1] = item end
+  if #found / 2 < asked or #best / 2 >= LOOK_MAX or fits(KEYS[1], servers, best) >= open + #calls then break end
+  asked = LOOK_PAGE
 end
 -- Each call is matched to a free slot of a server that can run the job (`match_calls`: a job none of
 -- whose servers has a slot free is passed over, not called, so it holds no slot another server could

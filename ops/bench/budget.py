@@ -27,3 +27,9 @@ STEPS = {  # what the scripts of each step cost (FCALL included), per job
     "finish": 20,
     "confirm-publish": 4,
 }
+
+#: With the state split into shards (``RECKON_SHARDS`` > 1), what holding a server's cap across them
+#: adds per job (pipeline/state/slots.py): the slot's take (5, FCALL included) and the sweeper's
+#: renewals every 5 s (about 1.4 a job here); and in the worker, the job's state and its shard's stop
+#: marks read before the take, the slot's check before the send and its release (4, in "worker").
+SHARDED_STEPS = {"server slot": 7, "worker": 5.5}

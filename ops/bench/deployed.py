@@ -39,7 +39,7 @@ from ops.bench.benchlib import BIN, ROOT, free_port, group_cpu, redis_cpu, wait_
 SCRIPT_STEPS = {
     "admit": "admission", "claim": "claim", "mark-submit": "submit mark", "await": "hand-over",
     "progress": "progress", "collect-claim": "collect", "store-output": "outputs", "charge": "charge",
-    "finish": "finish", "heartbeat": "lease renewal",
+    "finish": "finish", "heartbeat": "lease renewal", "slot-take": "server slot", "slot-keep": "server slot",
 }
 #: A connection's name (``CLIENT SETNAME``, pipeline/state/redisconn.py) -> the step its other commands count to.
 CLIENT_STEPS = {"web": "api", "worker": "worker", "sweeper": "sweeper share", "watcher": "watcher share",

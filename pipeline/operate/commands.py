@@ -159,7 +159,7 @@ def status(store: Store, args: argparse.Namespace) -> int:
     redraws it every S seconds until interrupted; ``--json`` for scripts. Per tenant: ``reckon tenant show``."""
     caps = _caps()
     while True:
-        snap, fair = snapshot(store, caps), fairness.view(store)
+        snap, fair = snapshot(store, caps), fairness.view(store, fresh=not args.watch)
         if args.json:
             _print({**snap, "fairness": fair})
         else:

@@ -8,6 +8,7 @@ counters and who waits parked, and compares two samples a window apart (``publis
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,8 +108,17 @@ def most_queued_cost(store: Store, top: int = 5) -> list[dict[str, Any]]:
     return [{"tenant": t, "jobs": jobs[t], "cost": cost[t], "at_least": partial} for t in ranked]
 
 
-def view(store: Store) -> dict[str, Any]:
+#: How long the queued-cost view is reused (s): the status page polls every few seconds.
+VIEW_SECONDS = 30.0
+_views: dict[int, tuple[float, list[dict[str, Any]]]] = {}
+
+
+def view(store: Store, *, fresh: bool = False) -> dict[str, Any]:
     """The operators' fairness view (``reckon status``, ``/ui``): the tenants with the most queued cost
-    and the latest published shares."""
-    return {"most_queued": most_queued_cost(store),
+    (read at most every VIEW_SECONDS per store, unless ``fresh``) and the latest published shares."""
+    at, queued = _views.get(id(store), (float("-inf"), []))
+    if fresh or time.monotonic() - at >= VIEW_SECONDS:
+        queued = most_queued_cost(store)
+        _views[id(store)] = (time.monotonic(), queued)
+    return {"most_queued": queued,
             "shares": {cls: {"min": low, "max": high} for cls, (low, high) in read(store).items()}}

@@ -94,7 +94,7 @@ class ShardKeys:
     @property
     def fleet(self) -> str:
         """Hash: the provider fleet as this shard uses it. ``busy:<server>`` prompts in flight (slots taken
-        by claims; a server's cap holds per shard); ``<reason>:<server>`` (``SERVER_BLOCKS``) -> since when
+        by this shard's claims; with shards, a server's cap across them is held by ``server_slots``); ``<reason>:<server>`` (``SERVER_BLOCKS``) -> since when
         (ms) while dispatch to the server is stopped, and ``pause_class:<class>`` while a workload class is
         paused (both written to every shard); ``w:<job id>`` -> JSON {server, gen, op, attempt, deadline,
         and ``cancel`` once the client cancelled} for each prompt waiting at a server, followed by the server's watcher; ``rr``;
@@ -304,6 +304,12 @@ def server_offers(server: str) -> str:
     """String: JSON {at (ms), offer: {nodes, models: {folder: files}} or null (the server does not say)}:
     what the server can run, as its watcher last read it (pipeline/state/offers.py)."""
     return f"{PREFIX}:{{server:{server}}}:offers"
+
+
+def server_slots(server: str) -> str:
+    """Sorted set: job id -> when its lease on one of the server's dispatch slots lapses (ms, this key's
+    Redis clock); taken before a claim when the state is split into shards (pipeline/state/slots.py)."""
+    return f"{PREFIX}:{{server:{server}}}:slots"
 
 
 def tenant_disabled(tenant: str) -> str:

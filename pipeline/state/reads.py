@@ -169,6 +169,6 @@ def fleet_view(raw: dict[str, str], caps: dict[str, int]) -> dict[str, dict[str,
         stops = {reason: int(since) for reason, since in
                  ((field.partition(":")[0], since) for field, since in raw.items()
                   if field.partition(":")[2] == name) if reason in SERVER_BLOCKS}
-        view[name] = {"busy": int(raw.get(f"busy:{name}", 0)), "cap": cap * keys.shard_count(), "stopped": stops,
+        view[name] = {"busy": int(raw.get(f"busy:{name}", 0)), "cap": cap, "stopped": stops,  # across shards too
                       "watched": watched.count(name)}
     return view

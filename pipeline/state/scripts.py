@@ -91,6 +91,7 @@ class Code(IntEnum):
     PAUSED = 16
     LIMITED = 17
     INFEASIBLE = 18
+    UNSUPPORTED = 19
 
 
 #: The codes of a script that changed state; its other codes are refusals, which write nothing or

@@ -35,6 +35,7 @@ from pipeline.state import keys, redisconn
 from pipeline.state.controls import Controls
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.scripts import Code, ReplicationTimeout, Scripts
+from pipeline.state.slots import ServerSlots
 from pipeline.state.sweeps import at
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,8 @@ class Store(Controls):
         #: Typed Any: the client decodes replies to str, which redis-py's stubs cannot express.
         self.redis: Any = client
         self.scripts = scripts or Scripts(client)
+        #: A server's slots across shards (used only with more than one shard).
+        self.slots = ServerSlots(client, self.scripts)
         self._shards_checked = False
         #: Per thread: the parked jobs the last step that gave a dispatch slot back saw (``freed``).
         self._freed = threading.local()
@@ -147,7 +150,7 @@ class Store(Controls):
         self, tenant: str, idem_key: str, job_id: str, *, fingerprint: str, ceiling: int,
         fields: dict[str, str], workflow: bytes, status: int, idem_ttl_s: int,
         outbox_delay_ms: int, now_ms: int | None = None, supersedes: str = "",
-        limits: FleetLimits = FleetLimits(),
+        limits: FleetLimits = FleetLimits(), replay_only: bool = False,
     ) -> Admission:
         t, j = TenantKeys(tenant), JobKeys(job_id)
         older = JobKeys(supersedes) if supersedes else j
@@ -158,7 +161,8 @@ class Store(Controls):
              *t.shard.globals, t.shard.admission, t.shard.fleet, *older.parts],
             [at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
              orjson.dumps(fields), status, supersedes, workflow, limits.slots, limits.queue_cap_interactive,
-             limits.queue_cap_batch, limits.interactive_target_s, keys.shard_count(), self.retention],
+             limits.queue_cap_batch, limits.interactive_target_s, keys.shard_count(), self.retention,
+             int(replay_only)],
             durable=True,
         )
         code = Code(reply[0])
@@ -176,7 +180,7 @@ class Store(Controls):
             raise DeadlineInfeasible(int(reply[1]) / 1000, int(reply[2]) / 1000)
         if code is Code.CREATED:
             return Admission(code, reply[1], created_ms=int(reply[2]))
-        return Admission(code, reply[1])
+        return Admission(code, reply[1] if len(reply) > 1 else "")  # UNSUPPORTED: no job
 
     def confirm_published(self, job_id: str, idem_key: str, *, late: bool = False, now_ms: int | None = None) -> bool:
         """The job's message is (or is about to be) in the broker; True if this call took the job
@@ -192,11 +196,20 @@ class Store(Controls):
         prices: Mapping[str, int] | None = None, provider: str = "comfyui", min_attempt_ms: int = 0,
         now_ms: int | None = None,
     ) -> Claim | None:
-        """Claim a queued job and a slot on the least loaded of ``servers`` (name -> cap); None
-        when it is not claimable (running, terminal, unknown), when no server has a free slot
-        (then it waits, parked), or when too little time is left before its deadline (then it
-        has failed, settled). ``prices`` (name -> price per output; absent: the job's own) is
-        recorded for the server taken."""
+        """Claim a queued job and a slot on the least loaded of ``servers`` (name -> cap); None when it is
+        not claimable (running, terminal, unknown), when no server has a free slot (then it waits,
+        parked), or when too little time is left before its deadline (then it has failed, settled).
+        ``prices`` (name -> price per output; absent: the job's own) is recorded for the server taken."""
+        claim = {"worker": worker, "lease_ms": lease_ms, "operation_id": operation_id, "prices": prices,
+                 "provider": provider, "min_attempt_ms": min_attempt_ms, "now_ms": now_ms}
+        if self.slots.on:  # a server's cap across shards: its own slot first (pipeline/state/slots.py)
+            return self.slots.claim(job_id, servers, lambda on: self._claim(job_id, servers=on, **claim))
+        return self._claim(job_id, servers=servers, **claim)
+
+    def _claim(
+        self, job_id: str, *, worker: str, lease_ms: int, operation_id: str, servers: Mapping[str, int],
+        prices: Mapping[str, int] | None, provider: str, min_attempt_ms: int, now_ms: int | None,
+    ) -> Claim | None:
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts(
@@ -244,8 +257,7 @@ class Store(Controls):
         promised a slot for ``call_ms``: to publish (route ``unparked``). A batch job queued longer
         than ``batch_wait_ms`` goes before every interactive one (no starvation)."""
         reply = self.scripts("unpark", [shard.fleet, shard.parked, shard.called, shard.queue],
-                             [at(now_ms), call_ms, batch_wait_ms,
-                              *[item for pair in servers.items() for item in pair]])
+                             [at(now_ms), call_ms, batch_wait_ms, *self.slots.unpark_args(servers)])
         return list(reply[1::2])
 
     def heartbeat(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> int:
@@ -256,7 +268,10 @@ class Store(Controls):
     def mark_submit(self, claim: Claim, *, epoch: str, lease_ms: int, min_attempt_ms: int = 0,
                     now_ms: int | None = None) -> None:
         """Record that the provider request is about to go out, renewing the lease for ``lease_ms``;
-        CancelRequested if cancelled, DeadlineExceeded if too little time is left to run it."""
+        CancelRequested if cancelled, DeadlineExceeded if too little time is left to run it,
+        DispatchPaused if paused or, with shards, if the job's slot on its server lapsed (slots.py)."""
+        if self.slots.on and not self.slots.confirm(claim.server, claim.job_id):  # lapsed since the claim
+            raise DispatchPaused(claim.job_id)
         j = JobKeys(claim.job_id)
         reply = self.scripts("mark-submit", [j.record, j.attempts, j.tenant.leases, j.shard.fleet],
                              [claim.generation, at(now_ms), epoch, lease_ms, min_attempt_ms], durable=True)
@@ -301,7 +316,7 @@ class Store(Controls):
              j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals, t.shard.parked, *j.parts],
             [claim.generation, at(now_ms), outcome, error_class, reason or error_class or outcome,
              orjson.dumps(detail) if detail else "", self.retention],
-            durable=True,
+            durable=True, server=claim.server,
         )
 
     def retry(self, claim: Claim, *, delay_ms: int, error_class: str, free: bool = False,
@@ -313,7 +328,7 @@ class Store(Controls):
             "retry", j,
             [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, t.shard.wake, t.shard.fleet,
              *t.shard.globals, t.shard.parked],
-            [claim.generation, at(now_ms), delay_ms, error_class, int(free)],
+            [claim.generation, at(now_ms), delay_ms, error_class, int(free)], server=claim.server,
         )
         return int(reply[1])
 
@@ -359,20 +374,27 @@ class Store(Controls):
         t = j.tenant
         self._freeing("review", j, [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, t.shard.wake,
                                     t.shard.fleet, *t.shard.globals, t.shard.parked],
-                      [claim.generation, at(now_ms), expires_in_ms, reason])
+                      [claim.generation, at(now_ms), expires_in_ms, reason], server=claim.server)
 
     def _fenced(self, verb: str, job: JobKeys, keys_: list[str], args: list[Any], *,
                 durable: bool = False) -> list[Any]:
         return self._check(self.scripts(verb, keys_, args, durable=durable), job)
 
     def _freeing(self, verb: str, job: JobKeys, keys_: list[str], args: list[Any], *,
-                 durable: bool = False) -> list[Any]:
-        """A fenced step that gives the job's slot back and answers, last, the parked jobs of its
-        shard (``freed``); a write that stands without its replicas' confirmation counts too."""
+                 durable: bool = False, server: str = "") -> list[Any]:
+        """A fenced step that gives the job's slot back (on ``server``'s own key too, with shards:
+        pipeline/state/slots.py) and answers, last, the parked jobs of its shard (``freed``); a write
+        that stands without its replicas' confirmation counts too."""
         try:
             reply = self._fenced(verb, job, keys_, args, durable=durable)
         except ReplicationTimeout as lagging:
             self._freed.parked = int(lagging.reply[-1])
+            self._give_slot(server, job.job_id)
             raise
         self._freed.parked = int(reply[-1])
+        self._give_slot(server, job.job_id)
         return reply
+
+    def _give_slot(self, server: str, job_id: str) -> None:
+        if server and self.slots.on:
+            self.slots.give(server, job_id, quiet=True)

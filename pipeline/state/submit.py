@@ -58,8 +58,6 @@ class Admitter:
             raise InvalidRequest("supersedes", "no such job")
         needs = needs_of(request.workflow)
         route = self.routes.route(needs)
-        if not route.servers and not self.store.redis.exists(keys.TenantKeys(tenant).idempotency(idem_key)):
-            raise UnsupportedWorkflow(route.lacking.nodes, route.lacking.models)  # a retry replays below
         # reserved at the highest price of the servers that may run it (docs/costs.md "The reservation")
         price = highest_price([s for s in self.servers if route.every or s.name in route.servers] or self.servers)
         per_attempt, attempts, ceiling = cost_plan(request, self.settings, price)
@@ -82,11 +80,14 @@ class Admitter:
                 fields={k: str(v) for k, v in record.items()}, workflow=request.workflow_json, status=202,
                 idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
                 outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000), limits=self.limits,
+                replay_only=not route.servers,  # no server can run it: a retry of an admitted request replays
             )
         except ReplicationTimeout as lagging:  # written on the primary, not known to survive it: 503
             if lagging.reply and Code(lagging.reply[0]) is Code.CREATED:
                 self._publish(job_id, request.priority, idem_key)  # so a retry replays it at once
             raise
+        if admission.code is Code.UNSUPPORTED:  # nothing was written
+            raise UnsupportedWorkflow(route.lacking.nodes, route.lacking.models)
         if admission.code is Code.REPLAYED:
             return self._replay(admission)
         if admission.code is Code.IN_PROGRESS:

@@ -55,7 +55,8 @@ class Sweeps(Reads):
         t = j.tenant
         index = t.queued if state == "queued" else t.reconcile
         reply = self.scripts("redeliver", [j.record, index, t.ledger, t.dead, j.events, t.counts, t.done,
-                                           j.workflow, t.shard.wake, *t.shard.globals],
+                                           j.workflow, t.shard.wake, *t.shard.globals, t.shard.fleet,
+                                           t.shard.parked, t.shard.called],
                              [at(now_ms), job_id, state, window_ms, self.retention])
         return reply[2] if Code(reply[0]) is Code.OK else None
 

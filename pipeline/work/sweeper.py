@@ -36,6 +36,7 @@ from pipeline.settings import Settings
 from pipeline.state import fairness, history, keys, status
 from pipeline.state.keys import TenantKeys
 from pipeline.state.redisconn import name_connections
+from pipeline.state.slots import KEEP_EVERY_MS
 from pipeline.state.store import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class Sweeper:
         self.batch_wait_ms = settings.batch_max_wait_seconds * 1000
         #: The last fairness sample and when it was taken (ms).
         self.fair_sample: tuple[int, fairness.Sample] | None = None
+        #: When the sweeper last kept the servers' slots (ms).
+        self.kept_ms = 0
         self.name = f"{socket.gethostname()}/{os.getpid()}"
         #: When the last pass began (ms, Redis's clock).
         self.pass_ms = 0
@@ -167,6 +170,13 @@ class Sweeper:
             fairness.publish(self.store, fairness.shares(self.fair_sample[1], taken), self.pass_ms)
         self.fair_sample = (self.pass_ms, taken)
 
+    def keep_slots(self) -> None:
+        """With shards, every KEEP_EVERY_MS: renew the server slots jobs hold, free the others
+        (pipeline/state/slots.py)."""
+        if self.store.slots.on and self.pass_ms - self.kept_ms >= KEEP_EVERY_MS:
+            self.store.slots.keep(self.servers)
+            self.kept_ms = self.pass_ms
+
     def forget_stopped(self) -> list[str]:
         """Drop the heartbeat fields of sweepers silent for ``FORGET_MS``; their names."""
         now = self.now_ms()
@@ -187,6 +197,7 @@ class Sweeper:
                 moved = self.sweep_once()
                 history.record(self.store.redis, self.pass_ms, lambda: status.snapshot(self.store, self.servers))
                 self.measure_fairness()
+                self.keep_slots()
                 if moved:
                     log.info("sweep: %s", dict(moved))
             except Exception:  # keep sweeping: one bad pass must not stop recovery

@@ -243,7 +243,8 @@ class ServerWatch:
         if self.store.clear_provider(self.name, ["provider_unreachable"]):
             log.info("server %s answers again; dispatch resumes", self.name)
             for shard in keys.shards():
-                for job_id in self.store.unpark(shard, self.caps):
+                for job_id in self.store.unpark(shard, self.caps,
+                                                batch_wait_ms=self.settings.batch_max_wait_seconds * 1000):
                     self.publish(job_id, "unparked")
 
     def read_offers(self, now: float) -> None:

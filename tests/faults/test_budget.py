@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ops.bench import budget
 from ops.bench.deployed import run
+from pipeline.state import keys
 
 JOBS = 100
 
@@ -32,3 +33,18 @@ def test_a_job_as_deployed_stays_within_its_redis_budget(tmp_path: Path) -> None
     # a prompt's end may be seen twice (its websocket message, then /history): the second collect finds
     # the job taken and writes nothing (2 commands, within the step's figure); every job is collected
     assert figures.calls["collect"] >= JOBS
+
+
+def test_a_job_with_the_state_in_two_shards_pays_for_its_server_slot_within_budget(tmp_path: Path) -> None:
+    """The same path with RECKON_SHARDS=2: each server's cap is held across the shards by a slot of its
+    own (pipeline/state/slots.py), taken and given back once per job."""
+    keys.use_shards(2)  # this process reads the tenant's counts where the stack writes them
+    try:
+        figures = run(tmp_path, jobs=JOBS, concurrency=8, steps=True, cap=JOBS, env={"RECKON_SHARDS": "2"})
+    finally:
+        keys.use_shards(1)
+    per_job = {step: n / JOBS for step, n in figures.steps.items()}
+    report = ", ".join(f"{step} {n:.1f}" for step, n in sorted(per_job.items(), key=lambda kv: -kv[1]))
+    for step, most in {**budget.STEPS, **budget.SHARDED_STEPS}.items():
+        assert per_job.get(step, 0) <= most, f"{step}: {per_job.get(step, 0):.2f} > {most} ({report})"
+    assert figures.calls["server slot"] >= JOBS  # every claim took its slot first
