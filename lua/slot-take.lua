@@ -4,13 +4,13 @@
 --
 -- Guarantees: at most `cap` jobs hold a slot of the server at once, each a lease on this key's
 -- Redis clock: a slot whose lease lapsed (a worker died between this take and its claim) is free
--- again. A job that holds one already keeps it (its lease renewed): a repeated take is one slot.
+-- again. An attempt that holds one already keeps it (its lease renewed): a repeated take is one slot.
 --
 -- keys: 1
--- KEYS[1] the server's slots (zset: job id -> when its lease lapses, ms)
+-- KEYS[1] the server's slots (zset: `<job id>/<operation id>` -> when its lease lapses, ms)
 --
 -- ARGV[1] the server's cap (prompts in flight)
--- ARGV[2] job id
+-- ARGV[2] the attempt: `<job id>/<operation id>`
 -- ARGV[3] lease length (ms)
 --
 -- Returns {0 OK, 1 taken | 2 held already (renewed) | 0 full}

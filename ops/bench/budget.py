@@ -29,7 +29,8 @@ STEPS = {  # what the scripts of each step cost (FCALL included), per job
 }
 
 #: With the state split into shards (``RECKON_SHARDS`` > 1), what holding a server's cap across them
-#: adds per job (pipeline/state/slots.py): the slot's take (5, FCALL included) and the sweeper's
-#: renewals every 5 s (about 1.4 a job here); and in the worker, the job's state and its shard's stop
-#: marks read before the take, the slot's check before the send and its release (4, in "worker").
-SHARDED_STEPS = {"server slot": 7, "worker": 5.5}
+#: adds per job (pipeline/state/slots.py), measured at 9.8 and 4.1: in "server slot", the attempt's take
+#: (5, FCALL included), its check before the send, which renews the slot so the sweeper cannot free it
+#: on an older read (4), and the sweeper's renewals every 5 s (about 1); in "worker", the job's state and
+#: its shard's stop marks and promise read before the take, and the slot's release (about 4).
+SHARDED_STEPS = {"server slot": 11, "worker": 5.5}

@@ -328,9 +328,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--steps", action="store_true", help="attribute commands to steps (MONITOR; slower)")
     parser.add_argument("--broker", action="store_true", help="with --steps: the broker's commands by call and queue")
+    parser.add_argument("--shards", type=int, default=1, help="RECKON_SHARDS of the stack")
+    parser.add_argument("--cap", type=int, default=8, help="each server's cap (above --jobs: no job parks)")
     args = parser.parse_args()
+    from pipeline.state import keys
+
+    keys.use_shards(args.shards)  # this process reads the tenant's counts where the stack writes them
     with tempfile.TemporaryDirectory(prefix="reckon-deployed-") as tmp:
-        fig = run(Path(tmp), jobs=args.jobs, steps=args.steps or args.broker)
+        fig = run(Path(tmp), jobs=args.jobs, steps=args.steps or args.broker, cap=args.cap,
+                  env={"RECKON_SHARDS": str(args.shards)})
     print(f"{fig.jobs} jobs in {fig.seconds:.2f} s = {fig.rate:.1f} jobs/s; {fig.commands_per_job:.1f} commands/job;"
           f" Redis {fig.redis_us:.0f} us/job; machine {fig.machine_us:.0f} us/job; {fig.bytes_per_job:.0f} B/job")
     for step, n in fig.steps.most_common():

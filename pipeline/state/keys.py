@@ -307,8 +307,8 @@ def server_offers(server: str) -> str:
 
 
 def server_slots(server: str) -> str:
-    """Sorted set: job id -> when its lease on one of the server's dispatch slots lapses (ms, this key's
-    Redis clock); taken before a claim when the state is split into shards (pipeline/state/slots.py)."""
+    """Sorted set: ``<job id>/<operation id>`` (an attempt) -> when its lease on one of the server's dispatch
+    slots lapses (ms, this key's clock); taken before a claim when the state is split into shards (slots.py)."""
     return f"{PREFIX}:{{server:{server}}}:slots"
 
 

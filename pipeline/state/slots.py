@@ -2,19 +2,21 @@
 
 With one shard (the default) a claim takes its slot in the shard's fleet hash, in the claim script
 itself, and that is the whole truth. With ``RECKON_SHARDS`` > 1 each shard's fleet hash sees only its
-own claims, so a claim first takes a slot here (lua/slot-take.lua), then claims the job with that one
-server (the claim script takes the shard's own count too). The two steps are on two Cluster slots;
-each crash window between them is closed:
+own claims, so a claim first takes a slot here for its attempt (member ``<job id>/<operation id>``:
+lua/slot-take.lua), then claims the job with that one server (the claim script takes the shard's own
+count too). The two steps are on two Cluster slots; each crash window between them is closed
+(docs/fleet.md "A server's cap across shards"):
 
-- taken, and the claim never ran (the worker died): the slot's lease lapses (``LEASE_MS``), and
-  the sweeper frees it sooner, ``GRACE_MS`` after the take, as no job holds it (``keep``);
-- the claim found nothing to run, or parked the job: the worker gives the slot back at once;
-- claimed, the slot freed meanwhile (the worker stalled past the grace): the worker confirms the
-  slot after its claim (``confirm``) and gives the attempt back, before anything is sent, if it is gone.
+- taken, and the claim never ran (the worker died): the slot's lease lapses (``LEASE_MS``), and the
+  sweeper frees it sooner, ``GRACE_MS`` after the take, as no attempt holds it (``keep``);
+- the claim found nothing to run, or parked the job: the worker gives its attempt's slot back;
+- claimed, the slot freed meanwhile (the worker stalled past the grace): the check before the send
+  (``confirm``) finds it gone and the attempt goes back before anything is sent; a check that finds it
+  renews it, raising its score, and ``keep`` frees a slot only if its score is the one it read.
 
 So no prompt is sent without its slot. A held slot is renewed by the sweeper while the job's record
-says it holds it (``keep``, each pass), and given back when the job gives back its shard slot
-(finish, retry, review: ``give``; the sweeper frees any a crash left behind).
+names its attempt (``keep``, every KEEP_EVERY_MS), and given back when the attempt gives back its shard
+slot (finish, retry, review: ``release``; the sweeper frees any a crash left behind).
 """
 
 from __future__ import annotations
@@ -51,50 +53,65 @@ class ServerSlots:
     def on(self) -> bool:
         return keys.shard_count() > 1
 
-    def take(self, server: str, cap: int, job_id: str) -> int:
-        """1: taken; 2: the job held it already (its claim, or one that died: renewed); 0: full."""
-        return int(self.scripts("slot-take", [keys.server_slots(server)], [cap, job_id, LEASE_MS])[1])
+    def take(self, server: str, cap: int, member: str) -> int:
+        """1: taken; 2: held already by this attempt (renewed); 0: full. ``member``: ``<job id>/<operation id>``."""
+        return int(self.scripts("slot-take", [keys.server_slots(server)], [cap, member, LEASE_MS])[1])
 
-    def confirm(self, server: str, job_id: str) -> bool:
-        """Whether the job still holds its slot: asked after the claim, before the send."""
-        return self.redis.zscore(keys.server_slots(server), job_id) is not None
+    def confirm(self, server: str, claim: Claim) -> bool:
+        """Whether the attempt still holds its slot (renewed, so the sweeper's earlier read cannot free
+        it): asked after the claim, before the send."""
+        reply = self.scripts("slot-keep", [keys.server_slots(server)], [LEASE_MS, GRACE_MS, member(claim), 1, ""])
+        return reply[2] == 1
 
-    def give(self, server: str, job_id: str, *, quiet: bool = False) -> None:
-        """Free the job's slot; ``quiet``: a Redis error is logged, not raised (the sweeper frees a
-        slot no job holds: ``keep``)."""
+    def give(self, server: str, claim: Claim, *, quiet: bool = False) -> None:
+        """Free the attempt's slot (only its own: another attempt of the job has another member);
+        ``quiet``: a Redis error is logged, not raised (the sweeper frees a slot no attempt holds)."""
         try:
-            self.redis.zrem(keys.server_slots(server), job_id)
+            self.redis.zrem(keys.server_slots(server), member(claim))
         except redis.RedisError:
             if not quiet:
                 raise
-            log.warning("slot of %s on %s not given back; the sweeper frees it", job_id, server, exc_info=True)
+            log.warning("slot of %s on %s not given back; the sweeper frees it", claim.job_id, server, exc_info=True)
 
-    def claim(self, job_id: str, servers: Mapping[str, int],
+    def release(self, held: Claim | None) -> None:
+        """After a step that gave the attempt's shard slot back: its server slot too (with shards; a
+        Redis error is logged, the sweeper frees it)."""
+        if held is not None and held.server and self.on:
+            self.give(held.server, held, quiet=True)
+
+    def claim(self, job_id: str, operation_id: str, servers: Mapping[str, int],
               claim: Callable[[Mapping[str, int]], Claim | None]) -> Claim | None:
-        """Take a slot on a server the job can run on (its record's ``servers``, else any, and not
-        stopped; from a turning offset, so servers share the work), then ``claim`` the job with that server alone; give
-        the slot back if the claim took nothing (a duplicate message of a running job finds it not
-        queued and takes no slot: the one its job holds stays). With no slot anywhere, the claim script
-        parks the job (handed every server at cap 0)."""
+        """Take a slot for this attempt (``operation_id``) on a server the job can run on (its record's
+        ``servers``, else any, and not stopped; the server its unpark call was promised first, then from a
+        turning offset so servers share the work), then ``claim`` the job with that server alone; give
+        the slot back and try the next server if the claim took nothing but the job is still queued
+        (its slot there is promised to another called job). A duplicate message is another attempt: a
+        slot of its own, given back when its claim finds the job running. With no slot anywhere, the
+        claim script parks the job (handed every server at cap 0)."""
         job = keys.JobKeys(job_id)
         stops = [f"{reason}:{name}" for name in servers for reason in keys.SERVER_BLOCKS]
         pipe = self.redis.pipeline(transaction=False)  # one slot (the job's shard): one round trip
         pipe.hmget(job.record, ["state", "servers"])
-        pipe.hmget(job.shard.fleet, stops)
+        pipe.hmget(job.shard.fleet, [*stops, f"c:{job_id}"])
         (state, named), marks = pipe.execute()
-        stopped = {field.partition(":")[2] for field, mark in zip(stops, marks, strict=True) if mark}
+        stopped = {field.partition(":")[2] for field, mark in zip(stops, marks[:-1], strict=True) if mark}
         able = [name for name in servers if name in (named or "").split(",")] or list(servers)
         able = [name for name in able if name not in stopped]  # a stopped server's slot would go unused
         self.turn = (self.turn + 1) % max(1, len(able))
-        for name in able[self.turn:] + able[:self.turn] if state == "queued" else []:
-            took = self.take(name, servers[name], job_id)
-            if not took:
+        order = sorted(able[self.turn:] + able[:self.turn], key=lambda name: name != marks[-1])
+        tried = 0
+        for name in order if state == "queued" else []:
+            attempt = f"{job_id}/{operation_id}"
+            if not self.take(name, servers[name], attempt):
                 continue
             faultpoints.reached("after_slot_taken")  # crash tests: the slot is taken, the job not claimed
             taken = claim({name: servers[name]})
-            if taken is None and took == 1:  # a slot the job held already is its earlier claim's, or lapses
-                self.give(name, job_id)
-            return taken
+            if taken is not None:
+                return taken
+            self.redis.zrem(keys.server_slots(name), attempt)
+            tried += 1
+            if tried >= 2 or self.redis.hget(job.record, "state") != "queued":
+                return None  # not claimable, or parked again: the next unpark calls it
         return claim({name: 0 for name in servers})  # not queued: the script says why; else it parks
 
     def taken(self, servers: Mapping[str, int]) -> dict[str, int]:
@@ -111,19 +128,25 @@ class ServerSlots:
         return [item for name, cap in servers.items() for item in (name, cap, free.get(name, ""))]
 
     def keep(self, servers: Mapping[str, int]) -> int:
-        """The sweeper's step: renew each slot whose job holds it, free the others past the grace and
-        the lapsed; how many were freed."""
+        """The sweeper's step: renew each slot whose attempt holds it, free the others past the grace
+        (only if unchanged since read) and the lapsed; how many were freed."""
         freed = 0
         for name in servers:
-            holders = self.redis.zrange(keys.server_slots(name), 0, -1)
+            held = self.redis.zrange(keys.server_slots(name), 0, -1, withscores=True)
             pipe = self.redis.pipeline(transaction=False)
-            for job_id in holders:
-                pipe.hmget(keys.JobKeys(job_id).record, ["server", "slot_held"])
+            for slot, _ in held:
+                pipe.hmget(keys.JobKeys(slot.partition("/")[0]).record, ["server", "slot_held", "operation_id"])
             args: list[Any] = []
-            for job_id, (server, held) in zip(holders, pipe.execute(), strict=True):
-                args += [job_id, int(server == name and held == "1")]
+            for (slot, score), (server, on, operation) in zip(held, pipe.execute(), strict=True):
+                holds = server == name and on == "1" and slot == f"{slot.partition('/')[0]}/{operation}"
+                args += [slot, int(holds), int(score)]
             reply = self.scripts("slot-keep", [keys.server_slots(name)], [LEASE_MS, GRACE_MS, *args])
             if int(reply[1]):
-                log.info("server %s: %s slot(s) no job holds freed", name, reply[1])
+                log.info("server %s: %s slot(s) no attempt holds freed", name, reply[1])
             freed += int(reply[1])
         return freed
+
+
+def member(claim: Claim) -> str:
+    """An attempt's slot member: its job and its operation id."""
+    return f"{claim.job_id}/{claim.operation_id}"

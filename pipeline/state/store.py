@@ -203,7 +203,8 @@ class Store(Controls):
         claim = {"worker": worker, "lease_ms": lease_ms, "operation_id": operation_id, "prices": prices,
                  "provider": provider, "min_attempt_ms": min_attempt_ms, "now_ms": now_ms}
         if self.slots.on:  # a server's cap across shards: its own slot first (pipeline/state/slots.py)
-            return self.slots.claim(job_id, servers, lambda on: self._claim(job_id, servers=on, **claim))
+            return self.slots.claim(job_id, operation_id, servers,
+                                    lambda on: self._claim(job_id, servers=on, **claim))
         return self._claim(job_id, servers=servers, **claim)
 
     def _claim(
@@ -270,7 +271,7 @@ class Store(Controls):
         """Record that the provider request is about to go out, renewing the lease for ``lease_ms``;
         CancelRequested if cancelled, DeadlineExceeded if too little time is left to run it,
         DispatchPaused if paused or, with shards, if the job's slot on its server lapsed (slots.py)."""
-        if self.slots.on and not self.slots.confirm(claim.server, claim.job_id):  # lapsed since the claim
+        if self.slots.on and not self.slots.confirm(claim.server, claim):  # lapsed since the claim
             raise DispatchPaused(claim.job_id)
         j = JobKeys(claim.job_id)
         reply = self.scripts("mark-submit", [j.record, j.attempts, j.tenant.leases, j.shard.fleet],
@@ -316,7 +317,7 @@ class Store(Controls):
              j.workflow, t.shard.wake, t.shard.fleet, *t.shard.globals, t.shard.parked, *j.parts],
             [claim.generation, at(now_ms), outcome, error_class, reason or error_class or outcome,
              orjson.dumps(detail) if detail else "", self.retention],
-            durable=True, server=claim.server,
+            durable=True, held=claim,
         )
 
     def retry(self, claim: Claim, *, delay_ms: int, error_class: str, free: bool = False,
@@ -328,7 +329,7 @@ class Store(Controls):
             "retry", j,
             [j.record, t.leases, j.attempts, j.events, t.counts, t.retry, t.reconcile, t.shard.wake, t.shard.fleet,
              *t.shard.globals, t.shard.parked],
-            [claim.generation, at(now_ms), delay_ms, error_class, int(free)], server=claim.server,
+            [claim.generation, at(now_ms), delay_ms, error_class, int(free)], held=claim,
         )
         return int(reply[1])
 
@@ -374,27 +375,24 @@ class Store(Controls):
         t = j.tenant
         self._freeing("review", j, [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, t.shard.wake,
                                     t.shard.fleet, *t.shard.globals, t.shard.parked],
-                      [claim.generation, at(now_ms), expires_in_ms, reason], server=claim.server)
+                      [claim.generation, at(now_ms), expires_in_ms, reason], held=claim)
 
     def _fenced(self, verb: str, job: JobKeys, keys_: list[str], args: list[Any], *,
                 durable: bool = False) -> list[Any]:
         return self._check(self.scripts(verb, keys_, args, durable=durable), job)
 
     def _freeing(self, verb: str, job: JobKeys, keys_: list[str], args: list[Any], *,
-                 durable: bool = False, server: str = "") -> list[Any]:
-        """A fenced step that gives the job's slot back (on ``server``'s own key too, with shards:
-        pipeline/state/slots.py) and answers, last, the parked jobs of its shard (``freed``); a write
+                 durable: bool = False, held: Claim | None = None) -> list[Any]:
+        """A fenced step that gives the job's slot back (with shards, the ``held`` attempt's on its
+        server's key too: slots.py) and answers, last, the parked jobs of its shard (``freed``); a write
         that stands without its replicas' confirmation counts too."""
         try:
             reply = self._fenced(verb, job, keys_, args, durable=durable)
         except ReplicationTimeout as lagging:
             self._freed.parked = int(lagging.reply[-1])
-            self._give_slot(server, job.job_id)
+            self.slots.release(held)
             raise
         self._freed.parked = int(reply[-1])
-        self._give_slot(server, job.job_id)
+        self.slots.release(held)
         return reply
 
-    def _give_slot(self, server: str, job_id: str) -> None:
-        if server and self.slots.on:
-            self.slots.give(server, job_id, quiet=True)

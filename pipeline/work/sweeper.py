@@ -173,9 +173,10 @@ class Sweeper:
     def keep_slots(self) -> None:
         """With shards, every KEEP_EVERY_MS: renew the server slots jobs hold, free the others
         (pipeline/state/slots.py)."""
-        if self.store.slots.on and self.pass_ms - self.kept_ms >= KEEP_EVERY_MS:
+        now = self.now_ms()
+        if self.store.slots.on and now - self.kept_ms >= KEEP_EVERY_MS:
             self.store.slots.keep(self.servers)
-            self.kept_ms = self.pass_ms
+            self.kept_ms = now
 
     def forget_stopped(self) -> list[str]:
         """Drop the heartbeat fields of sweepers silent for ``FORGET_MS``; their names."""
@@ -193,11 +194,14 @@ class Sweeper:
         except Exception:  # only housekeeping: the next sweeper to start does it
             log.warning("could not drop the heartbeats of stopped sweepers", exc_info=True)
         while not stop.is_set():
+            try:  # first, and on its own: a lapsed slot lets a server take more than its cap
+                self.keep_slots()
+            except Exception:
+                log.exception("keeping the servers' slots failed")
             try:
                 moved = self.sweep_once()
                 history.record(self.store.redis, self.pass_ms, lambda: status.snapshot(self.store, self.servers))
                 self.measure_fairness()
-                self.keep_slots()
                 if moved:
                     log.info("sweep: %s", dict(moved))
             except Exception:  # keep sweeping: one bad pass must not stop recovery

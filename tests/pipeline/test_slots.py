@@ -38,7 +38,8 @@ def claim(store: Store, job_id: str):
 
 
 def held(store: Store) -> dict[str, list[str]]:
-    return {name: store.redis.zrange(keys.server_slots(name), 0, -1) for name in CAPS}
+    """Server -> the jobs whose attempts hold its slots (members are ``<job id>/<operation id>``)."""
+    return {name: [m.partition("/")[0] for m in store.redis.zrange(keys.server_slots(name), 0, -1)] for name in CAPS}
 
 
 def test_claims_take_a_server_slot_and_a_full_fleet_parks(two: Store) -> None:
@@ -61,7 +62,7 @@ def test_a_duplicate_message_of_a_running_job_leaves_its_slot(two: Store) -> Non
 
 def test_a_slot_taken_for_a_claim_that_never_came_is_freed_after_the_grace(two: Store, monkeypatch) -> None:
     job_id = admit(two, "k1")
-    assert two.slots.take("a", 1, job_id) == 1  # the worker died here (after_slot_taken)
+    assert two.slots.take("a", 1, f"{job_id}/op-lost") == 1  # the worker died here (after_slot_taken)
     assert two.slots.keep(CAPS) == 0 and held(two)["a"] == [job_id]  # within the grace: it may still claim
     monkeypatch.setattr(slots, "GRACE_MS", 0)
     assert two.slots.keep(CAPS) == 1 and held(two)["a"] == []
@@ -73,7 +74,7 @@ def test_a_slot_taken_for_a_claim_that_never_came_is_freed_after_the_grace(two: 
 def test_a_claim_whose_slot_was_freed_meanwhile_sends_nothing(two: Store, monkeypatch) -> None:
     job_id = admit(two, "k1")
     running = claim(two, job_id)
-    two.slots.give(running.server, job_id)  # as the sweeper would for a claim later than the grace
+    two.slots.give(running.server, running)  # as the sweeper would for a claim later than the grace
     with pytest.raises(DispatchPaused):
         two.mark_submit(running, epoch="", lease_ms=60_000)
     assert two.job(job_id)["submitted"] == "0"
@@ -89,7 +90,7 @@ def test_unpark_calls_no_more_than_the_slots_free_across_shards(two: Store) -> N
     assert [claim(two, job_id) for job_id in parked] == [None, None]
     shard = keys.TenantKeys("acme").shard
     assert two.unpark(shard, CAPS) == []  # its own shard's counts say 3 free; there are none
-    two.slots.give("b", f"{other}.{1:020d}")
+    two.redis.zrem(keys.server_slots("b"), f"{other}.{1:020d}")
     assert two.unpark(shard, CAPS) == parked[:1]
 
 
@@ -109,3 +110,76 @@ def test_a_stopped_server_is_not_tried_and_the_job_takes_another(two: Store) -> 
     two.slots.turn = 1  # the next claim would start at a
     running = claim(two, job_id)
     assert running is not None and running.server == "b" and held(two) == {"a": [], "b": [job_id]}
+
+
+OTHER = "zeta"  # a tenant in the other shard
+
+
+def members(store: Store, server: str) -> list[str]:
+    return store.redis.zrange(keys.server_slots(server), 0, -1)
+
+
+def test_a_duplicate_message_takes_a_slot_of_its_own_and_gives_back_only_that(two: Store) -> None:
+    """A message of J read while J was queued, claimed after another worker's claim of J: its own
+    attempt takes its own slot, finds J running and gives back that one slot, not the live attempt's."""
+    job = admit(two, "k1")
+    caps = {"a": 2}
+    first = two.claim(job, worker="w1", lease_ms=60_000, operation_id="op-1", servers=caps)
+    assert first is not None and members(two, "a") == [f"{job}/op-1"]
+    took = two.slots.claim(job, "op-dup", caps, lambda on: None)  # as if its state read came first
+    assert took is None and members(two, "a") == [f"{job}/op-1"]
+    two.mark_submit(first, epoch="", lease_ms=60_000)  # still held: it is sent
+
+
+def test_the_sweeper_never_frees_a_slot_confirmed_after_it_read_the_record(two: Store, monkeypatch) -> None:
+    """keep reads J's record (not claimed yet: its worker stalled past the grace), then J's claim and its
+    check before sending run, then keep's script: the check renewed the slot, so keep leaves it."""
+    monkeypatch.setattr(slots, "GRACE_MS", 0)
+    job = admit(two, "k1")
+    assert two.slots.take("a", 1, f"{job}/op-{job}") == 1
+    run = two.slots.scripts
+
+    def stalled_worker_goes_on(verb, keys_, args, **kw):
+        if verb == "slot-keep" and args[-1] != "":  # the sweeper's call (a score read), after its reads
+            running = two._claim(job, worker="w", lease_ms=60_000, operation_id=f"op-{job}", servers={"a": 1},
+                                 prices=None, provider="comfyui", min_attempt_ms=0, now_ms=None)
+            two.mark_submit(running, epoch="", lease_ms=60_000)  # its check renews the slot
+        return run(verb, keys_, args, **kw)
+
+    monkeypatch.setattr(two.slots, "scripts", stalled_worker_goes_on)
+    assert two.slots.keep({"a": 1}) == 0
+    assert members(two, "a") == [f"{job}/op-{job}"]
+
+
+def test_a_late_give_back_of_a_retried_attempt_leaves_the_next_attempts_slot(two: Store, monkeypatch) -> None:
+    job = admit(two, "k1")
+    caps = {"a": 2}
+    first = two.claim(job, worker="w", lease_ms=60_000, operation_id="op-1", servers=caps)
+    give = two.slots.give
+
+    def late(server, claim, **kw):  # the next attempt is claimed before this give arrives
+        assert two.promote(job) == "queued"
+        again = two.claim(job, worker="w", lease_ms=60_000, operation_id="op-2", servers=caps)
+        assert again is not None and again.server == "a"
+        give(server, claim, **kw)
+
+    monkeypatch.setattr(two.slots, "give", late)
+    two.retry(first, delay_ms=0, error_class="dispatch_paused", free=True)
+    assert members(two, "a") == [f"{job}/op-2"]
+
+
+def test_a_called_job_gets_its_promised_server_with_shards(two: Store) -> None:
+    """J1 is called for a, J2 for b (`c:<job id>`); J2's claim tries b first, whatever the turn."""
+    caps = {"a": 1, "b": 1}
+    take = lambda job_id: two.claim(job_id, worker="w", lease_ms=60_000, operation_id=f"op-{job_id}",  # noqa: E731
+                                    servers=caps)
+    x, y = take(admit(two, "x")), take(admit(two, "y"))
+    j1, j2 = admit(two, "j1"), admit(two, "j2")
+    assert take(j1) is None and take(j2) is None
+    two.finish(x, "cancelled", reason="cancelled")
+    two.finish(y, "cancelled", reason="cancelled")
+    shard = keys.TenantKeys("acme").shard
+    assert two.unpark(shard, caps) == [j1, j2]
+    promised = two.redis.hmget(shard.fleet, [f"c:{j1}", f"c:{j2}"])
+    two.slots.turn = len(caps) - 1  # the next claim would start at a
+    assert take(j2).server == promised[1] and take(j1).server == promised[0]
