@@ -52,6 +52,14 @@ def parse(spec: str, *, default_url: str, cap: int, price: int) -> list[Server]:
     return servers
 
 
+def able(names: Iterable[str], servers: str | None) -> list[str]:
+    """The names of ``names`` a job may run on: those its record's ``servers`` field (comma-separated, set
+    at admission when not every server can run its workflow) names, else all (lua/_slots.lua
+    ``able_servers`` is the same rule inside the scripts)."""
+    named = set((servers or "").split(",")) - {""}
+    return [name for name in names if name in named] or list(names)
+
+
 def highest_price(servers: Iterable[Server]) -> int:
     """The price per output a job is reserved at: the highest of the servers it may run on.
 

@@ -28,6 +28,7 @@ import redis
 
 from pipeline import faultpoints
 from pipeline.claims import Claim
+from pipeline.fleet import able
 from pipeline.state import keys
 from pipeline.state.scripts import Scripts
 
@@ -95,10 +96,9 @@ class ServerSlots:
         pipe.hmget(job.shard.fleet, [*stops, f"c:{job_id}"])
         (state, named), marks = pipe.execute()
         stopped = {field.partition(":")[2] for field, mark in zip(stops, marks[:-1], strict=True) if mark}
-        able = [name for name in servers if name in (named or "").split(",")] or list(servers)
-        able = [name for name in able if name not in stopped]  # a stopped server's slot would go unused
-        self.turn = (self.turn + 1) % max(1, len(able))
-        order = sorted(able[self.turn:] + able[:self.turn], key=lambda name: name != marks[-1])
+        usable = [name for name in able(servers, named) if name not in stopped]  # a stopped one's slot goes unused
+        self.turn = (self.turn + 1) % max(1, len(usable))
+        order = sorted(usable[self.turn:] + usable[:self.turn], key=lambda name: name != marks[-1])
         tried = 0
         for name in order if state == "queued" else []:
             attempt = f"{job_id}/{operation_id}"

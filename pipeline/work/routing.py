@@ -21,7 +21,7 @@ from pipeline.errors import (
     StaleLease,
     UnknownOutcome,
 )
-from pipeline.fleet import highest_price
+from pipeline.fleet import able, highest_price
 from pipeline.settings import Settings
 from pipeline.state import keys
 from pipeline.state.scripts import ReplicationTimeout
@@ -93,8 +93,8 @@ class Router:
     def _dearest(self, job: dict[str, str]) -> int:
         """The price per output of the dearest server another attempt may run on: of those the job's
         workflow can run on (``servers``, set at admission), else of the fleet."""
-        named = set(job.get("servers", "").split(",")) - {""}
-        return highest_price([s for s in self.servers if s.name in named] or self.servers)
+        names = able([s.name for s in self.servers], job.get("servers"))
+        return highest_price(s for s in self.servers if s.name in names)
 
     def _dead_letter(self, claim: Claim, error_class: str, reason: str, detail: dict[str, str] | None = None) -> str:
         self.store.finish(claim, "failed", error_class=error_class, reason=reason, detail=detail)

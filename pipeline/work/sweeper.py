@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections import Counter
 from typing import Callable
 
@@ -73,8 +74,8 @@ class Sweeper:
         self.batch_wait_ms = settings.batch_max_wait_seconds * 1000
         #: The last fairness sample and when it was taken (ms).
         self.fair_sample: tuple[int, fairness.Sample] | None = None
-        #: When the sweeper last kept the servers' slots (ms).
-        self.kept_ms = 0
+        #: When the sweeper last kept the servers' slots (monotonic ms).
+        self.kept_ms = float("-inf")
         self.name = f"{socket.gethostname()}/{os.getpid()}"
         #: When the last pass began (ms, Redis's clock).
         self.pass_ms = 0
@@ -173,7 +174,7 @@ class Sweeper:
     def keep_slots(self) -> None:
         """With shards, every KEEP_EVERY_MS: renew the server slots jobs hold, free the others
         (pipeline/state/slots.py)."""
-        now = self.now_ms()
+        now = time.monotonic() * 1000  # an interval: no Redis command, and only with shards
         if self.store.slots.on and now - self.kept_ms >= KEEP_EVERY_MS:
             self.store.slots.keep(self.servers)
             self.kept_ms = now

@@ -183,3 +183,14 @@ def test_a_called_job_gets_its_promised_server_with_shards(two: Store) -> None:
     promised = two.redis.hmget(shard.fleet, [f"c:{j1}", f"c:{j2}"])
     two.slots.turn = len(caps) - 1  # the next claim would start at a
     assert take(j2).server == promised[1] and take(j1).server == promised[0]
+
+
+def test_with_one_shard_the_sweeper_spends_nothing_on_server_slots(store: Store, settings, monkeypatch) -> None:
+    from pipeline.work.sweeper import Sweeper
+
+    sweeper = Sweeper(store, lambda *message: None, settings)
+    for name in ("server_ms", "now_ms"):  # not even Redis's clock
+        monkeypatch.setattr(store if name == "server_ms" else sweeper, name, lambda *a, **k: pytest.fail("read"))
+    monkeypatch.setattr(store.slots, "keep", lambda servers: pytest.fail("kept"))
+    assert store.slots.on is False
+    sweeper.keep_slots()
