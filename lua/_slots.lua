@@ -148,9 +148,10 @@ local AGED = 16
 local function age_batch(parked, queue, now, bound)
   local rank = tonumber(BATCH_RANK)
   local aged = redis.call('ZRANGEBYSCORE', queue, rank, rank + now - bound, 'WITHSCORES', 'LIMIT', 0, AGED)
-  for i = 1, #aged, 2 do
-    redis.call('ZADD', parked, 'XX', 'LT', tonumber(aged[i + 1]) - 2 * rank, aged[i])
-  end
+  if #aged == 0 then return end
+  local moves = {}  -- one ZADD for all of them
+  for i = 1, #aged, 2 do moves[#moves + 1], moves[#moves + 2] = tonumber(aged[i + 1]) - 2 * rank, aged[i] end
+  redis.call('ZADD', parked, 'XX', 'LT', unpack(moves))
 end
 
 -- A job's place among the parked: its class rank plus its finish tag, or the lower place it was
@@ -206,9 +207,11 @@ end
 -- a batch job whose checkpoint the server has loaded (`ckpt:<server>`) before up to AFFINITY_WINDOW
 -- batch ones that would load another; interactive jobs, and batch jobs past the starvation bound,
 -- are never passed over. Each call is promised its server (`c:<job id>` in the fleet hash, which its
--- claim takes, and other claims leave to it); a job called already holds its promised server's slot.
--- Returns the positions in `best` of the jobs to call, in rank order.
-local function match_calls(fleet, servers, best, called, open)
+-- claim takes, and other claims leave to it); a job called already (in `calls`, as `promised` read
+-- them) holds its promised server's slot. Returns the positions in `best` of the jobs to call, in rank order.
+local function match_calls(fleet, servers, best, calls, open)
+  local called = {}
+  for _, id in ipairs(calls) do called[id] = true end
   read_parked(fleet, best)
   local free, warm = {}, {}
   for _, server in ipairs(servers) do
@@ -221,7 +224,7 @@ local function match_calls(fleet, servers, best, called, open)
     local named, ckpt = placement(fleet, best[i])
     local job = {at = i, able = {}, ckpt = ckpt, batch = tonumber(best[i + 1]) >= tonumber(BATCH_RANK)}
     for _, server in ipairs(able_servers(servers, named)) do job.able[server[1]] = true end
-    if redis.call('ZSCORE', called, best[i]) then  -- called already: its promised server's slot is its
+    if called[best[i]] then  -- called already: its promised server's slot is its
       local promised_to = hget(fleet, 'c:' .. best[i])
       if promised_to and (free[promised_to] or 0) > 0 then free[promised_to] = free[promised_to] - 1 end
     else

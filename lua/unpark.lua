@@ -87,7 +87,7 @@ end
 -- Each call is matched to a free slot of a server that can run the job (`match_calls`: a job none of
 -- whose servers has a slot free is passed over, not called, so it holds no slot another server could
 -- fill), with checkpoint affinity among batch jobs.
-for _, at in ipairs(match_calls(KEYS[1], servers, best, KEYS[3], open)) do
+for _, at in ipairs(match_calls(KEYS[1], servers, best, calls, open)) do
   reply[#reply + 1], reply[#reply + 2] = best[at], best[at + 1]
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), best[at])
 end
