@@ -15,7 +15,7 @@ import orjson
 import redis
 from redis.exceptions import RedisClusterException
 
-from api import resources, sse, ui
+from api import resources, sse, ui, webhooks
 from api.auth import Authenticate
 from api.metrics import Metrics
 from api.openapi import document
@@ -39,6 +39,8 @@ from pipeline.state.redisconn import name_connections
 from pipeline.state.scripts import ReplicationTimeout
 from pipeline.state.store import Store, open_store
 from pipeline.state.submit import Admitter
+from pipeline.webhooks.deliveries import Deliveries
+from pipeline.webhooks.endpoints import Endpoints
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ def create_app(
         store, max_seconds=settings.sse_max_seconds, slots=sse.StreamSlots(settings.sse_max_streams)))
     app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, open_blobs(settings)))
     app.add_route("/v1/usage", resources.Usage(store))
+    webhooks.add_routes(app, Endpoints(store), Deliveries(store), settings)
     app.add_route("/healthz", resources.Health())
     app.add_route("/readyz", resources.Ready(store))
     app.add_route("/openapi.json", resources.Document(document(settings)))

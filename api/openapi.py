@@ -15,6 +15,7 @@ from pipeline.fleet import highest_price
 from pipeline.settings import Settings
 from pipeline.state.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_DEPTH, MAX_OUTPUTS, PRIORITIES
 from pipeline.state.keys import JOB_ID_RE
+from pipeline.webhooks.endpoints import EVENT_TYPES, MAX_URL_LENGTH
 
 STATES = ["queued", "running", "retry_wait", "reconciling", "needs_review", "completed", "failed", "cancelled"]
 
@@ -36,6 +37,55 @@ _TIME = {"type": "string", "format": "date-time"}
 _NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
 _AFTER = {"name": "after", "in": "query", "description": "only events with a higher seq",
           "schema": {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}}
+
+_WEBHOOK_ID = {"name": "webhook_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_WEBHOOK_ERRORS = {**_AUTH, "404": _problem("no such webhook endpoint for this tenant (webhook-not-found)")}
+_ENDPOINT = {"type": "object", "required": ["id", "url", "types", "created_at", "previous_secret_valid_until"],
+             "properties": {"id": {"type": "string"}, "url": {"type": "string"},
+                            "types": {"type": "array", "items": {"enum": list(EVENT_TYPES)}},
+                            "created_at": {"type": "integer"},
+                            "previous_secret_valid_until": {"type": ["integer", "null"]}}}
+_WITH_SECRET = {**_ENDPOINT, "required": [*_ENDPOINT["required"], "secret"],
+                "properties": {**_ENDPOINT["properties"], "secret": {"type": "string", "pattern": "^whsec_"}}}
+#: A URL the API accepts: a host, a port that is a port, no user name, printable ASCII only.
+_URL_PATTERN = r"^https?://[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[1-9][0-9]{0,3})?(?:[/?#][!-~]*)?$"
+_WEBHOOK_PATHS: dict[str, Any] = {
+    "/v1/webhooks": {
+        "get": {"summary": "The tenant's webhook endpoints (never their secrets)",
+                "responses": {"200": _json({"type": "object", "required": ["webhooks"], "properties": {
+                    "webhooks": {"type": "array", "items": _ENDPOINT}}}), **_AUTH}},
+        "post": {"summary": "Add a webhook endpoint; its signing secret is shown in this answer only",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                     "type": "object", "additionalProperties": False, "required": ["url", "types"],
+                     "properties": {"url": {"type": "string", "minLength": 1, "maxLength": MAX_URL_LENGTH,
+                                            "pattern": _URL_PATTERN,
+                                            "description": "private, loopback and link-local hosts are refused "
+                                                           "unless the deployment allows them (422)"},
+                                    "types": {"type": "array", "minItems": 1,
+                                              "items": {"enum": list(EVENT_TYPES)}}}}}}},
+                 "responses": {"201": _json(_WITH_SECRET, "added"),
+                               "400": _problem("malformed JSON"), "413": _problem("body too large"),
+                               "415": _problem("not application/json"),
+                               "409": _problem("too-many-webhooks: the tenant has as many endpoints as allowed"),
+                               "422": _problem("invalid-webhook (a field named)"), **_AUTH}}},
+    "/v1/webhooks/{webhook_id}": {
+        "get": {"summary": "One webhook endpoint", "parameters": [_WEBHOOK_ID],
+                "responses": {"200": _json(_ENDPOINT), **_WEBHOOK_ERRORS}},
+        "delete": {"summary": "Remove a webhook endpoint and its exhausted deliveries", "parameters": [_WEBHOOK_ID],
+                   "responses": {"204": {"description": "removed"}, **_WEBHOOK_ERRORS}}},
+    "/v1/webhooks/{webhook_id}/rotate": {"post": {
+        "summary": "A new signing secret (shown once); the previous one still signs during the overlap",
+        "parameters": [_WEBHOOK_ID], "responses": {"200": _json(_WITH_SECRET), **_WEBHOOK_ERRORS}}},
+    "/v1/webhooks/{webhook_id}/deliveries": {"get": {
+        "summary": "Deliveries whose retries ran out (exhausted), newest first", "parameters": [_WEBHOOK_ID],
+        "responses": {"200": _json({"type": "object", "required": ["deliveries"], "properties": {
+            "deliveries": {"type": "array", "items": {"type": "object", "required": [
+                "id", "type", "job_id", "attempts", "first_attempt_at", "exhausted_at"], "properties": {
+                "id": {"type": "string"}, "type": {"enum": list(EVENT_TYPES)}, "job_id": {"type": "string"},
+                "attempts": {"type": "integer"}, "first_attempt_at": _TIME, "exhausted_at": _TIME,
+                "last_status": {"type": ["integer", "null"]},
+                "last_error": {"type": ["string", "null"]}}}}}}), **_WEBHOOK_ERRORS}}},
+}
 
 SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -219,6 +269,7 @@ SPEC: dict[str, Any] = {
                 "properties": {k: {"type": "integer"} for k in (
                     "allowance", "reserved", "uncertain", "settled", "available")}}),
                 **_AUTH}}},
+        **_WEBHOOK_PATHS,
         "/healthz": {"get": {"summary": "Process up", "security": [],
                              "responses": {"200": _json({"type": "object"})}}},
         "/readyz": {"get": {"summary": "Redis reachable and scripts loaded", "security": [],

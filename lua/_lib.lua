@@ -24,6 +24,24 @@ end
 -- Event list -> the events this call appends to it, in order: pushed in one RPUSH when the call
 -- ends (`push_events`), or packed with the job's earlier ones if the call packs the job.
 local EVENTS = {}
+-- The webhook events of this call, pushed in one RPUSH to the shard's webhook outbox (OUTBOX, the
+-- key every call is passed last: pipeline/state/scripts.py) when the call ends: the state change
+-- and its webhook event are one step (docs/webhooks.md).
+local HOOKS, OUTBOX = {}, nil
+-- The webhook event type of each state a job may enter; no other state makes one.
+local HOOK_TYPES = {completed = 'job.completed', failed = 'job.failed', cancelled = 'job.cancelled',
+  needs_review = 'job.needs_review'}
+
+-- Queues webhook event `type` of `job` (its `event`: the table of the job event it comes from, which
+-- gains the job, tenant, type and attempt) when the tenant asked for that type when the job was
+-- admitted (the record's `hooks`, ',job.completed,job.progress,' say).
+local function hook_event(job, type, event)
+  local wanted = hget(job, 'hooks')
+  if not wanted or not string.find(wanted, ',' .. type .. ',', 1, true) then return end
+  event.job, event.tenant, event.type = hget(job, 'id'), hget(job, 'tenant'), type
+  event.attempt = tonumber(hget(job, 'attempt_count') or '0')
+  HOOKS[#HOOKS + 1] = cjson.encode(event)
+end
 
 -- Appends one state-change event to the job's event list (seq counts from 1).
 local function append_event(job, events, now, from, to, reason)
@@ -33,14 +51,17 @@ local function append_event(job, events, now, from, to, reason)
     pending = {}
     EVENTS[events] = pending
   end
-  pending[#pending + 1] = cjson.encode({
-    seq = seq, at = tonumber(now), from = (from ~= '' and from) or cjson.null, to = to, reason = reason})
+  local event = {seq = seq, at = tonumber(now), from = (from ~= '' and from) or cjson.null, to = to, reason = reason}
+  pending[#pending + 1] = cjson.encode(event)
+  if HOOK_TYPES[to] then hook_event(job, HOOK_TYPES[to], event) end
 end
 
 -- Pushes the events of this call (run by the library after `pack_finished`).
 local function push_events()
   for events, pending in pairs(EVENTS) do redis.call('RPUSH', events, unpack(pending)) end
   EVENTS = {}
+  if #HOOKS > 0 then redis.call('RPUSH', OUTBOX, unpack(HOOKS)) end
+  HOOKS = {}
 end
 
 -- An idempotency record is one string, `<state> <first response status> <fingerprint> <job id>`
@@ -260,7 +281,7 @@ local PACKS = {}
 -- packed job drops them, and its progress marks (`pm:<attempt>:<node>`, lua/progress.lua).
 local LIVE_FIELDS = {lease_owner = true, lease_expires = true, slot_held = true, sends = true,
   attempt_charged = true, submit_epoch = true, operation_id = true, provider = true, server = true,
-  attempt_price = true, submitted_at = true, vf = true, servers = true, ckpt = true}
+  attempt_price = true, submitted_at = true, vf = true, servers = true, ckpt = true, hooks = true}
 
 -- The five keys a finished job is packed from, from KEYS[first] on (the caller passes them in this
 -- order: pipeline/state/keys.py `JobKeys.parts`): declared, as a Cluster's slot migration needs every key.

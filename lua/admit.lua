@@ -39,7 +39,7 @@
 -- KEYS[7] job's event list               KEYS[14] superseded job's workflow (likewise)
 -- KEYS[8] tenant's per-state counts      KEYS[15] wake set (zset: tenant -> when work is due)
 --                                        KEYS[16] tenant's limits (hash: max_inflight, rate,
---                                                 burst, tokens, at, weight)
+--                                                 burst, tokens, at, weight, hooks)
 -- KEYS[20] admission settings (hash: queue_cap:<class>, target_s:interactive)
 -- KEYS[21] fleet (hash: pause_class:<class>, vt:<class>, p:<superseded job id>)
 -- KEYS[22] to KEYS[26] the superseded job's parts, packed if it ends here (`parts_at` in _lib.lua; likewise)
@@ -138,7 +138,7 @@ if ARGV[9] ~= '' then
   if not older then return {7} end
   if older == 'queued' then leaving = o[2] end
 end
-local limit = redis.call('HMGET', KEYS[16], 'max_inflight', 'rate', 'burst', 'tokens', 'at', 'weight')
+local limit = redis.call('HMGET', KEYS[16], 'max_inflight', 'rate', 'burst', 'tokens', 'at', 'weight', 'hooks')
 if limit[1] then
   local c = redis.call('HMGET', KEYS[8], 'queued', 'running', 'retry_wait', 'reconciling')
   local inflight = 0
@@ -165,6 +165,7 @@ local seq = hincrby(KEYS[2], 'job_seq', 1)
 local cost = (tonumber(record.price) or 0) * (tonumber(record.outputs_requested) or 1)
 record.vf = finish_tag(KEYS[21], record.priority, ledger[5], cost, limit[6])
 hset(KEYS[2], 'vf:' .. record.priority, record.vf)
+if limit[7] and limit[7] ~= '' then record.hooks = limit[7] end  -- webhook types asked for (`hook_event`)
 local fields = {}
 for field, value in pairs(record) do
   fields[#fields + 1] = field

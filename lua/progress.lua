@@ -11,7 +11,8 @@
 -- a job packed when it ends drops them all (`pack_finished` in _lib.lua).
 --
 -- Cost: a point recorded is 4 commands besides the FCALL (HMGET of the record, TIME, RPUSH, one
--- HSET of the record), 5 when the list is full (LTRIM); a point dropped is 1.
+-- HSET of the record), 5 when the list is full (LTRIM), and one RPUSH more to the webhook outbox when
+-- the tenant asked for `job.progress`; a point dropped is 1.
 --
 -- keys: 2
 -- KEYS[1] job record (hash)
@@ -25,7 +26,7 @@
 -- Returns {1 CREATED, seq} | {0 OK} (dropped: nothing written)
 
 local mark = 'pm:' .. ARGV[1] .. ':' .. ARGV[3]
-preload(KEYS[1], {'state', 'attempt_count', 'operation_id', 'event_seq', mark})  -- one HMGET: the record is large
+preload(KEYS[1], {'state', 'attempt_count', 'operation_id', 'event_seq', mark, 'hooks', 'id', 'tenant'})  -- one HMGET
 local f = hmget(KEYS[1], 'state', 'attempt_count', 'operation_id', mark)
 if f[1] ~= 'running' or f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then return {0} end
 
@@ -34,8 +35,9 @@ if f[4] and value <= tonumber(f[4]) then return {0} end
 hset(KEYS[1], mark, ARGV[4])
 
 local seq = hincrby(KEYS[1], 'event_seq', 1)
-local kept = redis.call('RPUSH', KEYS[2], cjson.encode({
-  seq = seq, at = clock(ARGV[7]), type = 'progress', attempt = tonumber(ARGV[1]),
-  node = ARGV[3], value = value, max = tonumber(ARGV[5])}))
+local point = {seq = seq, at = clock(ARGV[7]), type = 'progress', attempt = tonumber(ARGV[1]),
+  node = ARGV[3], value = value, max = tonumber(ARGV[5])}
+local kept = redis.call('RPUSH', KEYS[2], cjson.encode(point))
+hook_event(KEYS[1], 'job.progress', point)  -- when the tenant asked for progress webhooks
 if kept > tonumber(ARGV[6]) then redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1) end
 return {1, seq}

@@ -111,6 +111,18 @@ DEFAULT_DUPLICATE_COST_ALLOWANCE = 0
 DEFAULT_SSE_MAX_SECONDS = 15.0
 #: Event streams one web process serves at once (half its default 4 threads); more get 503.
 DEFAULT_SSE_MAX_STREAMS = 2
+#: Webhooks (docs/webhooks.md): one request's whole time; how long a delivery is retried (from its first
+#: try); the first and the largest delay between tries (doubling, with jitter); requests at once per
+#: endpoint and in all; redirects followed (each target checked like the first); how long a rotated
+#: secret still signs.
+DEFAULT_WEBHOOK_TIMEOUT_SECONDS = 10.0
+DEFAULT_WEBHOOK_RETRY_WINDOW_SECONDS = 24 * 3600.0
+DEFAULT_WEBHOOK_RETRY_FIRST_SECONDS = 5.0
+DEFAULT_WEBHOOK_RETRY_MAX_SECONDS = 3600.0
+DEFAULT_WEBHOOK_ENDPOINT_CONCURRENCY = 4
+DEFAULT_WEBHOOK_THREADS = 16
+DEFAULT_WEBHOOK_MAX_REDIRECTS = 0
+DEFAULT_WEBHOOK_SECRET_OVERLAP_SECONDS = 24 * 3600
 #: Admission defaults, each overridable at run time with ``reckon admission set`` (hash
 #: ``reckon:{s<n>}:admission`` of every shard): queued jobs per workload class beyond which admission answers 503...
 DEFAULT_QUEUE_CAP_INTERACTIVE = 1000
@@ -185,6 +197,15 @@ class Settings:
     retention_seconds: int = DEFAULT_RETENTION_SECONDS
     sse_max_seconds: float = DEFAULT_SSE_MAX_SECONDS
     sse_max_streams: int = DEFAULT_SSE_MAX_STREAMS
+    webhook_allow_private: bool = False
+    webhook_timeout_seconds: float = DEFAULT_WEBHOOK_TIMEOUT_SECONDS
+    webhook_retry_window_seconds: float = DEFAULT_WEBHOOK_RETRY_WINDOW_SECONDS
+    webhook_retry_first_seconds: float = DEFAULT_WEBHOOK_RETRY_FIRST_SECONDS
+    webhook_retry_max_seconds: float = DEFAULT_WEBHOOK_RETRY_MAX_SECONDS
+    webhook_endpoint_concurrency: int = DEFAULT_WEBHOOK_ENDPOINT_CONCURRENCY
+    webhook_threads: int = DEFAULT_WEBHOOK_THREADS
+    webhook_max_redirects: int = DEFAULT_WEBHOOK_MAX_REDIRECTS
+    webhook_secret_overlap_seconds: int = DEFAULT_WEBHOOK_SECRET_OVERLAP_SECONDS
     queue_cap_interactive: int = DEFAULT_QUEUE_CAP_INTERACTIVE
     queue_cap_batch: int = DEFAULT_QUEUE_CAP_BATCH
     interactive_target_seconds: int = DEFAULT_INTERACTIVE_TARGET_SECONDS
@@ -215,6 +236,11 @@ class Settings:
                              f"{STEP_AFTER_FETCH_SECONDS:.0f}")
         if not self.progress_interval_seconds >= 0:  # also refuses NaN
             raise ValueError("RECKON_PROGRESS_INTERVAL_SECONDS must be 0 or more")
+        if not (0 < self.webhook_timeout_seconds and 0 < self.webhook_retry_first_seconds
+                <= self.webhook_retry_max_seconds and self.webhook_endpoint_concurrency >= 1
+                and self.webhook_threads >= 1 and self.webhook_max_redirects >= 0):
+            raise ValueError("RECKON_WEBHOOK_*: timeouts and delays above 0 (first at most max), concurrency "
+                             "and threads at least 1, redirects 0 or more")
         if self.sweep_hold_seconds <= 0:  # a hold of 0 would hand every due tenant to every sweeper
             raise ValueError("RECKON_SWEEP_HOLD_SECONDS must be more than 0")
 
@@ -267,6 +293,15 @@ class Settings:
             "retention_seconds": ("RECKON_RETENTION_SECONDS", int),
             "sse_max_seconds": ("RECKON_SSE_MAX_SECONDS", float),
             "sse_max_streams": ("RECKON_SSE_MAX_STREAMS", int),
+            "webhook_allow_private": ("RECKON_WEBHOOK_ALLOW_PRIVATE", flag),
+            "webhook_timeout_seconds": ("RECKON_WEBHOOK_TIMEOUT_SECONDS", float),
+            "webhook_retry_window_seconds": ("RECKON_WEBHOOK_RETRY_WINDOW_SECONDS", float),
+            "webhook_retry_first_seconds": ("RECKON_WEBHOOK_RETRY_FIRST_SECONDS", float),
+            "webhook_retry_max_seconds": ("RECKON_WEBHOOK_RETRY_MAX_SECONDS", float),
+            "webhook_endpoint_concurrency": ("RECKON_WEBHOOK_ENDPOINT_CONCURRENCY", int),
+            "webhook_threads": ("RECKON_WEBHOOK_THREADS", int),
+            "webhook_max_redirects": ("RECKON_WEBHOOK_MAX_REDIRECTS", int),
+            "webhook_secret_overlap_seconds": ("RECKON_WEBHOOK_SECRET_OVERLAP_SECONDS", int),
             "queue_cap_interactive": ("RECKON_QUEUE_CAP_INTERACTIVE", int),
             "queue_cap_batch": ("RECKON_QUEUE_CAP_BATCH", int),
             "interactive_target_seconds": ("RECKON_INTERACTIVE_TARGET_SECONDS", int),

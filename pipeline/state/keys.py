@@ -113,6 +113,39 @@ class ShardKeys:
         return self._k("fleet:called")
 
     @property
+    def webhook_outbox(self) -> str:
+        """List: JSON webhook events (job, tenant, type, seq, at, attempt, and the job event's own fields), pushed
+        by the script that makes the state change (``hook_event`` in lua/_lib.lua), in order."""
+        return self._k("webhooks:outbox")
+
+    @property
+    def webhook_taking(self) -> str:
+        """List: outbox events a webhooks process has moved out (BLMOVE) and not yet fanned out to deliveries."""
+        return self._k("webhooks:taking")
+
+    @property
+    def webhook_deliveries(self) -> str:
+        """Hash: ``<endpoint id>/<message id>`` -> JSON delivery (tenant, job, type, body, attempts, first and
+        next try, last error, lease, state pending | exhausted)."""
+        return self._k("webhooks:deliveries")
+
+    @property
+    def webhook_due(self) -> str:
+        """Sorted set: ``<endpoint id>/<message id>`` of each delivery to try -> when (ms; a taken one: its lease's end)."""
+        return self._k("webhooks:due")
+
+    @property
+    def webhook_order(self) -> str:
+        """Hash: ``<endpoint id>/<job id>`` -> JSON list of the job's later deliveries to that endpoint, waiting
+        behind the one being tried (the field exists while one is): events reach an endpoint in order per job."""
+        return self._k("webhooks:order")
+
+    def webhook_exhausted(self, endpoint: str) -> str:
+        """Sorted set: message id of each delivery to ``endpoint`` whose retries ran out -> when (ms); its
+        delivery stays in ``webhook_deliveries`` until redelivered or dropped (the newest 10,000 are kept)."""
+        return self._k(f"webhooks:exhausted:{endpoint}")
+
+    @property
     def meta(self) -> str:
         """Hash (shard 0 only): ``shards`` -> the shard count this deployment was created with."""
         return self._k("meta")
@@ -222,8 +255,15 @@ class TenantKeys:
     @property
     def limits(self) -> str:
         """Hash: max_inflight, rate (jobs/s), burst, tokens, at (ms), weight: the admission limits and fair-share
-        weight (``reckon tenant set``)."""
+        weight (``reckon tenant set``); hooks: the webhook event types the tenant's endpoints ask for
+        (``,job.completed,job.failed,``), copied into each job it admits."""
         return self._k("limits")
+
+    @property
+    def webhooks(self) -> str:
+        """Hash: endpoint id -> JSON endpoint (url, types, created_at, secrets with the end of each rotated one's
+        overlap): the tenant's webhook endpoints (pipeline/webhooks/endpoints.py)."""
+        return self._k("webhooks")
 
     def idempotency(self, key: str) -> str:
         """String ``<state> <status> <fingerprint> <job id>`` (state pending|done), set with its expiry in one

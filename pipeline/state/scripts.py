@@ -42,13 +42,15 @@ SEPARATE = frozenset({"broker.lua"})
 #: state changes it made, returned beside its reply), ``HELD`` and ``RECORDS`` (the job records it
 #: read, written back in one HSET each by ``save_records`` when the body returns), and clears ``G``
 #: (a script that forgot ``use_globals`` fails instead of writing to the shard of the call before). An error reply
-#: (``redis.error_reply``) passes through as it is: redis-py raises it.
+#: (``redis.error_reply``) passes through as it is: redis-py raises it. Every call is passed one key beyond
+#: its documented ones: its shard's webhook outbox (``outbox_of``), read by the library as ``OUTBOX``.
 _LIBRARY = """#!lua name={name}
 local KEYS, ARGV = {{}}, {{}}
 {prelude}
 local function run(body)
   return function(keys, args)
     KEYS, ARGV, MOVES, HELD, G, RECORDS, BUMPS, PACKS, EVENTS = keys, args, {{}}, {{}}, nil, {{}}, {{}}, {{}}, {{}}
+    HOOKS, OUTBOX = {{}}, keys[#keys]
     local reply = body()
     pack_finished()
     push_events()
@@ -198,6 +200,7 @@ class Scripts:
         nkeys, function = self._scripts[verb]
         if len(keys) != nkeys:
             raise ScriptError(f"{verb} takes {nkeys} keys, got {len(keys)}")
+        keys = [*keys, outbox_of(keys[0])] if keys else []
         acked = self.replicas
         if durable and self.replicas > 0:
             (moves, *reply), acked = self._run_and_wait(function, list(keys), list(args))
@@ -248,6 +251,15 @@ class Scripts:
             return reply, int(acked)
 
         return on_node(self.client, keys[0], run)
+
+
+def outbox_of(key: str) -> str:
+    """The webhook outbox of the shard (or hash tag) ``key`` lives in: passed to every script last, beyond
+    its documented keys, so that any state change can queue its webhook events in the same step
+    (``hook_event`` in lua/_lib.lua; ``ShardKeys.webhook_outbox``). A key without a tag is passed as itself:
+    such a script moves no job, so it never writes there."""
+    tag = _TAG_RE.search(key)
+    return f"reckon:{tag.group(0)}:webhooks:outbox" if tag else key
 
 
 def _missing(error: redis.ResponseError) -> bool:

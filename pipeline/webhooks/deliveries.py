@@ -1,0 +1,148 @@
+"""The Redis side of webhook deliveries: events become deliveries, deliveries are taken, tried, settled.
+
+An event's message id (the ``webhook-id`` header) is ``msg_<job id>.<seq>``: a job's events are numbered
+once across all its attempts, so the id is stable however often the event is sent, and each endpoint that
+wants the event gets it under that id. Each step is one script (lua/webhook-*.lua); docs/webhooks.md
+tells the whole path.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import orjson
+
+from pipeline.state import views
+from pipeline.state.jobs import iso, job_view
+from pipeline.state.keys import ShardKeys, TenantKeys
+from pipeline.state.scripts import Code
+from pipeline.state.store import Store
+
+#: Events fanned out per call (and moved from the outbox after it).
+BATCH = 100
+#: Exhausted deliveries kept per endpoint, the newest.
+EXHAUSTED_KEPT = 10_000
+#: Due entries one take looks at, at most (past those of endpoints with no free place).
+SCAN = 200
+#: Fields of an outbox event that say which job event it is, not what the event was.
+_ROUTING = ("job", "tenant", "type")
+
+#: tenant -> its endpoints (pipeline/webhooks/endpoints.py: JSON-ready dicts)
+EndpointsOf = Callable[[str], list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Taken:
+    """One try of a delivery, leased to this process."""
+
+    member: str
+    endpoint: str
+    message: str
+    tenant: str
+    job: str
+    body: bytes
+    attempts: int
+    lease: str
+
+
+def message_id(event: dict[str, Any]) -> str:
+    return f"msg_{event['job']}.{event['seq']}"
+
+
+def payload(event: dict[str, Any], job: dict[str, Any] | None) -> bytes:
+    """A message body: ``type``, ``timestamp`` (the event's time) and ``data``, the job's public view (as the
+    API shows it: no workflow, no provider URL) with the event itself; a job already purged is its id alone."""
+    own = {name: value for name, value in event.items() if name not in _ROUTING}
+    own["at"] = iso(own["at"])
+    data = {**(job or {"id": event["job"]}), "event": own}
+    return orjson.dumps({"type": event["type"], "timestamp": iso(event["at"]), "data": data})
+
+
+class Deliveries:
+    def __init__(self, store: Store) -> None:
+        self.store, self.redis = store, store.redis
+
+    def move_one(self, shard: ShardKeys, block_seconds: float) -> bool:
+        """Wait up to ``block_seconds`` for an outbox event, moving it to the taking list (BLMOVE)."""
+        return self.redis.blmove(shard.webhook_outbox, shard.webhook_taking, block_seconds, "LEFT", "RIGHT") \
+            is not None
+
+    def fan_out(self, shard: ShardKeys, endpoints_of: EndpointsOf) -> int:
+        """Fan out the events waiting in the taking list, then move the outbox's next ones there; how many
+        events it handled. An event whose tenant has no endpoint wanting it (any more) is dropped."""
+        raws = self.redis.lrange(shard.webhook_taking, 0, BATCH - 1)
+        if not raws:
+            return 0
+        events = [orjson.loads(raw) for raw in raws]
+        wanted = [(event, endpoint) for event in events for endpoint in endpoints_of(event["tenant"])
+                  if event["type"] in endpoint["types"]]
+        job_ids = sorted({event["job"] for event, _ in wanted})
+        jobs = {record["id"]: job_view(record, outputs)
+                for record, outputs in views.jobs_with_outputs(self.redis, job_ids)} if job_ids else {}
+        bodies: dict[str, str] = {}
+        made = []
+        for event, endpoint in wanted:
+            message = message_id(event)
+            if message not in bodies:
+                bodies[message] = payload(event, jobs.get(event["job"])).decode()
+            made.append({"endpoint": endpoint["id"], "message": message, "job": event["job"],
+                         "tenant": event["tenant"], "type": event["type"], "body": bodies[message]})
+        keys = [shard.webhook_taking, shard.webhook_outbox, shard.webhook_deliveries, shard.webhook_due,
+                shard.webhook_order]
+        reply = self.store.scripts("webhook-fanout", keys, [len(raws), orjson.dumps(made), BATCH, *raws])
+        return len(raws) if int(reply[0]) == Code.OK else 0
+
+    def take(self, shard: ShardKeys, *, most: int, free: dict[str, int], default_free: int,
+             lease_ms: int) -> tuple[list[Taken], int, int | None]:
+        """(the deliveries taken, Redis's clock in ms, when the next due one is due or None)."""
+        reply = self.store.scripts("webhook-take", [shard.webhook_due, shard.webhook_deliveries],
+                                   [lease_ms, most, SCAN, orjson.dumps(free), default_free, secrets.token_hex(6)])
+        now, next_due = int(reply[1]), int(reply[2])
+        taken = []
+        for member, raw in zip(reply[3::2], reply[4::2], strict=True):
+            d = orjson.loads(raw)
+            taken.append(Taken(member, d["endpoint"], d["message"], d["tenant"], d["job"], d["body"].encode(),
+                               int(d["attempts"]), d["lease"]))
+        return taken, now, (None if next_due < 0 else next_due)
+
+    def settle(self, shard: ShardKeys, taken: Taken, outcome: str, *, delay_ms: int = 0, error: str = "",
+               status: int | None = None, window_ms: int) -> str | None:
+        """Record a try's outcome (delivered, dropped or retry); the outcome recorded (a retry past the
+        window: exhausted), or None when the lease was no longer this try's."""
+        keys = [shard.webhook_due, shard.webhook_deliveries, shard.webhook_order,
+                shard.webhook_exhausted(taken.endpoint)]
+        reply = self.store.scripts("webhook-done", keys, [
+            taken.member, taken.lease, outcome, delay_ms, error[:200], window_ms, EXHAUSTED_KEPT,
+            "" if status is None else status])
+        return reply[1] if int(reply[0]) == Code.OK else None
+
+    def exhausted(self, tenant: str, endpoint: str, limit: int = 100) -> list[dict[str, Any]]:
+        """The endpoint's exhausted deliveries, newest first: what was sent, when, and what went wrong."""
+        shard = TenantKeys(tenant).shard
+        messages = self.redis.zrevrange(shard.webhook_exhausted(endpoint), 0, limit - 1)
+        if not messages:
+            return []
+        raws = self.redis.hmget(shard.webhook_deliveries, [f"{endpoint}/{m}" for m in messages])
+        rows = []
+        for raw in raws:
+            if raw is None:
+                continue
+            d = orjson.loads(raw)
+            rows.append({"id": d["message"], "type": d["type"], "job_id": d["job"], "attempts": d["attempts"],
+                         "first_attempt_at": iso(d["first_at"]), "exhausted_at": iso(d["exhausted_at"]),
+                         "last_status": d.get("last_status"), "last_error": d.get("last_error")})
+        return rows
+
+    def redeliver(self, tenant: str, endpoint: str, messages: list[str] | None = None) -> int:
+        """Make exhausted deliveries to ``endpoint`` due now (all of them, up to 10,000, when ``messages`` is
+        None); how many."""
+        shard = TenantKeys(tenant).shard
+        if messages is None:
+            messages = self.redis.zrange(shard.webhook_exhausted(endpoint), 0, EXHAUSTED_KEPT - 1)
+        if not messages:
+            return 0
+        reply = self.store.scripts("webhook-redeliver", [
+            shard.webhook_exhausted(endpoint), shard.webhook_deliveries, shard.webhook_due], [endpoint, *messages])
+        return int(reply[1])

@@ -1,0 +1,144 @@
+"""The one HTTP request a webhook delivery makes: POST the body, refused toward private addresses.
+
+Each hop's host is resolved once and the request goes to an address that was checked (so a name that
+resolves elsewhere a moment later cannot redirect it); every address it resolves to must be global
+(no loopback, private, link-local, shared, multicast or reserved one) unless the operator allows private
+ones (``RECKON_WEBHOOK_ALLOW_PRIVATE``). Redirects (307 and 308, which keep the POST) are followed only
+up to ``max_redirects`` (0 by default: none), each target checked the same way. The whole request, every
+hop included, has ``timeout`` seconds; at most ``MAX_RESPONSE_BYTES`` of an answer are read.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import urljoin, urlsplit
+
+#: Bytes of an answer read, at most (the rest is never read).
+MAX_RESPONSE_BYTES = 64 * 1024
+_REDIRECTS = (307, 308)
+
+Resolve = Callable[[str, int], list[str]]
+
+
+class Refused(Exception):
+    """The request was not sent: its address is not allowed, or its URL cannot be requested."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    retry_after: str | None
+    body: bytes
+
+
+def check_url(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a URL a webhook may be sent to; Refused otherwise."""
+    if not all(33 <= ord(c) <= 126 for c in url):
+        raise Refused("a URL is printable ASCII: no spaces or control characters (percent-encode the rest)")
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise Refused(f"not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise Refused("only http and https URLs")
+    if not parts.hostname or parts.username is not None or parts.password is not None:
+        raise Refused("a URL needs a host and no user name or password")
+    return parts.scheme, parts.hostname, port
+
+
+def allowed(address: str, allow_private: bool) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return allow_private or (ip.is_global and not ip.is_multicast)
+
+
+def resolve(host: str, port: int) -> list[str]:
+    return sorted({info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+
+
+def checked_address(host: str, port: int, allow_private: bool, resolver: Resolve = resolve) -> str:
+    """An address of ``host`` to connect to, when every address it resolves to is allowed."""
+    try:
+        addresses = resolver(host, port)
+    except OSError as exc:
+        raise Refused(f"cannot resolve the host: {exc.strerror or exc}") from None
+    if not addresses:
+        raise Refused("the host resolves to no address")
+    if not all(allowed(address, allow_private) for address in addresses):
+        raise Refused("the host resolves to a private, loopback or link-local address")
+    return addresses[0]
+
+
+def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow_private: bool,
+         max_redirects: int = 0, resolver: Resolve = resolve) -> Answer:
+    """POST ``body`` to ``url``; the answer, or Refused, or OSError (timeout, refused, reset...)."""
+    deadline = time.monotonic() + timeout
+    for hop in range(max_redirects + 1):
+        scheme, host, port = check_url(url)
+        address = checked_address(host, port, allow_private, resolver)
+        answer, location = _send(scheme, host, port, address, url, body, headers, deadline)
+        if answer.status not in _REDIRECTS or location is None or hop == max_redirects:
+            return answer
+        url = urljoin(url, location)
+    raise AssertionError("unreachable")
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the webhook request took longer than its timeout")
+    return left
+
+
+def _send(scheme: str, host: str, port: int, address: str, url: str, body: bytes, headers: dict[str, str],
+          deadline: float) -> tuple[Answer, str | None]:
+    connection = (_PinnedHTTPS if scheme == "https" else _PinnedHTTP)(host, port, address, _left(deadline))
+    try:
+        parts = urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        connection.request("POST", target, body=body, headers=headers)
+        connection.sock.settimeout(_left(deadline))
+        response = connection.getresponse()
+        chunks, size = [], 0
+        while size < MAX_RESPONSE_BYTES:
+            connection.sock.settimeout(_left(deadline))
+            chunk = response.read1(MAX_RESPONSE_BYTES - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return Answer(response.status, response.getheader("Retry-After"), b"".join(chunks)), \
+            response.getheader("Location")
+    finally:
+        connection.close()
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    """Connects to the checked address; the Host header still names the host."""
+
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self.address, self.port), self.timeout)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    """Connects to the checked address; TLS verifies the certificate against the host's name."""
+
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self.address = address
+
+    def connect(self) -> None:
+        raw = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)

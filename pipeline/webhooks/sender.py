@@ -1,0 +1,236 @@
+"""The ``webhooks`` process: fans out webhook events and sends each delivery, at least once.
+
+One thread per shard waits for outbox events (BLMOVE), fans them out (pipeline/webhooks/deliveries.py)
+and takes due deliveries, which a pool of ``RECKON_WEBHOOK_THREADS`` threads sends. An endpoint gets at
+most ``RECKON_WEBHOOK_ENDPOINT_CONCURRENCY`` requests at once from this process; after ``CIRCUIT_FAILURES``
+failures in a row its circuit opens: nothing is sent to it for ``CIRCUIT_SECONDS``, doubling each time it
+opens again (up to ``CIRCUIT_MAX_SECONDS``), then one try at a time until one succeeds. A failed try is
+due again after an exponential backoff with jitter, or the endpoint's ``Retry-After`` if that is later,
+until the retry window ends (docs/webhooks.md "Delivery").
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import logging
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from pipeline.settings import Settings
+from pipeline.state import keys
+from pipeline.state.keys import ShardKeys
+from pipeline.state.redisconn import name_connections
+from pipeline.state.store import Store, open_store
+from pipeline.webhooks import guard, signing
+from pipeline.webhooks.deliveries import Deliveries, Taken
+from pipeline.webhooks.endpoints import Endpoints, signing_secrets
+
+log = logging.getLogger(__name__)
+
+CIRCUIT_FAILURES = 5
+CIRCUIT_SECONDS = 30.0
+CIRCUIT_MAX_SECONDS = 600.0
+#: How long an endpoint's list is reused before it is read again (a removed endpoint stops within this).
+ENDPOINTS_CACHE_SECONDS = 1.0
+#: Longest wait for an outbox event when nothing is due sooner.
+IDLE_WAIT_SECONDS = 1.0
+
+
+def backoff(attempts: int, first: float, most: float, rand: Callable[[], float] = random.random) -> float:
+    """Seconds before try ``attempts + 1``: ``first`` doubled per try so far, at most ``most``, of which a
+    random half (equal jitter: tries of many deliveries that failed together spread out)."""
+    base = min(most, first * 2 ** max(0, attempts - 1))
+    return base / 2 + rand() * base / 2
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delta seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - now)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+class Circuit:
+    """One endpoint's failures in a row, and until when nothing is sent to it (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.failures, self.opened, self.open_until = 0, 0, 0.0
+
+    def places(self, now: float, default: int) -> int:
+        if now < self.open_until:
+            return 0
+        return 1 if self.failures >= CIRCUIT_FAILURES else default
+
+    def record(self, ok: bool, now: float) -> bool:
+        """Count a try's outcome; whether the circuit opened."""
+        if ok:
+            self.failures, self.opened, self.open_until = 0, 0, 0.0
+            return False
+        self.failures += 1
+        if self.failures < CIRCUIT_FAILURES:
+            return False
+        self.opened += 1
+        self.open_until = now + min(CIRCUIT_MAX_SECONDS, CIRCUIT_SECONDS * 2 ** (self.opened - 1))
+        return True
+
+
+class Sender:
+    def __init__(self, store: Store, settings: Settings, *, post: Callable[..., guard.Answer] = guard.post) -> None:
+        self.settings, self.post = settings, post
+        self.endpoints, self.deliveries = Endpoints(store), Deliveries(store)
+        self.pool = ThreadPoolExecutor(settings.webhook_threads, thread_name_prefix="webhook")
+        self.lock = threading.Lock()
+        self.inflight: Counter[str] = Counter()
+        self.circuits: dict[str, Circuit] = {}
+        self.cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+        #: shard -> when its next take is due (monotonic seconds)
+        self.next_take = {shard.n: 0.0 for shard in keys.shards()}
+        self.window_ms = int(settings.webhook_retry_window_seconds * 1000)
+        #: A try's lease: every hop's timeout, and room for its outcome to be written.
+        self.lease_ms = int((settings.webhook_timeout_seconds * (settings.webhook_max_redirects + 1) + 20) * 1000)
+
+    def endpoints_of(self, tenant: str) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        cached = self.cache.get(tenant)
+        if cached is None or now - cached[0] > ENDPOINTS_CACHE_SECONDS:
+            cached = (now, self.endpoints.all(tenant))
+            self.cache[tenant] = cached
+        return cached[1]
+
+    def run(self, stop: threading.Event) -> None:
+        threads = [threading.Thread(target=self.run_shard, args=(shard, stop), name=f"webhooks-s{shard.n}")
+                   for shard in keys.shards()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.pool.shutdown(wait=True)
+
+    def run_shard(self, shard: ShardKeys, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                fanned = self.deliveries.fan_out(shard, self.endpoints_of)
+                if fanned or time.monotonic() >= self.next_take[shard.n]:
+                    self.take(shard)
+                if not fanned:
+                    wait = min(IDLE_WAIT_SECONDS, max(0.01, self.next_take[shard.n] - time.monotonic()))
+                    self.deliveries.move_one(shard, wait)
+            except Exception:  # Redis down, a defect: logged, the loop goes on
+                log.exception("webhooks: pass failed")
+                stop.wait(1.0)
+
+    def take(self, shard: ShardKeys) -> None:
+        """Take what is due within the free places and hand it to the pool; set when to take next. Run by
+        the shard's thread, and by a pool thread after each try (a place is free; a job's next may be due)."""
+        now, default = time.monotonic(), self.settings.webhook_endpoint_concurrency
+        with self.lock:
+            busy = set(self.circuits) | {endpoint for endpoint, count in self.inflight.items() if count}
+            free = {endpoint: max(0, (self.circuits[endpoint].places(now, default) if endpoint in self.circuits
+                                      else default) - self.inflight[endpoint]) for endpoint in busy}
+            room = self.settings.webhook_threads * 2 - sum(self.inflight.values())
+        if room <= 0:
+            return  # the next try to end takes again
+        taken, redis_now, next_due = self.deliveries.take(
+            shard, most=room, free=free, default_free=default, lease_ms=self.lease_ms)
+        with self.lock:
+            for item in taken:
+                self.inflight[item.endpoint] += 1
+            wait = IDLE_WAIT_SECONDS if next_due is None else max(0.0, (next_due - redis_now) / 1000)
+            self.next_take[shard.n] = now + (0.0 if len(taken) == room else wait)
+        for item in taken:
+            self.pool.submit(self.send, shard, item, redis_now)
+
+    def send(self, shard: ShardKeys, item: Taken, redis_now: int) -> None:
+        outcome, delay, error, status = "retry", 0.0, "", None
+        try:
+            endpoint = next((e for e in self.endpoints_of(item.tenant) if e["id"] == item.endpoint), None)
+            if endpoint is None:
+                outcome = "dropped"
+                return
+            headers = {"content-type": "application/json", "user-agent": "reckon-webhooks/1",
+                       **signing.headers(signing_secrets(endpoint, redis_now), item.message, int(time.time()),
+                                         item.body)}
+            answer = self.post(endpoint["url"], item.body, headers, timeout=self.settings.webhook_timeout_seconds,
+                               allow_private=self.settings.webhook_allow_private,
+                               max_redirects=self.settings.webhook_max_redirects)
+            status = answer.status
+            if 200 <= answer.status < 300:
+                outcome = "delivered"
+                return
+            error = f"HTTP {answer.status}"
+            delay = max(self.backoff(item), retry_after(answer.retry_after, time.time()) or 0.0)
+        except guard.Refused as exc:
+            error, delay = f"refused: {exc}", self.backoff(item)
+        except (OSError, http.client.HTTPException) as exc:
+            error, delay = _failure(exc), self.backoff(item)
+        except Exception as exc:  # a defect: the try is retried like a failure, and logged
+            log.exception("webhooks: try failed")
+            error, delay = type(exc).__name__, self.backoff(item)
+        finally:
+            self.finish(shard, item, outcome, delay, error, status)
+
+    def backoff(self, item: Taken) -> float:
+        s = self.settings
+        return backoff(item.attempts, s.webhook_retry_first_seconds, s.webhook_retry_max_seconds)
+
+    def finish(self, shard: ShardKeys, item: Taken, outcome: str, delay: float, error: str, status: int | None) -> None:
+        try:
+            recorded = self.deliveries.settle(shard, item, outcome, delay_ms=int(delay * 1000), error=error,
+                                              status=status, window_ms=self.window_ms)
+            if recorded in ("retry", "exhausted"):
+                log.info("webhook try failed", extra={"endpoint": item.endpoint, "message": item.message,
+                                                      "attempts": item.attempts, "error": error, "outcome": recorded})
+        except Exception:  # Redis down: the lease ends and the delivery is tried again
+            log.exception("webhooks: outcome not recorded")
+        finally:
+            with self.lock:
+                self.inflight[item.endpoint] -= 1
+                opened = outcome != "dropped" and self.circuits.setdefault(item.endpoint, Circuit()).record(
+                    outcome == "delivered", time.monotonic())
+            if opened:
+                log.warning("webhook endpoint circuit open", extra={"endpoint": item.endpoint})
+        try:
+            self.take(shard)
+        except Exception:
+            log.exception("webhooks: take failed")
+
+
+def _failure(exc: BaseException) -> str:
+    """A failure as logged and recorded: its kind, never the URL."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, (ConnectionResetError, http.client.RemoteDisconnected, BrokenPipeError)):
+        return "connection dropped"
+    return type(exc).__name__
+
+
+def main() -> None:
+    from pipeline.logs import configure
+
+    configure("webhooks")
+    name_connections("webhooks")
+    settings = Settings.from_env()
+    sender = Sender(open_store(settings), settings)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("sending webhooks with %d threads", settings.webhook_threads)
+    sender.run(stop)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The webhook outbox and deliveries on a real Redis: the event is written by the step that changes the
+state, fanned out once per endpoint, taken under a lease, sent in order per job, exhausted, redelivered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.state.keys import ShardKeys, TenantKeys
+from pipeline.state.store import Store
+from pipeline.webhooks.deliveries import Deliveries, message_id
+from pipeline.webhooks.endpoints import EndpointNotFound, Endpoints
+
+URL = "https://hooks.example.com/reckon"
+A, B = "acme." + "a" * 20, "acme." + "b" * 20
+WINDOW_MS = 60_000
+
+
+def outbox(store: Store) -> list[dict[str, Any]]:
+    shard = TenantKeys("acme").shard
+    return [orjson.loads(raw) for raw in store.redis.lrange(shard.webhook_outbox, 0, -1)]
+
+
+def fan_out(store: Store) -> int:
+    shard = TenantKeys("acme").shard
+    deliveries, endpoints = Deliveries(store), Endpoints(store)
+    handled = 0
+    while deliveries.move_one(shard, 0.01) or store.redis.llen(shard.webhook_taking):
+        handled += deliveries.fan_out(shard, endpoints.all)
+    return handled
+
+
+def take(store: Store, most: int = 100, free: dict[str, int] | None = None):
+    return Deliveries(store).take(TenantKeys("acme").shard, most=most, free=free or {}, default_free=4,
+                                  lease_ms=30_000)
+
+
+def test_a_state_change_writes_its_webhook_event_in_the_same_step(store: Store, admit) -> None:
+    job_before = admit("before")
+    store.cancel(job_before)
+    assert outbox(store) == []  # no endpoint when it was admitted: no event
+    Endpoints(store).add("acme", URL, ["job.cancelled", "job.completed"])
+    job = admit("after")
+    assert outbox(store) == []  # queued is no webhook event
+    store.cancel(job)
+    [event] = outbox(store)
+    assert (event["job"], event["tenant"], event["type"], event["to"], event["from"], event["reason"]) == \
+        (job, "acme", "job.cancelled", "cancelled", "queued", "cancelled")
+    assert event["seq"] == 2 and event["attempt"] == 0
+
+
+def test_each_endpoint_gets_one_delivery_per_event_and_a_second_fan_out_adds_none(store: Store, admit) -> None:
+    endpoints = Endpoints(store)
+    first, _ = endpoints.add("acme", URL, ["job.cancelled"])
+    second, _ = endpoints.add("acme", URL + "/2", ["job.cancelled", "job.failed"])
+    endpoints.add("acme", URL + "/3", ["job.completed"])
+    job = admit("one")
+    store.cancel(job)
+    assert fan_out(store) == 1
+    taken, _, _ = take(store)
+    assert sorted((t.endpoint, t.message, t.attempts) for t in taken) == sorted(
+        [(first["id"], f"msg_{job}.2", 1), (second["id"], f"msg_{job}.2", 1)])
+    body = orjson.loads(taken[0].body)
+    assert (body["type"], body["data"]["id"], body["data"]["state"], body["data"]["event"]["seq"]) == \
+        ("job.cancelled", job, "cancelled", 2)
+    assert "workflow" not in taken[0].body.decode()
+    assert taken[0].body == taken[1].body
+    # the same events again (a process died after its fan-out, before trimming): nothing new
+    shard = TenantKeys("acme").shard
+    store.redis.rpush(shard.webhook_taking, orjson.dumps({**outbox_event(job, 2), "tenant": "acme"}))
+    assert Deliveries(store).fan_out(shard, endpoints.all) == 1
+    assert take(store)[0] == []  # both are leased; no third delivery
+
+
+def outbox_event(job: str, seq: int) -> dict[str, Any]:
+    return {"job": job, "tenant": "acme", "type": "job.cancelled", "seq": seq, "at": 1, "attempt": 0,
+            "from": "queued", "to": "cancelled", "reason": "cancelled"}
+
+
+def push(store: Store, *events: dict[str, Any]) -> None:
+    store.redis.rpush(TenantKeys("acme").shard.webhook_outbox, *(orjson.dumps(e) for e in events))
+
+
+def settle(store: Store, taken, outcome: str, delay_ms: int = 0) -> str | None:
+    return Deliveries(store).settle(TenantKeys("acme").shard, taken, outcome, delay_ms=delay_ms, error="HTTP 500",
+                                    status=500, window_ms=WINDOW_MS)
+
+
+def test_a_jobs_deliveries_to_an_endpoint_go_one_at_a_time_in_order(store: Store, tenant) -> None:
+    tenant()
+    endpoint, _ = Endpoints(store).add("acme", URL, ["job.cancelled"])
+    push(store, outbox_event(A, 1), outbox_event(B, 1), outbox_event(A, 2),
+         outbox_event(A, 3))
+    assert fan_out(store) == 4
+    taken, _, _ = take(store)
+    assert [t.message for t in taken] == [f"msg_{A}.1", f"msg_{B}.1"]  # a.2 waits behind a.1
+    first = taken[0]
+    assert settle(store, first, "retry", delay_ms=0) == "retry"
+    again, _, _ = take(store)
+    assert [(t.message, t.attempts) for t in again] == [(f"msg_{A}.1", 2)]
+    assert settle(store, again[0], "delivered") == "delivered"
+    assert [t.message for t in take(store)[0]] == [f"msg_{A}.2"]
+    assert store.redis.hexists(TenantKeys("acme").shard.webhook_order, f"{endpoint['id']}/{A}")
+
+
+def test_an_outcome_under_a_lapsed_lease_changes_nothing(store: Store, tenant) -> None:
+    tenant()
+    Endpoints(store).add("acme", URL, ["job.cancelled"])
+    push(store, outbox_event(A, 1))
+    fan_out(store)
+    shard = TenantKeys("acme").shard
+    deliveries = Deliveries(store)
+    [old], _, _ = deliveries.take(shard, most=10, free={}, default_free=4, lease_ms=1)
+    store.redis.zadd(shard.webhook_due, {old.member: 0})  # its lease ended: due again
+    [new], _, _ = take(store)
+    assert (new.member, new.attempts) == (old.member, 2) and new.lease != old.lease
+    assert settle(store, old, "delivered") is None  # the late outcome of the first try
+    assert store.redis.hexists(shard.webhook_deliveries, new.member)
+    assert settle(store, new, "delivered") == "delivered"
+    assert not store.redis.hexists(shard.webhook_deliveries, new.member)
+    assert store.redis.zcard(shard.webhook_due) == 0
+
+
+def test_a_delivery_past_its_window_is_exhausted_listed_and_redelivered(store: Store, tenant) -> None:
+    tenant()
+    endpoint, _ = Endpoints(store).add("acme", URL, ["job.cancelled"])
+    push(store, outbox_event(A, 1), outbox_event(A, 2))
+    fan_out(store)
+    [first], _, _ = take(store)
+    assert settle(store, first, "retry", delay_ms=WINDOW_MS + 1) == "exhausted"
+    deliveries = Deliveries(store)
+    [row] = deliveries.exhausted("acme", endpoint["id"])
+    assert (row["id"], row["job_id"], row["attempts"], row["last_status"], row["last_error"]) == \
+        (f"msg_{A}.1", A, 1, 500, "HTTP 500")
+    [second], _, _ = take(store)  # the job's next event no longer waits
+    assert second.message == f"msg_{A}.2"
+    assert deliveries.redeliver("acme", endpoint["id"]) == 1
+    assert deliveries.exhausted("acme", endpoint["id"]) == []
+    [again], _, _ = take(store)
+    assert (again.message, again.attempts, again.body) == (f"msg_{A}.1", 1, first.body)
+    assert deliveries.redeliver("acme", endpoint["id"]) == 0
+
+
+def test_an_endpoints_free_places_bound_what_is_taken(store: Store, tenant) -> None:
+    tenant()
+    endpoint, _ = Endpoints(store).add("acme", URL, ["job.cancelled"])
+    push(store, *(outbox_event(f"acme.{i:020x}", 1) for i in range(6)))
+    fan_out(store)
+    assert len(take(store, free={endpoint["id"]: 2})[0]) == 2
+    assert take(store, free={endpoint["id"]: 0})[0] == []  # its circuit is open
+    assert len(take(store)[0]) == 4  # the default: 4 places
+
+
+def test_removing_an_endpoint_drops_its_deliveries_and_its_types(store: Store, admit) -> None:
+    endpoints = Endpoints(store)
+    endpoint, _ = endpoints.add("acme", URL, ["job.cancelled", "job.progress"])
+    assert store.redis.hget(TenantKeys("acme").limits, "hooks") == ",job.cancelled,job.progress,"
+    push(store, outbox_event(A, 1))
+    fan_out(store)
+    endpoints.remove("acme", endpoint["id"])
+    assert store.redis.hget(TenantKeys("acme").limits, "hooks") is None
+    with pytest.raises(EndpointNotFound):
+        endpoints.remove("acme", endpoint["id"])
+    job = admit("after-removal")
+    store.cancel(job)
+    assert outbox(store) == []
+
+
+def test_a_rotated_secret_signs_until_its_overlap_ends(store: Store, tenant) -> None:
+    from pipeline.webhooks.endpoints import signing_secrets
+
+    tenant()
+    endpoints = Endpoints(store)
+    endpoint, first = endpoints.add("acme", URL, ["job.failed"])
+    rotated, second = endpoints.rotate("acme", endpoint["id"], overlap_seconds=60)
+    now = store.server_ms(TenantKeys("acme").shard)
+    assert first != second and signing_secrets(rotated, now) == [second, first]
+    assert signing_secrets(rotated, now + 61_000) == [second]
+    assert endpoints.get("acme", endpoint["id"])["secrets"] == rotated["secrets"]
+
+
+def test_message_ids_are_stable_per_job_event(store: Store) -> None:
+    assert message_id(outbox_event(A, 7)) == f"msg_{A}.7"
+    assert ShardKeys(0).webhook_exhausted("wh_1") == "reckon:{s0}:webhooks:exhausted:wh_1"
