@@ -13,7 +13,8 @@
 -- ARGV[6] retry window (ms, from the first try)   ARGV[7] exhausted deliveries kept per endpoint
 -- ARGV[8] HTTP status of the try ('' for none)
 --
--- Returns {0 OK, delivered | dropped | retry | exhausted} | {9 STALE_LEASE}
+-- Returns {0 OK, delivered | dropped | retry | exhausted, 1 when the job's next delivery became due else 0}
+--   | {9 STALE_LEASE}
 
 local member = ARGV[1]
 local raw = redis.call('HGET', KEYS[2], member)
@@ -32,7 +33,7 @@ if outcome == 'retry' then
     delivery.next_at = at
     redis.call('HSET', KEYS[2], member, cjson.encode(delivery))
     redis.call('ZADD', KEYS[1], at, member)
-    return {0, outcome}
+    return {0, outcome, 0}
   end
 end
 redis.call('ZREM', KEYS[1], member)
@@ -52,7 +53,7 @@ else
 end
 -- the job's next delivery to this endpoint, if one waits
 local line = delivery.endpoint .. '/' .. delivery.job
-local waiting = redis.call('HGET', KEYS[3], line)
+local waiting, next_due = redis.call('HGET', KEYS[3], line), 0
 if waiting then
   waiting = cjson.decode(waiting)
   if #waiting == 0 then
@@ -60,6 +61,7 @@ if waiting then
   else
     redis.call('ZADD', KEYS[1], now, table.remove(waiting, 1))
     redis.call('HSET', KEYS[3], line, cjson.encode(waiting))
+    next_due = 1
   end
 end
-return {0, outcome}
+return {0, outcome, next_due}

@@ -10,6 +10,8 @@ export RECKON_REDIS_URL="${RECKON_REDIS_URL:-redis://127.0.0.1:$RECKON_REDIS_POR
 export RECKON_PROVIDER_URL="${RECKON_PROVIDER_URL:-http://127.0.0.1:$RECKON_PROVIDER_PORT}"
 export RECKON_BLOB_DIR="${RECKON_BLOB_DIR:-$RECKON_VAR/blobs}"
 export PORT="${PORT:-8000}"
+# A loopback development stack: webhooks may go to a receiver on this machine (docs/webhooks.md).
+export RECKON_WEBHOOK_ALLOW_PRIVATE="${RECKON_WEBHOOK_ALLOW_PRIVATE:-1}"
 mkdir -p "$RECKON_VAR/redis" "$RECKON_BLOB_DIR"
 # A development operator token for /ui, made once and kept in var/ (never committed: .gitignore),
 # unless the caller sets RECKON_OPERATOR_TOKEN.

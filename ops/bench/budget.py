@@ -34,3 +34,10 @@ STEPS = {  # what the scripts of each step cost (FCALL included), per job
 #: on an older read (4), and the sweeper's renewals every 5 s (about 1); in "worker", the job's state and
 #: its shard's stop marks and promise read before the take, and the slot's release (about 4).
 SHARDED_STEPS = {"server slot": 11, "worker": 5.5}
+
+#: A job whose tenant has a webhook endpoint for ``job.completed`` (docs/webhooks.md "What a webhook costs"),
+#: measured at 143.8 commands a job, 26.5 of them "webhooks": the event's fan-out (the taking list's read,
+#: the job's view, the fan-out script), its take and its outcome, and the process's blocking wait for
+#: events; "finish" pushes the event to the outbox (one RPUSH more than STEPS allows).
+WEBHOOK_COMMANDS_PER_JOB = 160
+WEBHOOK_STEPS = {"webhooks": 30, "finish": 21}

@@ -40,9 +40,11 @@ SCRIPT_STEPS = {
     "admit": "admission", "claim": "claim", "mark-submit": "submit mark", "await": "hand-over",
     "progress": "progress", "collect-claim": "collect", "store-output": "outputs", "charge": "charge",
     "finish": "finish", "heartbeat": "lease renewal", "slot-take": "server slot", "slot-keep": "server slot",
+    "webhook-fanout": "webhooks", "webhook-take": "webhooks", "webhook-done": "webhooks",
 }
 #: A connection's name (``CLIENT SETNAME``, pipeline/state/redisconn.py) -> the step its other commands count to.
 CLIENT_STEPS = {"web": "api", "worker": "worker", "sweeper": "sweeper share", "watcher": "watcher share",
+                "webhooks": "webhooks",
                 "broker-web": "broker: publish", "broker-worker": "broker: worker",
                 "broker-watcher": "broker: watcher", "broker-sweeper": "broker: sweeper"}
 #: The client name of this tool's own connections.
@@ -122,6 +124,7 @@ class Deployed:
                    "--processes", "2", "--threads", "4")
         self.start("sweeper", str(BIN / "python"), "-m", "pipeline.work.sweeper")
         self.start("watcher", str(BIN / "python"), "-m", "pipeline.work.watcher")
+        self.start("webhooks", str(BIN / "python"), "-m", "pipeline.webhooks.sender")
 
     def tenant(self, name: str = "bench", allowance: int = 10**12) -> str:
         """Create a tenant (``reckon tenant create``) and an API key for it; the key."""
@@ -276,14 +279,20 @@ def _verb(function: str) -> str:
 
 
 def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, workflow_bytes: int = 10_240,
-        steps: bool = False, cap: int = 8, env: dict[str, str] | None = None) -> Figures:
+        steps: bool = False, cap: int = 8, env: dict[str, str] | None = None, webhook: bool = False) -> Figures:
     """Post ``jobs`` jobs to a fresh deployed stack (each server at ``cap``) and measure them to their
-    completion."""
+    completion; with ``webhook``, the tenant has an endpoint for ``job.completed`` (a receiver in this
+    process, on loopback) and the run ends when every completion was delivered."""
+    if webhook:
+        env = {**(env or {}), "RECKON_WEBHOOK_ALLOW_PRIVATE": "1"}
     stack = Deployed(work, cap=cap, env=env)
+    receiver = Receiver() if webhook else None
     try:
         stack.up()
         api_key = stack.tenant()
         client = stack.client
+        if receiver is not None:
+            receiver.register(stack.web_port, api_key)
         body = orjson.dumps({"kind": "image", "workflow": workflow(workflow_bytes), "outputs": outputs})
         post(stack.web_port, api_key, ["warm-0"], 1, body)  # every process connected, scripts loaded
         wait_for(lambda: completed(client) >= 1, timeout=60, what="the warm-up job did not complete")
@@ -299,7 +308,7 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
             def done() -> bool:
                 nonlocal polls
                 polls += 1
-                return completed(client) >= jobs + 1
+                return completed(client) >= jobs + 1 and (receiver is None or receiver.count >= jobs + 1)
 
             wait_for(done, timeout=60 + jobs, what="the jobs did not complete")
             seconds = time.perf_counter() - t0
@@ -314,6 +323,47 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
                        trips=monitor.trips)
     finally:
         stack.down()
+        if receiver is not None:
+            receiver.close()
+
+
+class Receiver:
+    """A webhook receiver on loopback that answers 200 and counts what it got."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        counted = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                counted.count += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.count = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def register(self, web_port: int, api_key: str) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", web_port, timeout=10)
+        url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        conn.request("POST", "/v1/webhooks", orjson.dumps({"url": url, "types": ["job.completed"]}),
+                     {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
+        status = conn.getresponse().status
+        conn.close()
+        if status != 201:
+            raise RuntimeError(f"webhook endpoint refused: {status}")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 @contextmanager
@@ -329,6 +379,7 @@ def main() -> None:
     parser.add_argument("--steps", action="store_true", help="attribute commands to steps (MONITOR; slower)")
     parser.add_argument("--broker", action="store_true", help="with --steps: the broker's commands by call and queue")
     parser.add_argument("--shards", type=int, default=1, help="RECKON_SHARDS of the stack")
+    parser.add_argument("--webhook", action="store_true", help="the tenant has an endpoint for job.completed")
     parser.add_argument("--cap", type=int, default=8, help="each server's cap (above --jobs: no job parks)")
     args = parser.parse_args()
     from pipeline.state import keys
@@ -336,7 +387,7 @@ def main() -> None:
     keys.use_shards(args.shards)  # this process reads the tenant's counts where the stack writes them
     with tempfile.TemporaryDirectory(prefix="reckon-deployed-") as tmp:
         fig = run(Path(tmp), jobs=args.jobs, steps=args.steps or args.broker, cap=args.cap,
-                  env={"RECKON_SHARDS": str(args.shards)})
+                  env={"RECKON_SHARDS": str(args.shards)}, webhook=args.webhook)
     print(f"{fig.jobs} jobs in {fig.seconds:.2f} s = {fig.rate:.1f} jobs/s; {fig.commands_per_job:.1f} commands/job;"
           f" Redis {fig.redis_us:.0f} us/job; machine {fig.machine_us:.0f} us/job; {fig.bytes_per_job:.0f} B/job")
     for step, n in fig.steps.most_common():

@@ -31,10 +31,11 @@ ROOMS: dict[str, frozenset[str]] = {
     "pipeline.providers": frozenset({"pipeline"}),
     "pipeline.providers.sim": frozenset({"pipeline", "pipeline.providers"}),
     "pipeline.work": frozenset({"pipeline", "pipeline.state", "pipeline.blobs", "pipeline.providers"}),
+    "pipeline.webhooks": frozenset({"pipeline", "pipeline.state"}),
     "pipeline.operate": frozenset({"pipeline", "pipeline.state", "pipeline.blobs", "pipeline.providers",
-                                   "pipeline.work"}),
+                                   "pipeline.work", "pipeline.webhooks"}),
     "api": frozenset({"pipeline", "pipeline.state", "pipeline.blobs", "pipeline.providers", "pipeline.work",
-                      "pipeline.operate"}),
+                      "pipeline.operate", "pipeline.webhooks"}),
 }
 
 

@@ -1,4 +1,5 @@
-"""``reckon``: the operator's command line (tenants, keys, jobs, status, dead letters, reviews, providers)."""
+"""``reckon``: the operator's command line (tenants, keys, webhooks, jobs, status, dead letters, reviews,
+providers)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,16 @@ import argparse
 import sys
 from typing import Any
 
-from pipeline.errors import BlobUnreadable, IncompleteOutputs, InsufficientAllowance, NotAllowed, WrongShards
+from pipeline.errors import (
+    BlobUnreadable,
+    IncompleteOutputs,
+    InsufficientAllowance,
+    InvalidRequest,
+    NotAllowed,
+    WrongShards,
+)
 from pipeline.fleet import DEFAULT_SERVER
+from pipeline.operate import hooks
 from pipeline.operate.commands import (
     _rate,
     admission_set,
@@ -47,7 +56,9 @@ from pipeline.state.tenants import TenantError
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="reckon", description=__doc__)
     verbs = root.add_subparsers(dest="noun", required=True)
-    _tenant_commands(verbs.add_parser("tenant").add_subparsers(dest="verb", required=True))
+    tenant = verbs.add_parser("tenant").add_subparsers(dest="verb", required=True)
+    _tenant_commands(tenant)
+    hooks.add_parsers(tenant, verbs)
     _key_commands(verbs.add_parser("key").add_subparsers(dest="verb", required=True))
     job = verbs.add_parser("job").add_subparsers(dest="verb", required=True)
     show = job.add_parser("show", help="a job's record, outputs, attempts and events")
@@ -168,7 +179,7 @@ def main(argv: list[str] | None = None, store: Store | None = None) -> int:
         store = store or open_store(settings, wait_s=0)
         return args.run(store, args)
     except (TenantError, NotAllowed, InsufficientAllowance, IncompleteOutputs, WrongShards,
-            MigrationRefused, BlobUnreadable) as exc:
+            MigrationRefused, BlobUnreadable, InvalidRequest) as exc:
         print(f"reckon: {exc}", file=sys.stderr)
         return 1
 

@@ -131,7 +131,8 @@ class ShardKeys:
 
     @property
     def webhook_due(self) -> str:
-        """Sorted set: ``<endpoint id>/<message id>`` of each delivery to try -> when (ms; a taken one: its lease's end)."""
+        """Sorted set: ``<endpoint id>/<message id>`` of each delivery to try -> when (ms; a taken one: when its
+        lease ends)."""
         return self._k("webhooks:due")
 
     @property

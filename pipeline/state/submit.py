@@ -20,8 +20,8 @@ from pipeline.fleet import highest_price
 from pipeline.needs import needs_of
 from pipeline.settings import Settings
 from pipeline.state import keys
-from pipeline.state.offers import Routes
 from pipeline.state.jobs import State, cost_plan, fingerprint, first_response, parse_request
+from pipeline.state.offers import Routes
 from pipeline.state.scripts import Code, ReplicationTimeout
 from pipeline.state.store import Admission, FleetLimits, Store
 

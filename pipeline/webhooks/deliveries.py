@@ -71,7 +71,8 @@ class Deliveries:
 
     def fan_out(self, shard: ShardKeys, endpoints_of: EndpointsOf) -> int:
         """Fan out the events waiting in the taking list, then move the outbox's next ones there; how many
-        events it handled. An event whose tenant has no endpoint wanting it (any more) is dropped."""
+        events it handled (0: the list was empty). An event whose tenant has no endpoint wanting it (any
+        more) is dropped."""
         raws = self.redis.lrange(shard.webhook_taking, 0, BATCH - 1)
         if not raws:
             return 0
@@ -108,15 +109,18 @@ class Deliveries:
         return taken, now, (None if next_due < 0 else next_due)
 
     def settle(self, shard: ShardKeys, taken: Taken, outcome: str, *, delay_ms: int = 0, error: str = "",
-               status: int | None = None, window_ms: int) -> str | None:
-        """Record a try's outcome (delivered, dropped or retry); the outcome recorded (a retry past the
-        window: exhausted), or None when the lease was no longer this try's."""
+               status: int | None = None, window_ms: int) -> tuple[str | None, bool]:
+        """Record a try's outcome (delivered, dropped or retry): (the outcome recorded (a retry past the
+        window: exhausted), or None when the lease was no longer this try's; whether the job's next
+        delivery to that endpoint became due)."""
         keys = [shard.webhook_due, shard.webhook_deliveries, shard.webhook_order,
                 shard.webhook_exhausted(taken.endpoint)]
         reply = self.store.scripts("webhook-done", keys, [
             taken.member, taken.lease, outcome, delay_ms, error[:200], window_ms, EXHAUSTED_KEPT,
             "" if status is None else status])
-        return reply[1] if int(reply[0]) == Code.OK else None
+        if int(reply[0]) != Code.OK:
+            return None, False
+        return reply[1], reply[2] == 1
 
     def exhausted(self, tenant: str, endpoint: str, limit: int = 100) -> list[dict[str, Any]]:
         """The endpoint's exhausted deliveries, newest first: what was sent, when, and what went wrong."""

@@ -64,26 +64,28 @@ def resolve(host: str, port: int) -> list[str]:
     return sorted({info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
 
 
-def checked_address(host: str, port: int, allow_private: bool, resolver: Resolve = resolve) -> str:
-    """An address of ``host`` to connect to, when every address it resolves to is allowed."""
+def checked_address(host: str, port: int, allow: Callable[[str], bool], resolver: Resolve = resolve) -> str:
+    """An address of ``host`` to connect to, when ``allow`` allows every address it resolves to."""
     try:
         addresses = resolver(host, port)
     except OSError as exc:
         raise Refused(f"cannot resolve the host: {exc.strerror or exc}") from None
     if not addresses:
         raise Refused("the host resolves to no address")
-    if not all(allowed(address, allow_private) for address in addresses):
+    if not all(allow(address) for address in addresses):
         raise Refused("the host resolves to a private, loopback or link-local address")
     return addresses[0]
 
 
 def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow_private: bool,
-         max_redirects: int = 0, resolver: Resolve = resolve) -> Answer:
-    """POST ``body`` to ``url``; the answer, or Refused, or OSError (timeout, refused, reset...)."""
+         max_redirects: int = 0, resolver: Resolve = resolve, allow: Callable[[str], bool] | None = None) -> Answer:
+    """POST ``body`` to ``url``; the answer, or Refused, or OSError (timeout, refused, reset...). ``allow``
+    (an address -> whether it may be connected to) replaces the rule ``allowed`` for tests."""
+    allow = allow or (lambda address: allowed(address, allow_private))
     deadline = time.monotonic() + timeout
     for hop in range(max_redirects + 1):
         scheme, host, port = check_url(url)
-        address = checked_address(host, port, allow_private, resolver)
+        address = checked_address(host, port, allow, resolver)
         answer, location = _send(scheme, host, port, address, url, body, headers, deadline)
         if answer.status not in _REDIRECTS or location is None or hop == max_redirects:
             return answer
@@ -105,11 +107,12 @@ def _send(scheme: str, host: str, port: int, address: str, url: str, body: bytes
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         connection.request("POST", target, body=body, headers=headers)
-        connection.sock.settimeout(_left(deadline))
+        raw = connection.sock  # getresponse() lets go of it when the answer closes the connection
+        raw.settimeout(_left(deadline))
         response = connection.getresponse()
         chunks, size = [], 0
         while size < MAX_RESPONSE_BYTES:
-            connection.sock.settimeout(_left(deadline))
+            raw.settimeout(_left(deadline))
             chunk = response.read1(MAX_RESPONSE_BYTES - size)
             if not chunk:
                 break

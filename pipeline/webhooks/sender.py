@@ -4,7 +4,8 @@ One thread per shard waits for outbox events (BLMOVE), fans them out (pipeline/w
 and takes due deliveries, which a pool of ``RECKON_WEBHOOK_THREADS`` threads sends. An endpoint gets at
 most ``RECKON_WEBHOOK_ENDPOINT_CONCURRENCY`` requests at once from this process; after ``CIRCUIT_FAILURES``
 failures in a row its circuit opens: nothing is sent to it for ``CIRCUIT_SECONDS``, doubling each time it
-opens again (up to ``CIRCUIT_MAX_SECONDS``), then one try at a time until one succeeds. A failed try is
+opens again (up to ``CIRCUIT_MAX_SECONDS``, and never longer than ``RECKON_WEBHOOK_RETRY_MAX_SECONDS``), then
+one try at a time until one succeeds. A failed try is
 due again after an exponential backoff with jitter, or the endpoint's ``Retry-After`` if that is later,
 until the retry window ends (docs/webhooks.md "Delivery").
 """
@@ -22,6 +23,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from pipeline import faultpoints
 from pipeline.settings import Settings
 from pipeline.state import keys
 from pipeline.state.keys import ShardKeys
@@ -38,8 +40,11 @@ CIRCUIT_SECONDS = 30.0
 CIRCUIT_MAX_SECONDS = 600.0
 #: How long an endpoint's list is reused before it is read again (a removed endpoint stops within this).
 ENDPOINTS_CACHE_SECONDS = 1.0
-#: Longest wait for an outbox event when nothing is due sooner.
+#: Longest wait for an outbox event when nothing is due sooner (a blocking BLMOVE: an event wakes it at once).
 IDLE_WAIT_SECONDS = 1.0
+#: Longest time between takes: what is due is known from each take, but a redelivery (``reckon webhook
+#: redeliver``) or a lapsed lease makes deliveries due without telling this process.
+IDLE_TAKE_SECONDS = 5.0
 
 
 def backoff(attempts: int, first: float, most: float, rand: Callable[[], float] = random.random) -> float:
@@ -63,9 +68,11 @@ def retry_after(value: str | None, now: float) -> float | None:
 
 
 class Circuit:
-    """One endpoint's failures in a row, and until when nothing is sent to it (monotonic seconds)."""
+    """One endpoint's failures in a row, and until when nothing is sent to it (monotonic seconds): open for
+    ``CIRCUIT_SECONDS``, doubled each time it opens again, at most ``longest`` (and ``CIRCUIT_MAX_SECONDS``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, longest: float = CIRCUIT_MAX_SECONDS) -> None:
+        self.longest = min(longest, CIRCUIT_MAX_SECONDS)
         self.failures, self.opened, self.open_until = 0, 0, 0.0
 
     def places(self, now: float, default: int) -> int:
@@ -82,7 +89,7 @@ class Circuit:
         if self.failures < CIRCUIT_FAILURES:
             return False
         self.opened += 1
-        self.open_until = now + min(CIRCUIT_MAX_SECONDS, CIRCUIT_SECONDS * 2 ** (self.opened - 1))
+        self.open_until = now + min(self.longest, CIRCUIT_SECONDS * 2 ** (self.opened - 1))
         return True
 
 
@@ -99,7 +106,7 @@ class Sender:
         self.next_take = {shard.n: 0.0 for shard in keys.shards()}
         self.window_ms = int(settings.webhook_retry_window_seconds * 1000)
         #: A try's lease: every hop's timeout, and room for its outcome to be written.
-        self.lease_ms = int((settings.webhook_timeout_seconds * (settings.webhook_max_redirects + 1) + 20) * 1000)
+        self.lease_ms = int((settings.webhook_timeout_seconds * (settings.webhook_max_redirects + 1) + 5) * 1000)
 
     def endpoints_of(self, tenant: str) -> list[dict[str, Any]]:
         now = time.monotonic()
@@ -119,16 +126,19 @@ class Sender:
         self.pool.shutdown(wait=True)
 
     def run_shard(self, shard: ShardKeys, stop: threading.Event) -> None:
+        waiting = True  # events may wait in the taking list (a process before this one died mid-pass)
         while not stop.is_set():
             try:
-                fanned = self.deliveries.fan_out(shard, self.endpoints_of)
+                fanned = self.deliveries.fan_out(shard, self.endpoints_of) if waiting else 0
                 if fanned or time.monotonic() >= self.next_take[shard.n]:
                     self.take(shard)
-                if not fanned:
-                    wait = min(IDLE_WAIT_SECONDS, max(0.01, self.next_take[shard.n] - time.monotonic()))
-                    self.deliveries.move_one(shard, wait)
+                if fanned:
+                    continue
+                wait = min(IDLE_WAIT_SECONDS, max(0.01, self.next_take[shard.n] - time.monotonic()))
+                waiting = self.deliveries.move_one(shard, wait)
             except Exception:  # Redis down, a defect: logged, the loop goes on
                 log.exception("webhooks: pass failed")
+                waiting = True
                 stop.wait(1.0)
 
     def take(self, shard: ShardKeys) -> None:
@@ -147,8 +157,9 @@ class Sender:
         with self.lock:
             for item in taken:
                 self.inflight[item.endpoint] += 1
-            wait = IDLE_WAIT_SECONDS if next_due is None else max(0.0, (next_due - redis_now) / 1000)
-            self.next_take[shard.n] = now + (0.0 if len(taken) == room else wait)
+            # due now but not taken: their endpoints are full (a try's end takes again) or their circuit is open
+            wait = IDLE_TAKE_SECONDS if next_due is None or next_due <= redis_now else (next_due - redis_now) / 1000
+            self.next_take[shard.n] = now + (0.0 if len(taken) == room else min(wait, IDLE_TAKE_SECONDS))
         for item in taken:
             self.pool.submit(self.send, shard, item, redis_now)
 
@@ -165,6 +176,7 @@ class Sender:
             answer = self.post(endpoint["url"], item.body, headers, timeout=self.settings.webhook_timeout_seconds,
                                allow_private=self.settings.webhook_allow_private,
                                max_redirects=self.settings.webhook_max_redirects)
+            faultpoints.reached("webhook_sent")
             status = answer.status
             if 200 <= answer.status < 300:
                 outcome = "delivered"
@@ -186,25 +198,33 @@ class Sender:
         return backoff(item.attempts, s.webhook_retry_first_seconds, s.webhook_retry_max_seconds)
 
     def finish(self, shard: ShardKeys, item: Taken, outcome: str, delay: float, error: str, status: int | None) -> None:
+        """Record the try's outcome, free its place, and take again at once when that may hand out more:
+        the job's next delivery became due, or this endpoint or the process was full."""
+        more = False
         try:
-            recorded = self.deliveries.settle(shard, item, outcome, delay_ms=int(delay * 1000), error=error,
-                                              status=status, window_ms=self.window_ms)
+            recorded, more = self.deliveries.settle(shard, item, outcome, delay_ms=int(delay * 1000), error=error,
+                                                    status=status, window_ms=self.window_ms)
             if recorded in ("retry", "exhausted"):
-                log.info("webhook try failed", extra={"endpoint": item.endpoint, "message": item.message,
-                                                      "attempts": item.attempts, "error": error, "outcome": recorded})
+                log.info("webhook try failed", extra={"endpoint": item.endpoint, "webhook_id": item.message,
+                                                      "count": item.attempts, "reason": error, "outcome": recorded})
         except Exception:  # Redis down: the lease ends and the delivery is tried again
             log.exception("webhooks: outcome not recorded")
         finally:
             with self.lock:
+                full = (self.inflight[item.endpoint] >= self.settings.webhook_endpoint_concurrency
+                        or sum(self.inflight.values()) >= self.settings.webhook_threads * 2)
                 self.inflight[item.endpoint] -= 1
-                opened = outcome != "dropped" and self.circuits.setdefault(item.endpoint, Circuit()).record(
-                    outcome == "delivered", time.monotonic())
+                circuit = self.circuits.setdefault(item.endpoint, Circuit(self.settings.webhook_retry_max_seconds))
+                opened = outcome != "dropped" and circuit.record(outcome == "delivered", time.monotonic())
+                if outcome == "delivered" and not circuit.failures:
+                    del self.circuits[item.endpoint]  # a healthy endpoint needs no entry
             if opened:
                 log.warning("webhook endpoint circuit open", extra={"endpoint": item.endpoint})
-        try:
-            self.take(shard)
-        except Exception:
-            log.exception("webhooks: take failed")
+        if more or full:
+            try:
+                self.take(shard)
+            except Exception:
+                log.exception("webhooks: take failed")
 
 
 def _failure(exc: BaseException) -> str:

@@ -27,7 +27,7 @@ CODE = [*ROOT.glob("pipeline/**/*.py"), *ROOT.glob("api/**/*.py"), *ROOT.glob("o
 
 PATH = re.compile(r"(?<![\w./{:<-])((?:pipeline|api|lua|ops|tests|docs|\.ci)/[\w./*<>-]*[\w/*])")
 MODULE = re.compile(r"(?<![\w./-])((?:pipeline|api|ops)(?:\.\w+)+(?::\w+)?)")
-LUA = re.compile(r"(?<![\w/<.])([a-z_][\w-]*\.lua)\b")
+LUA = re.compile(r"(?<![\w/<.-])([a-z_][\w-]*\.lua)\b")
 SCRIPT_WITH_COUNT = re.compile(r"(?<![\w-])([a-z]+(?:-[a-z]+)*-[0-9]+|<verb>-<\w+>)(?:\.lua)?(?![\w-])")
 CODE_TEXT = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", re.DOTALL)
 COMMAND = re.compile(r"(?:(?<=\.venv/bin/)|(?<![\w/.-]))reckon((?: [a-z][a-z-]*)+)")
@@ -230,7 +230,7 @@ def built_keys() -> set[str]:
     try:
         holders = [ShardKeys(0), TenantKeys(tenant), JobKeys(job_id), ProviderKeys("prv")]
         built = {keys.SWEEPER, keys.HISTORY, keys.FAIRNESS, keys.watcher_lock("srv"), keys.server_offers("srv"),
-                 keys.server_slots("srv"),
+                 keys.server_slots("srv"), ShardKeys(0).webhook_exhausted("whk"),
                  keys.api_key("sha"),
                  keys.tenant_disabled(tenant), keys.tenant_api_keys(tenant), TenantKeys(tenant).idempotency("idk")}
         for holder in holders:
@@ -244,7 +244,8 @@ def built_keys() -> set[str]:
 
 def placeholders(key: str) -> str:
     for value, holder in (("{s0}", "{s<n>}"), ("tnt.0123456789abcdef0123", "<job id>"), ("tnt", "<tenant>"),
-                          ("srv", "<server>"), ("prv", "<provider>"), ("sha", "<sha256>"), ("idk", "<key>")):
+                          ("srv", "<server>"), ("prv", "<provider>"), ("sha", "<sha256>"), ("idk", "<key>"),
+                          ("whk", "<endpoint>")):
         key = key.replace(value, holder)
     return key
 

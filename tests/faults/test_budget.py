@@ -48,3 +48,15 @@ def test_a_job_with_the_state_in_two_shards_pays_for_its_server_slot_within_budg
     for step, most in {**budget.STEPS, **budget.SHARDED_STEPS}.items():
         assert per_job.get(step, 0) <= most, f"{step}: {per_job.get(step, 0):.2f} > {most} ({report})"
     assert figures.calls["server slot"] >= JOBS  # every claim took its slot first
+
+
+def test_a_job_whose_tenant_has_a_webhook_pays_for_its_delivery_within_budget(tmp_path: Path) -> None:
+    """The same path with an endpoint for ``job.completed``: the run ends when every completion (the
+    warm-up job's too) reached the receiver."""
+    figures = run(tmp_path, jobs=JOBS, concurrency=8, steps=True, cap=JOBS, webhook=True)
+    per_job = {step: n / JOBS for step, n in figures.steps.items()}
+    report = ", ".join(f"{step} {n:.1f}" for step, n in sorted(per_job.items(), key=lambda kv: -kv[1]))
+    assert figures.commands_per_job <= budget.WEBHOOK_COMMANDS_PER_JOB, report
+    for step, most in {**budget.STEPS, **budget.WEBHOOK_STEPS}.items():
+        assert per_job.get(step, 0) <= most, f"{step}: {per_job.get(step, 0):.2f} > {most} ({report})"
+    assert figures.calls["webhooks"] >= 2 * JOBS  # at least a take and an outcome per delivery

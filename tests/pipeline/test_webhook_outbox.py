@@ -84,8 +84,9 @@ def push(store: Store, *events: dict[str, Any]) -> None:
 
 
 def settle(store: Store, taken, outcome: str, delay_ms: int = 0) -> str | None:
-    return Deliveries(store).settle(TenantKeys("acme").shard, taken, outcome, delay_ms=delay_ms, error="HTTP 500",
-                                    status=500, window_ms=WINDOW_MS)
+    recorded, _ = Deliveries(store).settle(TenantKeys("acme").shard, taken, outcome, delay_ms=delay_ms,
+                                           error="HTTP 500", status=500, window_ms=WINDOW_MS)
+    return recorded
 
 
 def test_a_jobs_deliveries_to_an_endpoint_go_one_at_a_time_in_order(store: Store, tenant) -> None:
@@ -100,7 +101,8 @@ def test_a_jobs_deliveries_to_an_endpoint_go_one_at_a_time_in_order(store: Store
     assert settle(store, first, "retry", delay_ms=0) == "retry"
     again, _, _ = take(store)
     assert [(t.message, t.attempts) for t in again] == [(f"msg_{A}.1", 2)]
-    assert settle(store, again[0], "delivered") == "delivered"
+    assert Deliveries(store).settle(TenantKeys("acme").shard, again[0], "delivered", window_ms=WINDOW_MS) == \
+        ("delivered", True)  # the job's next one became due
     assert [t.message for t in take(store)[0]] == [f"msg_{A}.2"]
     assert store.redis.hexists(TenantKeys("acme").shard.webhook_order, f"{endpoint['id']}/{A}")
 
