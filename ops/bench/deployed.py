@@ -34,6 +34,7 @@ import redis
 
 from ops.bench.bench_drain import Phase
 from ops.bench.benchlib import BIN, ROOT, free_port, group_cpu, redis_cpu, wait_for
+from ops.bench.receiver import Receiver
 
 #: FCALL function (a script's verb) -> the step of a job's path it is.
 SCRIPT_STEPS = {
@@ -325,45 +326,6 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
         stack.down()
         if receiver is not None:
             receiver.close()
-
-
-class Receiver:
-    """A webhook receiver on loopback that answers 200 and counts what it got."""
-
-    def __init__(self) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        counted = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                counted.count += 1
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.count = 0
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def register(self, web_port: int, api_key: str) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", web_port, timeout=10)
-        url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        conn.request("POST", "/v1/webhooks", orjson.dumps({"url": url, "types": ["job.completed"]}),
-                     {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
-        status = conn.getresponse().status
-        conn.close()
-        if status != 201:
-            raise RuntimeError(f"webhook endpoint refused: {status}")
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @contextmanager
