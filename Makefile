@@ -7,10 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test repeat bench redis-server test-deps bench-deps clean
 
-$(STAMP): pyproject.toml
+# The service with its test tools, and the Python client (client/, docs/client.md) beside it.
+$(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -e ./client
 	touch $(STAMP)
 
 # Debian packages, when the machine lacks them (ops/system-deps.sh says which and why).

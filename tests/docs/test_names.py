@@ -1,7 +1,7 @@
-"""The docs name only what exists: every path, module, Lua script, ``reckon`` command, ``RECKON_*``
-variable and Redis key pattern that ``README.md``, ``docs/`` or ``ops/RUNBOOK.md`` names is checked
-against the code, and every setting is documented. A renamed file, a dropped command or a key
-spelled otherwise fails here, naming the document and the stale name."""
+"""The docs name only what exists: every path, module (the client's ``reckon.client`` too), Lua script,
+``reckon`` command, ``RECKON_*`` variable and Redis key pattern that ``README.md``, ``docs/`` or
+``ops/RUNBOOK.md`` names is checked against the code, and every setting is documented. A renamed
+file, a dropped command or a key spelled otherwise fails here, naming the document and the stale name."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ DOCS = sorted([ROOT / "README.md", ROOT / "ops" / "RUNBOOK.md", *(ROOT / "docs")
 CODE = [*ROOT.glob("pipeline/**/*.py"), *ROOT.glob("api/**/*.py"), *ROOT.glob("ops/**/*"),
         *ROOT.glob("tests/**/*.py"), ROOT / "Procfile", ROOT / "Procfile.dev", ROOT / "Makefile", ROOT / ".ci" / "run"]
 
-PATH = re.compile(r"(?<![\w./{:<-])((?:pipeline|api|lua|ops|tests|docs|\.ci)/[\w./*<>-]*[\w/*])")
-MODULE = re.compile(r"(?<![\w./-])((?:pipeline|api|ops)(?:\.\w+)+(?::\w+)?)")
+PATH = re.compile(r"(?<![\w./{:<-])((?:pipeline|api|lua|ops|tests|docs|client|\.ci)/[\w./*<>-]*[\w/*])")
+MODULE = re.compile(r"(?<![\w./-])((?:pipeline|api|ops)(?:\.\w+)+(?::\w+)?|reckon\.client(?:\.\w+)*(?::\w+)?)")
 LUA = re.compile(r"(?<![\w/<.-])([a-z_][\w-]*\.lua)\b")
 SCRIPT_WITH_COUNT = re.compile(r"(?<![\w-])([a-z]+(?:-[a-z]+)*-[0-9]+|<verb>-<\w+>)(?:\.lua)?(?![\w-])")
 CODE_TEXT = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", re.DOTALL)
@@ -272,6 +272,8 @@ def test_the_key_table_lists_exactly_the_keys_keys_py_builds() -> None:
     ("`packed.py`", "test_every_file_named_alone_exists_somewhere"),
     ("`python -m ops.soak.nothing`", "test_every_module_the_docs_name_exists"),
     ("`api.app:create_nothing()`", "test_every_module_the_docs_name_exists"),
+    ("`client/reckon/client/nothing.py`", "test_every_path_the_docs_name_exists"),
+    ("`reckon.client.retry.Nothing`", "test_every_module_the_docs_name_exists"),
     ("`RECKON_SHARD`", "test_every_variable_the_docs_name_is_read_somewhere"),
     ("`redis-cli HGETALL 'reckon:{s0}:t:TENANT:nothing'`", "test_every_key_the_docs_spell_is_one_keys_py_builds"),
 ])

@@ -1,0 +1,36 @@
+"""``Client.events`` over the real stack through a proxy that cuts the first event stream in the
+middle of an event: the client reopens it from the last id it was given and misses nothing."""
+
+from __future__ import annotations
+
+import orjson
+from reckon.client import Client
+
+from pipeline.state.tenants import create_key, create_tenant
+from tests.client.conftest import job_body
+
+
+def test_events_resume_after_a_dropped_stream_without_duplicates_or_gaps(stack, proxy, redis_client) -> None:
+    create_tenant(redis_client, "acme", 1_000)
+    api_key = create_key(redis_client, "acme")
+    stack.start_provider(delay=2.0)  # the job runs 2 s: the stream is reopened while it runs
+    stack.start_web()
+    stack.start_worker()
+    stack.start_sweeper()
+    front = proxy(stack.web_port, cut_stream_after=b"id: 2\n")  # event 2's id sent, its data not
+    client = Client(front.url, api_key, deadline=30)
+
+    job = client.submit("watched-1", job_body())
+    seen = list(client.events(job["id"]))
+
+    streams = front.requests(f"GET /v1/jobs/{job['id']}/events/stream".encode())
+    assert bytes(streams[0].response).endswith(b"id: 2\n") and streams[0].header("Last-Event-ID") == "0"
+    assert (streams[1].header("Last-Event-ID"), streams[1].request.split(b" ")[1].split(b"?")[1]) == ("1", b"after=1")
+    assert all(stream.status == 200 for stream in streams)
+    seqs = [event["seq"] for event in seen]
+    assert seqs[:2] == [1, 2] and seqs == sorted(set(seqs))  # the cut event once, whole; nothing twice
+    states = [event for event in seen if event["type"] == "state"]
+    assert [(e["from"], e["to"]) for e in states] == [(None, "queued"), ("queued", "running"), ("running", "completed")]
+    status, _, raw = stack.api("GET", f"/v1/jobs/{job['id']}/events?after=0", Authorization=f"Bearer {api_key}")
+    assert status == 200 and states == orjson.loads(raw)["events"]  # every event the API keeps, as it keeps it
+    assert seen[-1] == states[-1]  # the iteration ended with the terminal event
