@@ -1,0 +1,135 @@
+"""Webhook delivery latency: from a job's state change to its receipt, p50 and p99, idle and under load.
+
+A private redis-server, the ``webhooks`` process (``python -m pipeline.webhooks.sender``, default settings
+but ``RECKON_WEBHOOK_ALLOW_PRIVATE=1``) and a receiver on loopback in this process. A driver admits jobs
+through the real admission (``pipeline.state.submit.Admitter``, no broker: nothing runs them) and cancels
+each at once: the cancel is the state change, ``job.cancelled`` the event. Latency is the receipt's time
+minus the event's time (Redis's clock, ms; one machine, one clock). Idle: one job every 100 ms; load:
+``--rate`` jobs a second (cancels too, so twice that many state changes) for ``--seconds``.
+
+    PYTHONPATH=. .venv/bin/python ops/bench/webhooks.py [--rate 200] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import orjson
+import redis
+
+from ops.bench.benchlib import BIN, ROOT, free_port, wait_for
+from pipeline.settings import Settings
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_tenant
+from pipeline.webhooks.endpoints import Endpoints
+
+BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}, "outputs": 1}
+
+
+class Receiver:
+    def __init__(self) -> None:
+        latencies, lock = self.latencies, self.lock = [], threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                now = time.time()
+                at = datetime.fromisoformat(orjson.loads(body)["timestamp"].replace("Z", "+00:00")).timestamp()
+                with lock:
+                    latencies.append(now - at)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def take(self) -> list[float]:
+        with self.lock:
+            out, self.latencies[:] = list(self.latencies), []
+        return out
+
+
+def drive(admitter: Admitter, store: Store, prefix: str, count: int, rate: float) -> None:
+    """``count`` jobs admitted and cancelled at ``rate`` a second, from 4 threads."""
+    def share(offset: int) -> None:
+        start = time.monotonic()
+        for i in range(offset, count, 4):
+            delay = start + i / rate - time.monotonic() - offset / rate
+            if delay > 0:
+                time.sleep(delay)
+            job_id = admitter.submit("bench", f"{prefix}-{i}", BODY).job_id
+            store.cancel(job_id)
+
+    threads = [threading.Thread(target=share, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=200)
+    parser.add_argument("--seconds", type=float, default=10)
+    args = parser.parse_args()
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="reckon-webhooks-") as work:
+        redis_proc = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
+                                       "--dir", work], stdout=subprocess.DEVNULL, start_new_session=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RECKON_")} | {
+            "RECKON_REDIS_URL": f"redis://127.0.0.1:{port}/0", "RECKON_WEBHOOK_ALLOW_PRIVATE": "1"}
+        sender = None
+        try:
+            client = redis.Redis(port=port, decode_responses=True)
+            wait_for(client.ping)
+            store = Store(client)
+            store.scripts.load()
+            create_tenant(client, "bench", 10**12)
+            receiver = Receiver()
+            Endpoints(store).add("bench", f"http://127.0.0.1:{receiver.server.server_address[1]}/hook",
+                                 ["job.cancelled"])
+            log = open(Path(work) / "webhooks.log", "ab")
+            sender = subprocess.Popen([str(BIN / "python"), "-m", "pipeline.webhooks.sender"], cwd=ROOT, env=env,
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            admitter = Admitter(store, lambda *_: None, Settings.from_env(env))
+            drive(admitter, store, "warm", 10, 50)
+            wait_for(lambda: len(receiver.latencies) >= 10, timeout=30)
+            receiver.take()
+            for name, count, rate in (("idle", 50, 10), ("load", int(args.rate * args.seconds), args.rate)):
+                t0 = time.monotonic()
+                drive(admitter, store, name, count, rate)
+                achieved = count / (time.monotonic() - t0)
+                wait_for(lambda: len(receiver.latencies) >= count, timeout=120)
+                got = receiver.take()
+                print(f"{name}: {count} jobs at {achieved:.0f} jobs/s ({2 * achieved:.0f} state changes/s): "
+                      f"latency p50 {1000 * percentile(got, 0.5):.1f} ms, p99 {1000 * percentile(got, 0.99):.1f} ms,"
+                      f" max {1000 * max(got):.1f} ms")
+        finally:
+            for proc in (sender, redis_proc):
+                if proc is not None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=20)
+
+
+if __name__ == "__main__":
+    main()
