@@ -17,6 +17,7 @@ from pipeline.state import fairness
 from pipeline.state.keys import SERVER_BLOCKS
 from pipeline.state.status import BUDGET_PROVIDER, CLASSES, STATES, Figures, read
 from pipeline.state.store import Store
+from pipeline.webhooks.deliveries import backlog
 
 NAN = float("nan")
 #: Reasons admission refuses a request, each counted in ``refused:<reason>`` (docs/api.md "Admission").
@@ -57,6 +58,20 @@ class StateCollector:
         yield from self._money_and_counters(f)
         yield from self._fleet(f)
         yield self._shares()
+        yield from self._webhooks()
+
+    def _webhooks(self) -> Iterator[Metric]:
+        """The webhook backlog (pipeline/webhooks/deliveries.py ``backlog``): four commands per shard."""
+        b = backlog(self.store.redis)
+        events = _gauge("reckon_webhook_events_waiting", "Webhook events written by state changes and not yet "
+                        "fanned out to deliveries (the webhooks process is behind or down when this grows).")
+        events.add_metric([], b.events)
+        pending = _gauge("reckon_webhook_deliveries_pending", "Webhook deliveries not yet delivered nor exhausted.")
+        pending.add_metric([], b.pending)
+        oldest = _gauge("reckon_webhook_oldest_due_seconds", "How long the oldest due webhook delivery has waited "
+                        "past its due time (0: none is late).")
+        oldest.add_metric([], b.oldest_due_seconds)
+        yield from (events, pending, oldest)
 
     def _shares(self) -> Metric:
         """The sweeper's last fair-share figures (pipeline/state/fairness.py): no tenant named."""

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import orjson
 
-from pipeline.state import views
+from pipeline.state import keys, views
 from pipeline.state.jobs import iso, job_view
 from pipeline.state.keys import ShardKeys, TenantKeys
 from pipeline.state.scripts import Code
@@ -58,6 +58,36 @@ def payload(event: dict[str, Any], job: dict[str, Any] | None) -> bytes:
     own["at"] = iso(own["at"])
     data = {**(job or {"id": event["job"]}), "event": own}
     return orjson.dumps({"type": event["type"], "timestamp": iso(event["at"]), "data": data})
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What waits to be sent, over every shard: events not yet fanned out, deliveries pending (due, leased
+    or waiting for a retry), and how long the oldest due one is overdue (seconds; 0 when none is)."""
+
+    events: int
+    pending: int
+    oldest_due_seconds: float
+
+
+def backlog(client: Any) -> Backlog:
+    """One pipelined read of four commands per shard, and Redis's clock."""
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for shard in keys.shards():
+        pipe.llen(shard.webhook_outbox)
+        pipe.llen(shard.webhook_taking)
+        pipe.zcard(shard.webhook_due)
+        pipe.zrange(shard.webhook_due, 0, 0, withscores=True)
+    (seconds, micros), *replies = pipe.execute()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    events = pending = 0
+    oldest = now
+    for outbox, taking, due, first in zip(replies[::4], replies[1::4], replies[2::4], replies[3::4], strict=True):
+        events, pending = events + outbox + taking, pending + due
+        if first:
+            oldest = min(oldest, int(first[0][1]))
+    return Backlog(events, pending, max(0, now - oldest) / 1000)
 
 
 class Deliveries:

@@ -153,6 +153,7 @@ def test_every_runbook_command_against_a_live_stack(stack: Stack, redis_client, 
     server_pause_and_credentials(live)
     outbox(live)
     processes_and_tenant(live)
+    webhooks_behind(live)
     redis_layout(live)
     assert sorted(set(live.rb.commands) - live.rb.ran) == []
 
@@ -334,6 +335,28 @@ def processes_and_tenant(live: Live) -> None:
     assert rb.json("reckon tenant disable TENANT", TENANT=TENANT) == {"tenant": TENANT, "disabled": True}
     # refused once each web process's trust in the key lapses (RECKON_AUTH_CACHE_SECONDS, 1 s)
     wait_until(lambda: stack.api("GET", "/v1/usage", Authorization=f"Bearer {live.api_key}")[0] == 401, timeout=5)
+
+
+def webhooks_behind(live: Live) -> None:
+    """A delivery due to a tenant's endpoint (no webhooks process runs here: it stays due) is listed oldest
+    first; the tenant's endpoints are listed, never their secrets. The endpoint goes again afterwards."""
+    from pipeline.webhooks.deliveries import Deliveries
+    from pipeline.webhooks.endpoints import Endpoints
+
+    endpoints, shard = Endpoints(live.store), keys.ShardKeys(0)
+    endpoint, secret = endpoints.add(TENANT, "https://hooks.example.com/reckon", ["job.failed"])
+    job_id = live.store.redis.zrange(TenantKeys(TENANT).dead, 0, 0)[0]
+    live.store.redis.rpush(shard.webhook_taking, orjson.dumps(
+        {"job": job_id, "tenant": TENANT, "type": "job.failed", "seq": 9, "at": 1, "attempt": 1}))
+    assert Deliveries(live.store).fan_out(shard, endpoints.all) == 1
+    due = live.rb.lines("redis-cli -p 6390 ZRANGE 'reckon:{s0}:webhooks:due' 0 9 WITHSCORES")
+    assert due[0] == f"{endpoint['id']}/msg_{job_id}.9" and abs(int(due[1]) - live.store.server_ms()) < 60_000
+    listed = live.rb.json("reckon tenant webhook list TENANT", TENANT=TENANT)
+    assert listed == {"tenant": TENANT, "webhooks": [{"id": endpoint["id"], "url": "https://hooks.example.com/reckon",
+                                                      "types": ["job.failed"], "created_at": endpoint["created_at"],
+                                                      "previous_secret_valid_until": None}]}
+    assert secret not in orjson.dumps(listed).decode()
+    endpoints.remove(TENANT, endpoint["id"])
 
 
 def redis_layout(live: Live) -> None:
