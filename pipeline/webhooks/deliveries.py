@@ -71,15 +71,15 @@ class Backlog:
 
 
 def backlog(client: Any) -> Backlog:
-    """One pipelined read of four commands per shard, and Redis's clock."""
+    """Redis's clock, then one pipelined read of four commands per shard."""
+    seconds, micros = client.time()
     pipe = client.pipeline(transaction=False)
-    pipe.time()
     for shard in keys.shards():
         pipe.llen(shard.webhook_outbox)
         pipe.llen(shard.webhook_taking)
         pipe.zcard(shard.webhook_due)
         pipe.zrange(shard.webhook_due, 0, 0, withscores=True)
-    (seconds, micros), *replies = pipe.execute()
+    replies = pipe.execute()
     now = int(seconds) * 1000 + int(micros) // 1000
     events = pending = 0
     oldest = now

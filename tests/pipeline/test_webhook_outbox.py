@@ -186,3 +186,24 @@ def test_a_rotated_secret_signs_until_its_overlap_ends(store: Store, tenant) -> 
 def test_message_ids_are_stable_per_job_event(store: Store) -> None:
     assert message_id(outbox_event(A, 7)) == f"msg_{A}.7"
     assert ShardKeys(0).webhook_exhausted("wh_1") == "reckon:{s0}:webhooks:exhausted:wh_1"
+
+
+@pytest.mark.parametrize("backend", ["cluster"], indirect=True)
+def test_on_a_cluster_with_shards_each_step_stays_on_its_shards_node(store: Store, admit, shards: int) -> None:
+    """Every key of a webhook step carries its shard's tag: a Cluster runs each script on one node."""
+    from pipeline.state import keys
+    from pipeline.webhooks.deliveries import backlog
+
+    keys.use_shards(3)
+    try:
+        Endpoints(store).add("acme", URL, ["job.cancelled"])
+        job = admit("clustered")
+        store.cancel(job)
+        assert backlog(store.redis).events == 1
+        assert fan_out(store) == 1
+        [taken], _, _ = take(store)
+        assert backlog(store.redis).pending == 1
+        assert settle(store, taken, "delivered") == "delivered"
+        assert backlog(store.redis) == type(backlog(store.redis))(0, 0, 0.0)
+    finally:
+        keys.use_shards(shards)
