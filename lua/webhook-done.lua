@@ -51,9 +51,10 @@ if outcome == 'exhausted' then
 else
   redis.call('HDEL', KEYS[2], member)
 end
--- the job's next delivery to this endpoint, if one waits
+-- the job's next delivery to this endpoint, if one waits (a redelivered one is out of line: it moves none)
 local line = delivery.endpoint .. '/' .. delivery.job
-local waiting, next_due = redis.call('HGET', KEYS[3], line), 0
+local waiting, next_due = nil, 0
+if not delivery.unordered then waiting = redis.call('HGET', KEYS[3], line) end
 if waiting then
   waiting = cjson.decode(waiting)
   if #waiting == 0 then

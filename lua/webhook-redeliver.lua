@@ -18,6 +18,7 @@ for i = 2, #ARGV do
   if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 and raw then
     local delivery = cjson.decode(raw)
     delivery.state, delivery.attempts, delivery.first_at, delivery.exhausted_at = 'pending', 0, now, nil
+    delivery.unordered = true  -- its outcome moves no job's line (lua/webhook-done.lua)
     redis.call('HSET', KEYS[2], member, cjson.encode(delivery))
     redis.call('ZADD', KEYS[3], now, member)
     count = count + 1

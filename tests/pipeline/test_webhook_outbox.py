@@ -207,3 +207,25 @@ def test_on_a_cluster_with_shards_each_step_stays_on_its_shards_node(store: Stor
         assert backlog(store.redis) == type(backlog(store.redis))(0, 0, 0.0)
     finally:
         keys.use_shards(shards)
+
+
+def test_a_redelivered_event_moves_no_line_of_its_job(store: Store, tenant) -> None:
+    """An exhausted event sent again while the job's later events wait in line: its outcome leaves the
+    line to the delivery at its head."""
+    tenant()
+    endpoint, _ = Endpoints(store).add("acme", URL, ["job.cancelled"])
+    push(store, outbox_event(A, 1))
+    fan_out(store)
+    [first], _, _ = take(store)
+    assert settle(store, first, "retry", delay_ms=WINDOW_MS + 1) == "exhausted"
+    push(store, outbox_event(A, 2), outbox_event(A, 3))
+    fan_out(store)
+    Deliveries(store).redeliver("acme", endpoint["id"])
+    taken, _, _ = take(store)
+    assert sorted(t.message for t in taken) == [f"msg_{A}.1", f"msg_{A}.2"]  # 3 waits behind 2
+    again = next(t for t in taken if t.message == f"msg_{A}.1")
+    assert settle(store, again, "delivered") == "delivered"
+    assert take(store)[0] == []  # 3 still waits: 2 is in flight
+    head = next(t for t in taken if t.message == f"msg_{A}.2")
+    assert settle(store, head, "delivered") == "delivered"
+    assert [t.message for t in take(store)[0]] == [f"msg_{A}.3"]
