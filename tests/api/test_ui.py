@@ -184,6 +184,8 @@ def test_the_page_shows_the_figures_and_follows_them_without_a_reload(web, chrom
         dead = page.locator(f'#dead-letters tr[data-job="{ids["dead"]}"] td')
         assert dead.all_inner_texts()[:4] == [ids["dead"], "interactive", "provider_rejected", "policy"]
         assert page.locator("#dead-letters tbody tr").count() == 1
+        link = page.locator(f'#dead-letters tr[data-job="{ids["dead"]}"] a')
+        assert link.get_attribute("href") == f"/ui/jobs/{ids['dead']}"  # its job page
         review = page.locator(f'#needs-review tr[data-job="{ids["review"]}"] td')
         assert review.all_inner_texts()[:4] == [ids["review"], "interactive", "needs_review", "no_record"]
         # three samples of the last hour and the live figure
