@@ -15,7 +15,7 @@ import orjson
 import redis
 from redis.exceptions import RedisClusterException
 
-from api import resources, sse, ui, webhooks
+from api import jobpage, resources, sse, ui, webhooks
 from api.auth import Authenticate
 from api.metrics import Metrics
 from api.openapi import document
@@ -83,6 +83,10 @@ def create_app(
     app.add_route("/metrics", Metrics(store, settings.caps()))
     app.add_route("/ui", ui.Page(settings.operator_token))
     app.add_route("/ui/status.json", ui.Status(store, settings.operator_token, settings.caps()))
+    app.add_route("/ui/jobs", jobpage.Page(settings.operator_token))
+    app.add_route("/ui/jobs/{job_id}", jobpage.Page(settings.operator_token))
+    app.add_route("/ui/jobs/{job_id}.json", jobpage.Job(store, settings.operator_token))
+    app.add_route("/ui/jobs.json", jobpage.Recent(store, settings.operator_token))
     return app
 
 

@@ -113,10 +113,14 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
             if len(group) > 1:
                 groups.append(sorted(group))
 
+    limit = sys.getrecursionlimit()
     sys.setrecursionlimit(10_000)
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
+    try:  # only for this walk: a process that runs it (pytest) keeps its own limit for the rest
+        for node in sorted(edges):
+            if node not in index:
+                visit(node)
+    finally:
+        sys.setrecursionlimit(limit)
     return sorted(groups)
 
 

@@ -1,5 +1,6 @@
 """What operators run: the ``reckon`` command line, its parser (``cli``), its commands
-(``commands``) and the text ``reckon status`` prints (``report``).
+(``commands``), the text ``reckon status`` prints (``report``) and the commands to run next for a job
+(``advice``: the operators' job page shows them).
 
 Imports anything below it (ground, ``state``, ``blobs``, ``providers``, ``work``); only the API
 sits above.

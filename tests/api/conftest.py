@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -104,3 +106,50 @@ def web(redis_client, tmp_path: Path) -> Iterator[Web]:
         yield server
     finally:
         server.stop()
+
+
+class Chromium:
+    """Debian's headless chromium with the DevTools protocol on a free loopback port, stopped by its PID."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        exe = shutil.which("chromium")
+        if exe is None:
+            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium package)")
+        self.port = free_port()
+        self.log = tmp_path / "chromium.log"
+        self.args = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--no-first-run", "--no-default-browser-check", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--disable-extensions",
+                     f"--user-data-dir={tmp_path / 'chromium-profile'}", "--remote-debugging-address=127.0.0.1",
+                     f"--remote-debugging-port={self.port}", "about:blank"]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(self._ready, timeout=30, interval=0.1)
+
+    def _ready(self) -> bool:
+        assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/json/version", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        stop_group(self.proc)  # the group this PID leads: its zygote and renderers too
+
+
+@pytest.fixture
+def chromium(tmp_path: Path) -> Iterator[Chromium]:
+    browser = Chromium(tmp_path)
+    try:
+        browser.start()
+        yield browser
+    finally:
+        browser.stop()

@@ -8,23 +8,18 @@ stops it by its PID (process group), as it does gunicorn.
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import subprocess
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
 from falcon import testing
 
 from api.app import create_app
-from api.ui import COOKIE
+from api.operator import COOKIE
 from pipeline.settings import Settings
 from pipeline.state import history, keys, status
 from pipeline.state.keys import ProviderKeys
 from pipeline.state.store import Store
-from tests.conftest import free_port, stop_group, wait_until
+from tests.conftest import wait_until
 
 from .conftest import auth, job_body
 
@@ -90,53 +85,6 @@ def test_an_empty_operator_token_refuses_everyone(settings, store) -> None:
 
 
 # -- the page in a browser -------------------------------------------------------------------------
-
-
-class Chromium:
-    """Debian's headless chromium with the DevTools protocol on a free loopback port, stopped by its PID."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        exe = shutil.which("chromium")
-        if exe is None:
-            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium package)")
-        self.port = free_port()
-        self.log = tmp_path / "chromium.log"
-        self.args = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--no-first-run", "--no-default-browser-check", "--disable-background-networking",
-                     "--disable-component-update", "--disable-sync", "--disable-extensions",
-                     f"--user-data-dir={tmp_path / 'chromium-profile'}", "--remote-debugging-address=127.0.0.1",
-                     f"--remote-debugging-port={self.port}", "about:blank"]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(self._ready, timeout=30, interval=0.1)
-
-    def _ready(self) -> bool:
-        assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
-        try:
-            with urllib.request.urlopen(f"{self.endpoint}/json/version", timeout=2) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        stop_group(self.proc)  # the group this PID leads: its zygote and renderers too
-
-
-@pytest.fixture
-def chromium(tmp_path: Path) -> Iterator[Chromium]:
-    browser = Chromium(tmp_path)
-    try:
-        browser.start()
-        yield browser
-    finally:
-        browser.stop()
 
 
 def post_job(web, api_key: str, key: str, **body) -> str:
@@ -236,6 +184,8 @@ def test_the_page_shows_the_figures_and_follows_them_without_a_reload(web, chrom
         dead = page.locator(f'#dead-letters tr[data-job="{ids["dead"]}"] td')
         assert dead.all_inner_texts()[:4] == [ids["dead"], "interactive", "provider_rejected", "policy"]
         assert page.locator("#dead-letters tbody tr").count() == 1
+        link = page.locator(f'#dead-letters tr[data-job="{ids["dead"]}"] a')
+        assert link.get_attribute("href") == f"/ui/jobs/{ids['dead']}"  # its job page
         review = page.locator(f'#needs-review tr[data-job="{ids["review"]}"] td')
         assert review.all_inner_texts()[:4] == [ids["review"], "interactive", "needs_review", "no_record"]
         # three samples of the last hour and the live figure
