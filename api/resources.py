@@ -58,7 +58,7 @@ def _int_param(req: falcon.Request, name: str, low: int, high: int) -> int | Non
     return int(raw)
 
 
-def _resume_after(req: falcon.Request) -> int:
+def resume_after(req: Any) -> int:
     """Where an event stream starts: after ``Last-Event-ID`` (what a reconnecting EventSource sends),
     else after ``?after=``, else from the first event. Both are checked when both are given."""
     after = _int_param(req, "after", 0, MAX_CURSOR) or 0
@@ -170,7 +170,7 @@ class EventStream:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
         owned_job(self.store, req.context.tenant, job_id)
-        after = _resume_after(req)
+        after = resume_after(req)
         read = functools.partial(progress.snapshot, self.store.redis, job_id)
         state, events = read(after)
         if state is None:  # purged since owned_job read it

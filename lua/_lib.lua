@@ -28,6 +28,18 @@ local EVENTS = {}
 -- key every call is passed last: pipeline/state/scripts.py) when the call ends: the state change
 -- and its webhook event are one step (docs/webhooks.md).
 local HOOKS, OUTBOX = {}, nil
+-- The job events of this call, each added to the shard's stream of changes (CHANGES, the key every call
+-- is passed after OUTBOX) by one XADD when the call ends, beside the job's own lists: what wakes the
+-- event streams (api/streams/, docs/api.md "Event streams"). An entry is `job`, `tenant` and `event`
+-- (the event's JSON as its list holds it: a state event has no `type`). About CHANGES_KEPT entries
+-- are kept (MAXLEN ~: Redis trims whole nodes, so a few more).
+local CHANGED, CHANGES = {}, nil
+local CHANGES_KEPT = 100000
+
+-- Queues the change entry of one event (its JSON) of `job`.
+local function changed(job, raw)
+  CHANGED[#CHANGED + 1] = {hget(job, 'id'), hget(job, 'tenant'), raw}
+end
 -- The webhook event type of each state a job may enter; no other state makes one.
 local HOOK_TYPES = {completed = 'job.completed', failed = 'job.failed', cancelled = 'job.cancelled',
   needs_review = 'job.needs_review'}
@@ -53,13 +65,19 @@ local function append_event(job, events, now, from, to, reason)
   end
   local event = {seq = seq, at = tonumber(now), from = (from ~= '' and from) or cjson.null, to = to, reason = reason}
   pending[#pending + 1] = cjson.encode(event)
+  changed(job, pending[#pending])
   if HOOK_TYPES[to] then hook_event(job, HOOK_TYPES[to], event) end
 end
 
--- Pushes the events of this call (run by the library after `pack_finished`).
+-- Pushes the events of this call (run by the library after `pack_finished`), and adds each to the
+-- stream of changes.
 local function push_events()
   for events, pending in pairs(EVENTS) do redis.call('RPUSH', events, unpack(pending)) end
   EVENTS = {}
+  for _, c in ipairs(CHANGED) do
+    redis.call('XADD', CHANGES, 'MAXLEN', '~', CHANGES_KEPT, '*', 'job', c[1], 'tenant', c[2], 'event', c[3])
+  end
+  CHANGED = {}
   if #HOOKS > 0 then redis.call('RPUSH', OUTBOX, unpack(HOOKS)) end
   HOOKS = {}
 end

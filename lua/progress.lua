@@ -10,9 +10,9 @@
 -- record's fields and written with its `event_seq`; another attempt's marks are never read, and
 -- a job packed when it ends drops them all (`pack_finished` in _lib.lua).
 --
--- Cost: a point recorded is 4 commands besides the FCALL (HMGET of the record, TIME, RPUSH, one
--- HSET of the record), 5 when the list is full (LTRIM), and one RPUSH more to the webhook outbox when
--- the tenant asked for `job.progress`; a point dropped is 1.
+-- Cost: a point recorded is 5 commands besides the FCALL (HMGET of the record, TIME, RPUSH, one
+-- HSET of the record, XADD to the shard's stream of changes), 6 when the list is full (LTRIM), and one
+-- RPUSH more to the webhook outbox when the tenant asked for `job.progress`; a point dropped is 1.
 --
 -- keys: 2
 -- KEYS[1] job record (hash)
@@ -37,7 +37,9 @@ hset(KEYS[1], mark, ARGV[4])
 local seq = hincrby(KEYS[1], 'event_seq', 1)
 local point = {seq = seq, at = clock(ARGV[7]), type = 'progress', attempt = tonumber(ARGV[1]),
   node = ARGV[3], value = value, max = tonumber(ARGV[5])}
-local kept = redis.call('RPUSH', KEYS[2], cjson.encode(point))
+local raw = cjson.encode(point)
+local kept = redis.call('RPUSH', KEYS[2], raw)
+changed(KEYS[1], raw)  -- the stream of changes, when the call ends
 hook_event(KEYS[1], 'job.progress', point)  -- when the tenant asked for progress webhooks
 if kept > tonumber(ARGV[6]) then redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1) end
 return {1, seq}

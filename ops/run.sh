@@ -26,6 +26,7 @@ fi
 
 cat <<MSG
 reckon API: http://127.0.0.1:$PORT   (spec: /openapi.json, metrics: /metrics)
+event streams: http://127.0.0.1:$((PORT + 700))/v1/events/stream   (the streams process: docs/api.md)
 status page: http://127.0.0.1:$PORT/ui?token=$RECKON_OPERATOR_TOKEN
   (the operator token; kept in $TOKEN_FILE unless RECKON_OPERATOR_TOKEN is set)
 

@@ -25,7 +25,7 @@ import orjson
 #: The ``extra`` fields a line may carry; state changes (logger ``reckon.state``) use the first seven.
 FIELDS = ("job", "attempt", "generation", "from", "to", "reason", "error_class", "provider", "tenant",
           "class", "count", "endpoint", "webhook_id", "outcome")
-PROCESSES = ("web", "worker", "sweeper", "watcher", "webhooks", "sim", "cli")
+PROCESSES = ("web", "streams", "worker", "sweeper", "watcher", "webhooks", "sim", "cli")
 #: An output's URL is an output location, which stays out of logs: the access log names its route.
 OUTPUT_PATH, OUTPUT_ROUTE = re.compile(r"/v1/jobs/[^/]*/outputs(/.*)?"), "/v1/jobs/{job_id}/outputs/{index}"
 

@@ -111,6 +111,11 @@ DEFAULT_DUPLICATE_COST_ALLOWANCE = 0
 DEFAULT_SSE_MAX_SECONDS = 15.0
 #: Event streams one web process serves at once (half its default 4 threads); more get 503.
 DEFAULT_SSE_MAX_STREAMS = 2
+#: The streams process (api/streams/, docs/api.md "Event streams"): open event streams one process serves at
+#: once (more get 503; each costs a coroutine and a few kB), and the comment line sent on a stream that had
+#: nothing else to send for this long (keeps proxies from closing it, and finds a client gone).
+DEFAULT_STREAMS_MAX_STREAMS = 10_000
+DEFAULT_STREAMS_PING_SECONDS = 15.0
 #: Webhooks (docs/webhooks.md): one request's whole time; how long a delivery is retried (from its first
 #: try); the first and the largest delay between tries (doubling, with jitter); requests at once per
 #: endpoint and in all; redirects followed (each target checked like the first); how long a rotated
@@ -197,6 +202,8 @@ class Settings:
     retention_seconds: int = DEFAULT_RETENTION_SECONDS
     sse_max_seconds: float = DEFAULT_SSE_MAX_SECONDS
     sse_max_streams: int = DEFAULT_SSE_MAX_STREAMS
+    streams_max_streams: int = DEFAULT_STREAMS_MAX_STREAMS
+    streams_ping_seconds: float = DEFAULT_STREAMS_PING_SECONDS
     webhook_allow_private: bool = False
     webhook_timeout_seconds: float = DEFAULT_WEBHOOK_TIMEOUT_SECONDS
     webhook_retry_window_seconds: float = DEFAULT_WEBHOOK_RETRY_WINDOW_SECONDS
@@ -293,6 +300,8 @@ class Settings:
             "retention_seconds": ("RECKON_RETENTION_SECONDS", int),
             "sse_max_seconds": ("RECKON_SSE_MAX_SECONDS", float),
             "sse_max_streams": ("RECKON_SSE_MAX_STREAMS", int),
+            "streams_max_streams": ("RECKON_STREAMS_MAX_STREAMS", int),
+            "streams_ping_seconds": ("RECKON_STREAMS_PING_SECONDS", float),
             "webhook_allow_private": ("RECKON_WEBHOOK_ALLOW_PRIVATE", flag),
             "webhook_timeout_seconds": ("RECKON_WEBHOOK_TIMEOUT_SECONDS", float),
             "webhook_retry_window_seconds": ("RECKON_WEBHOOK_RETRY_WINDOW_SECONDS", float),

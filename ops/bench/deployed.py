@@ -45,7 +45,7 @@ SCRIPT_STEPS = {
 }
 #: A connection's name (``CLIENT SETNAME``, pipeline/state/redisconn.py) -> the step its other commands count to.
 CLIENT_STEPS = {"web": "api", "worker": "worker", "sweeper": "sweeper share", "watcher": "watcher share",
-                "webhooks": "webhooks",
+                "webhooks": "webhooks", "streams": "streams",
                 "broker-web": "broker: publish", "broker-worker": "broker: worker",
                 "broker-watcher": "broker: watcher", "broker-sweeper": "broker: sweeper"}
 #: The client name of this tool's own connections.
@@ -89,7 +89,7 @@ class Deployed:
     """A private redis-server and the stack on it, every process stopped by its PID on exit."""
 
     def __init__(self, work: Path, *, servers: int = 2, cap: int = 8, env: dict[str, str] | None = None) -> None:
-        self.work, self.redis_port, self.web_port = work, free_port(), free_port()
+        self.work, self.redis_port, self.web_port, self.streams_port = work, free_port(), free_port(), free_port()
         work.mkdir(parents=True, exist_ok=True)
         self.sim_ports = [free_port() for _ in range(servers)]
         fleet = ",".join(f"sim{i}=http://127.0.0.1:{port};cap={cap}" for i, port in enumerate(self.sim_ports))
@@ -97,6 +97,7 @@ class Deployed:
             "RECKON_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
             "RECKON_BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/1",
             "RECKON_PROVIDERS": fleet, "RECKON_BLOB_DIR": str(work / "blobs"), "PORT": str(self.web_port),
+            "RECKON_STREAMS_PORT": str(self.streams_port),
             **(env or {}),
         }
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -126,6 +127,8 @@ class Deployed:
         self.start("sweeper", str(BIN / "python"), "-m", "pipeline.work.sweeper")
         self.start("watcher", str(BIN / "python"), "-m", "pipeline.work.watcher")
         self.start("webhooks", str(BIN / "python"), "-m", "pipeline.webhooks.sender")
+        self.start("streams", str(BIN / "gunicorn"), "-c", "ops/streams.conf.py", "api.streams.app:create_app()")
+        wait_for(lambda: _get(self.streams_port, "/healthz") == 200, timeout=30)
 
     def tenant(self, name: str = "bench", allowance: int = 10**12) -> str:
         """Create a tenant (``reckon tenant create``) and an API key for it; the key."""

@@ -36,6 +36,7 @@ ROOMS: dict[str, frozenset[str]] = {
                                    "pipeline.work", "pipeline.webhooks"}),
     "api": frozenset({"pipeline", "pipeline.state", "pipeline.blobs", "pipeline.providers", "pipeline.work",
                       "pipeline.operate", "pipeline.webhooks"}),
+    "api.streams": frozenset({"pipeline", "pipeline.state", "api"}),
 }
 
 

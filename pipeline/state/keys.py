@@ -113,6 +113,13 @@ class ShardKeys:
         return self._k("fleet:called")
 
     @property
+    def changes(self) -> str:
+        """Stream: one entry per job event (``job``, ``tenant``, ``event``: its JSON), added by the script that
+        appends the event (``push_events`` in lua/_lib.lua), about the newest 100,000 kept: what wakes the
+        event streams (api/streams/)."""
+        return self._k("changes")
+
+    @property
     def webhook_outbox(self) -> str:
         """List: JSON webhook events (job, tenant, type, seq, at, attempt, and the job event's own fields), pushed
         by the script that makes the state change (``hook_event`` in lua/_lib.lua), in order."""

@@ -52,12 +52,24 @@ def snapshot(redis_client: Any, job_id: str, after_seq: int) -> tuple[str | None
     """The job's state (None if there is no such job) and its events with seq above ``after_seq``,
     state and progress merged in seq order, read in one MULTI: apart, a state event written
     between the two list reads could be skipped by a reader that resumes after a later progress seq."""
+    return _merged(_queue_snapshot(redis_client.pipeline(transaction=True), job_id).execute(), after_seq)
+
+
+async def snapshot_async(redis_client: Any, job_id: str, after_seq: int) -> tuple[str | None, list[dict[str, Any]]]:
+    """``snapshot`` over an asynchronous client (``redis.asyncio``: the streams process, api/streams/)."""
+    return _merged(await _queue_snapshot(redis_client.pipeline(transaction=True), job_id).execute(), after_seq)
+
+
+def _queue_snapshot(pipe: Any, job_id: str) -> Any:
     j = JobKeys(job_id)
-    pipe = redis_client.pipeline(transaction=True)
     pipe.hmget(j.record, "state", archive.FIELD)
     pipe.lrange(j.events, 0, -1)
     pipe.lrange(j.progress, 0, -1)
-    (state, packed), states, points = pipe.execute()
+    return pipe
+
+
+def _merged(replies: list[Any], after_seq: int) -> tuple[str | None, list[dict[str, Any]]]:
+    (state, packed), states, points = replies
     events = [{**event, "type": "state"} for event in archive.events(states, packed)]
     events += [orjson.loads(raw) for raw in points]
     return state, sorted((e for e in events if e["seq"] > after_seq), key=lambda e: e["seq"])

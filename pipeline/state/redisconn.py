@@ -126,6 +126,36 @@ def connect_url(url: str) -> Any:
     return client_for(url, health_check_interval=30)
 
 
+#: Connections an asynchronous client opens at most (a thousand streams woken at once share them).
+ASYNC_CONNECTIONS = 32
+
+
+def async_client(settings: Settings, *, socket_timeout: float = SOCKET_TIMEOUT_S) -> Any:
+    """The state store over ``redis.asyncio`` (the streams process, api/streams/): text replies, one server,
+    Sentinel or Cluster as ``connect`` chooses; connections named as this process's (``name_connections``)."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import ClusterNode as AsyncNode
+    from redis.asyncio.cluster import RedisCluster as AsyncCluster
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    options: dict[str, Any] = {"decode_responses": True, "socket_timeout": socket_timeout,
+                               "socket_connect_timeout": SOCKET_TIMEOUT_S}
+    if settings.redis_cluster:
+        nodes = [AsyncNode(host, port) for host, port in parse_addresses(settings.redis_cluster)]
+        return AsyncCluster(startup_nodes=nodes, **options)
+    if _client_name:
+        options["client_name"] = _client_name
+    if not is_sentinel(settings.redis_url):  # at most ASYNC_CONNECTIONS, a call waiting for one (no error)
+        pool = aioredis.BlockingConnectionPool.from_url(settings.redis_url, health_check_interval=30,
+                                                        max_connections=ASYNC_CONNECTIONS, timeout=socket_timeout,
+                                                        **options)
+        return aioredis.Redis(connection_pool=pool)
+    target = parse_sentinel_url(settings.redis_url)
+    sentinel = AsyncSentinel(list(target.sentinels), socket_timeout=SENTINEL_TIMEOUT_S,
+                             socket_connect_timeout=SENTINEL_TIMEOUT_S)
+    return sentinel.master_for(target.master, db=target.db, password=target.password, **options)
+
+
 def broker_client(settings: Settings) -> redis.Redis:
     """The broker's client: bytes replies, as Dramatiq expects; one server or Sentinel."""
     return client_for(settings.broker_url, decode=False)

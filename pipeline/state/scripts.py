@@ -42,15 +42,16 @@ SEPARATE = frozenset({"broker.lua"})
 #: state changes it made, returned beside its reply), ``HELD`` and ``RECORDS`` (the job records it
 #: read, written back in one HSET each by ``save_records`` when the body returns), and clears ``G``
 #: (a script that forgot ``use_globals`` fails instead of writing to the shard of the call before). An error reply
-#: (``redis.error_reply``) passes through as it is: redis-py raises it. Every call is passed one key beyond
-#: its documented ones: its shard's webhook outbox (``outbox_of``), read by the library as ``OUTBOX``.
+#: (``redis.error_reply``) passes through as it is: redis-py raises it. Every call is passed two keys beyond
+#: its documented ones (``trailing_keys``): its shard's webhook outbox and its stream of changes, read by the
+#: library as ``OUTBOX`` and ``CHANGES``.
 _LIBRARY = """#!lua name={name}
 local KEYS, ARGV = {{}}, {{}}
 {prelude}
 local function run(body)
   return function(keys, args)
     KEYS, ARGV, MOVES, HELD, G, RECORDS, BUMPS, PACKS, EVENTS = keys, args, {{}}, {{}}, nil, {{}}, {{}}, {{}}, {{}}
-    HOOKS, OUTBOX = {{}}, keys[#keys]
+    HOOKS, OUTBOX, CHANGED, CHANGES = {{}}, keys[#keys - 1], {{}}, keys[#keys]
     local reply = body()
     pack_finished()
     push_events()
@@ -200,7 +201,7 @@ class Scripts:
         nkeys, function = self._scripts[verb]
         if len(keys) != nkeys:
             raise ScriptError(f"{verb} takes {nkeys} keys, got {len(keys)}")
-        keys = [*keys, outbox_of(keys[0])] if keys else []
+        keys = [*keys, *trailing_keys(keys[0])] if keys else []
         acked = self.replicas
         if durable and self.replicas > 0:
             (moves, *reply), acked = self._run_and_wait(function, list(keys), list(args))
@@ -251,6 +252,20 @@ class Scripts:
             return reply, int(acked)
 
         return on_node(self.client, keys[0], run)
+
+
+def trailing_keys(key: str) -> tuple[str, str]:
+    """The two keys every call is passed last: the webhook outbox and the stream of changes of the shard
+    (or hash tag) ``key`` lives in, so that any state change queues its webhook events and its change
+    entries in the same step (``push_events`` in lua/_lib.lua)."""
+    return outbox_of(key), changes_of(key)
+
+
+def changes_of(key: str) -> str:
+    """The stream of changes of the shard (or hash tag) ``key`` lives in (``ShardKeys.changes``), passed to
+    every script after its outbox; a key without a tag is passed as itself, as ``outbox_of`` does."""
+    tag = _TAG_RE.search(key)
+    return f"reckon:{tag.group(0)}:changes" if tag else key
 
 
 def outbox_of(key: str) -> str:

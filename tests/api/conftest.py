@@ -69,10 +69,14 @@ class Web:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    #: What gunicorn serves, and the path that answers 200 once it is ready.
+    argv = ("-c", "ops/gunicorn.conf.py", "api.app:create_app()")
+    ready_path = "/readyz"
+
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "api.app:create_app()"],
+                [str(BIN / "gunicorn"), *self.argv],
                 cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_until(lambda: self._ready(), timeout=20)
 
@@ -82,7 +86,7 @@ class Web:
     def _ready(self) -> bool:
         assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
         try:
-            return self.request("GET", "/readyz")[0] == 200
+            return self.request("GET", self.ready_path)[0] == 200
         except OSError:
             return False
 
@@ -153,3 +157,24 @@ def chromium(tmp_path: Path) -> Iterator[Chromium]:
         yield browser
     finally:
         browser.stop()
+
+
+class Streams(Web):
+    """The streams process (api/streams/, ops/streams.conf.py: uvicorn workers) on a free loopback port."""
+
+    argv = ("-c", "ops/streams.conf.py", "api.streams.app:create_app()")
+    ready_path = "/healthz"
+
+    def __init__(self, tmp_path: Path, **env: str) -> None:
+        super().__init__(tmp_path)
+        self.env |= {"RECKON_STREAMS_PORT": str(self.port), **env}
+
+
+@pytest.fixture
+def streams(redis_client, tmp_path: Path) -> Iterator[Streams]:
+    server = Streams(tmp_path, RECKON_STREAMS_PING_SECONDS="1")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

@@ -112,10 +112,11 @@ def test_progress_keeps_the_last_n_points_and_state_events_keep_every_change(acm
     assert progress.snapshot(acme.redis, "acme.00000000000000000009", 0) == (None, [])
 
 
-def test_a_point_costs_four_commands_inside_the_script_and_a_dropped_one_one(acme: Store) -> None:
+def test_a_point_costs_five_commands_inside_the_script_and_a_dropped_one_one(acme: Store) -> None:
     """The script's cost, pinned (INFO commandstats counts the commands a function runs): one HMGET
     of the record (its fields and the node's mark), RPUSH, one HSET of the record (the mark and the
-    event counter), and TIME when no clock is given; LTRIM only once the list is full."""
+    event counter), XADD to the shard's stream of changes, and TIME when no clock is given; LTRIM only
+    once the list is full."""
     admit(acme)
     held = claim(acme, "op-1")
 
@@ -126,7 +127,7 @@ def test_a_point_costs_four_commands_inside_the_script_and_a_dropped_one_one(acm
         return {name[len("cmdstat_"):]: v["calls"] for name, v in stats.items()
                 if not name.startswith("cmdstat_config")}
 
-    written = {"fcall": 1, "hmget": 1, "hset": 1, "rpush": 1}
+    written = {"fcall": 1, "hmget": 1, "hset": 1, "rpush": 1, "xadd": 1}
     assert cost(lambda: send(acme, held, "3", 1, keep=2)) == written
     assert cost(lambda: send(acme, held, "3", 2, keep=2)) == written
     assert cost(lambda: send(acme, held, "3", 3, keep=2)) == written | {"ltrim": 1}  # a third point, two kept

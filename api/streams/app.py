@@ -1,0 +1,79 @@
+"""The streams process's Falcon ASGI app factory: routes, middleware and error handlers, nothing else.
+
+gunicorn serves ``api.streams.app:create_app()`` with uvicorn workers (ops/streams.conf.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import falcon
+import falcon.asgi
+import redis
+from redis.exceptions import RedisClusterException
+
+from api.problems import Problem, serialize
+from api.streams.auth import Authenticate
+from api.streams.hub import DEFAULT_BLOCK_MS, Hub
+from api.streams.resources import JobStream, Slots, TenantStream
+from pipeline.settings import Settings
+from pipeline.state import keys
+from pipeline.state.redisconn import async_client, name_connections
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, *, block_ms: int = DEFAULT_BLOCK_MS) -> falcon.asgi.App:
+    settings = settings or Settings.from_env()
+    keys.use_shards(settings.shards)
+    name_connections("streams")
+    client = async_client(settings)
+    reader = async_client(settings, socket_timeout=block_ms / 1000 + 10)  # its XREADs block for block_ms
+    hub = Hub(client, reader, block_ms=block_ms)
+    slots = Slots(settings.streams_max_streams)
+
+    app = falcon.asgi.App(middleware=[Authenticate(client, trust_seconds=settings.auth_cache_seconds),
+                                      _Lifespan(hub, settings.shards, client, reader)])
+    app.set_error_serializer(serialize)
+    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(redis.RedisError, _unavailable)
+    app.add_error_handler(RedisClusterException, _unavailable)
+    app.add_route("/v1/jobs/{job_id}/events/stream", JobStream(hub, slots, settings.streams_ping_seconds))
+    app.add_route("/v1/events/stream", TenantStream(hub, slots, settings.streams_ping_seconds))
+    app.add_route("/healthz", _Health())
+    return app
+
+
+class _Lifespan:
+    """Starts a reader per shard when the worker starts; stops them and closes the clients when it stops."""
+
+    def __init__(self, hub: Hub, shards: int, *clients: Any) -> None:
+        self.hub, self.shards, self.clients = hub, shards, clients
+
+    async def process_startup(self, scope: dict, event: dict) -> None:
+        for shard in range(self.shards):
+            self.hub.start(shard)
+
+    async def process_shutdown(self, scope: dict, event: dict) -> None:
+        await self.hub.close()
+        for client in self.clients:
+            await client.aclose()
+
+
+class _Health:
+    public = True
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.media = {"status": "ok"}
+
+
+async def _unavailable(req: Any, resp: Any, exc: Exception, params: dict) -> None:
+    log.warning("answered 503: Redis unavailable (%s: %s)", type(exc).__name__, exc)
+    raise Problem(503, "state-unavailable", "Service unavailable", "job state cannot be read now; retry",
+                  headers={"Retry-After": "1"})
+
+
+async def _unexpected(req: Any, resp: Any, exc: Exception, params: dict) -> None:
+    log.error("unhandled %s answered 500", type(exc).__name__, exc_info=exc)
+    raise Problem(500, "internal-error", "Internal error", "the request could not be completed; retry later")
