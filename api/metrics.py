@@ -66,12 +66,13 @@ class StateCollector:
         events = _gauge("reckon_webhook_events_waiting", "Webhook events written by state changes and not yet "
                         "fanned out to deliveries (the webhooks process is behind or down when this grows).")
         events.add_metric([], b.events)
-        pending = _gauge("reckon_webhook_deliveries_pending", "Webhook deliveries not yet delivered nor exhausted.")
-        pending.add_metric([], b.pending)
-        oldest = _gauge("reckon_webhook_oldest_due_seconds", "How long the oldest due webhook delivery has waited "
+        kept = _gauge("reckon_webhook_deliveries_kept", "Webhook deliveries kept: pending, and exhausted ones kept "
+                      "for redelivery.")
+        kept.add_metric([], b.kept)
+        oldest = _gauge("reckon_webhook_oldest_due_seconds", "How long the earliest due webhook endpoint has waited "
                         "past its due time (0: none is late).")
         oldest.add_metric([], b.oldest_due_seconds)
-        yield from (events, pending, oldest)
+        yield from (events, kept, oldest)
 
     def _shares(self) -> Metric:
         """The sweeper's last fair-share figures (pipeline/state/fairness.py): no tenant named."""

@@ -1,12 +1,13 @@
 -- webhook-done: records the outcome of one try of a delivery under its lease: delivered or dropped (its
 -- endpoint is gone) removes it; a failure makes it due again after the caller's delay, unless that is
--- past its retry window, when it is exhausted: kept, listed and redelivered on request. Either way the
--- job's next delivery to that endpoint, if one waits, becomes due. A lease that is not the delivery's
--- (it lapsed and another try took it) changes nothing.
+-- past its retry window (from its first try), when it is exhausted: kept, listed and redelivered on
+-- request. Either way the job's next delivery to that endpoint, if one waits, becomes due. A lease that is
+-- not the delivery's (it lapsed and another try took it) changes nothing.
 --
--- keys: 4
--- KEYS[1] due deliveries (zset)   KEYS[2] deliveries (hash)   KEYS[3] order (hash)
+-- keys: 5
+-- KEYS[1] the endpoint's due deliveries (zset)   KEYS[2] deliveries (hash)   KEYS[3] order (hash)
 -- KEYS[4] the endpoint's exhausted deliveries (zset: message id -> when, ms)
+-- KEYS[5] ready endpoints (zset: endpoint -> when its earliest delivery is due, ms)
 --
 -- ARGV[1] `<endpoint>/<message>`   ARGV[2] lease token   ARGV[3] delivered | dropped | retry
 -- ARGV[4] delay before the next try (ms)   ARGV[5] what went wrong (short text; never a URL)
@@ -33,6 +34,7 @@ if outcome == 'retry' then
     delivery.next_at = at
     redis.call('HSET', KEYS[2], member, cjson.encode(delivery))
     redis.call('ZADD', KEYS[1], at, member)
+    redis.call('ZADD', KEYS[5], 'LT', at, delivery.endpoint)
     return {0, outcome, 0}
   end
 end
@@ -60,9 +62,13 @@ if waiting then
   if #waiting == 0 then
     redis.call('HDEL', KEYS[3], line)
   else
-    redis.call('ZADD', KEYS[1], now, table.remove(waiting, 1))
+    local entry = table.remove(waiting, 1)
+    if entry:sub(1, 2) == 'p|' then entry = entry:sub(3) end
+    redis.call('ZADD', KEYS[1], now, entry)
+    redis.call('ZADD', KEYS[5], 'LT', now, delivery.endpoint)
     redis.call('HSET', KEYS[3], line, cjson.encode(waiting))
     next_due = 1
   end
 end
+if next_due == 0 and redis.call('ZCARD', KEYS[1]) == 0 then redis.call('ZREM', KEYS[5], delivery.endpoint) end
 return {0, outcome, next_due}

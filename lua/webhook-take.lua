@@ -1,43 +1,50 @@
--- webhook-take: leases the deliveries due now, oldest first, within each endpoint's free places: a
--- taken one is due again when its lease ends (the process trying it died: it is tried again, at least
--- once), and counts a try. Its lease token fences the outcome (lua/webhook-done.lua).
+-- webhook-take: leases the due deliveries of the endpoints it is given, oldest first, up to each one's
+-- free places, and counts a try; each endpoint's own due set, so one endpoint's backlog never hides
+-- another's. A taken delivery is due again when its lease ends (the process trying it died: it is tried
+-- again, at least once); its lease token fences the outcome (lua/webhook-done.lua). Its retry window
+-- starts at its first try. Then each endpoint's place in the ready set is set to its earliest due
+-- delivery (or to when its circuit lets it be tried, for one given no places), or it leaves the set.
 --
--- keys: 2
--- KEYS[1] due deliveries (zset: `<endpoint>/<message>` -> when, ms)
+-- keys: 2 or more
+-- KEYS[1] ready endpoints (zset: endpoint -> when its earliest delivery is due, ms)
 -- KEYS[2] deliveries (hash: `<endpoint>/<message>` -> JSON)
+-- then the due set of each endpoint of ARGV[4] onwards, in the same order
 --
--- ARGV[1] lease (ms)   ARGV[2] most to take   ARGV[3] most due entries to look at
--- ARGV[4] JSON {endpoint: free places} for endpoints with fewer than ARGV[5] (0: its circuit is open)
--- ARGV[5] free places of any other endpoint   ARGV[6] lease token prefix (unique per call)
+-- ARGV[1] lease (ms)   ARGV[2] lease token prefix (unique per call)   ARGV[3] now (ms; '' = Redis's clock)
+-- ARGV[4] onwards: endpoint id, free places, until when it may not be tried (ms; 0: no wait) for each
 --
--- Returns {0 OK, now (ms), when the next due one is due (ms, or -1), member, delivery JSON, ...}
+-- Returns {0 OK, now (ms), when the earliest ready endpoint is due (ms, or -1), member, delivery JSON, ...}
 
-local now = clock('')
-local free, default = cjson.decode(ARGV[4]), tonumber(ARGV[5])
-local out, taken = {0, now, -1}, 0
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-for i, member in ipairs(due) do
-  if taken >= tonumber(ARGV[2]) then break end
-  local endpoint = string.match(member, '^([^/]*)/')
-  local places = free[endpoint] or default
+local now = clock(ARGV[3])
+local out = {0, now, -1}
+for i = 0, (#ARGV - 3) / 3 - 1 do
+  local endpoint, places, closed = ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i]), tonumber(ARGV[6 + 3 * i])
+  local due = KEYS[3 + i]
   if places > 0 then
-    local raw = redis.call('HGET', KEYS[2], member)
-    if not raw then
-      redis.call('ZREM', KEYS[1], member)  -- its endpoint was removed
-    else
-      local delivery = cjson.decode(raw)
-      delivery.attempts = delivery.attempts + 1
-      delivery.lease = ARGV[6] .. ':' .. i
-      raw = cjson.encode(delivery)
-      redis.call('HSET', KEYS[2], member, raw)
-      redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), member)
-      free[endpoint] = places - 1
-      taken = taken + 1
-      out[#out + 1] = member
-      out[#out + 1] = raw
+    for j, member in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, places)) do
+      local raw = redis.call('HGET', KEYS[2], member)
+      if not raw then
+        redis.call('ZREM', due, member)  -- its endpoint was removed
+      else
+        local delivery = cjson.decode(raw)
+        delivery.attempts = delivery.attempts + 1
+        if delivery.attempts == 1 then delivery.first_at = now end
+        delivery.lease = ARGV[2] .. ':' .. i .. ':' .. j
+        raw = cjson.encode(delivery)
+        redis.call('HSET', KEYS[2], member, raw)
+        redis.call('ZADD', due, now + tonumber(ARGV[1]), member)
+        out[#out + 1] = member
+        out[#out + 1] = raw
+      end
     end
   end
+  local first = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+  if not first[2] then
+    redis.call('ZREM', KEYS[1], endpoint)
+  else
+    redis.call('ZADD', KEYS[1], math.max(tonumber(first[2]), closed), endpoint)
+  end
 end
-local next_due = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if next_due[2] then out[3] = tonumber(next_due[2]) end
+local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if earliest[2] then out[3] = tonumber(earliest[2]) end
 return out

@@ -38,9 +38,11 @@ STEPS = {  # what the scripts of each step cost (FCALL included), per job
 #: its shard's stop marks and promise read before the take, and the slot's release (about 4).
 SHARDED_STEPS = {"server slot": 11, "worker": 5.5}
 
-#: A job whose tenant has a webhook endpoint for ``job.completed`` (docs/webhooks.md "What a webhook costs"),
-#: measured at 143.8 commands a job, 26.5 of them "webhooks": the event's fan-out (the taking list's read,
-#: the job's view, the fan-out script), its take and its outcome, and the process's blocking wait for
-#: events; "finish" pushes the event to the outbox (one RPUSH more than STEPS allows).
-WEBHOOK_COMMANDS_PER_JOB = 160
-WEBHOOK_STEPS = {"webhooks": 30, "finish": 22}
+#: A job whose tenant has a webhook endpoint for ``job.completed`` (docs/webhooks.md "What a webhook costs"):
+#: "webhooks" is the event's fan-out (the taking list's read, the job's view, the fan-out script), its take
+#: (the ready endpoints' read, then the script: each endpoint's own due set, so that one endpoint's backlog
+#: never hides another's, and its place in the ready set kept) and its outcome, and the process's blocking
+#: wait for events; "finish" pushes the event to the outbox (one RPUSH more than STEPS allows). Measured
+#: 26.5 with one due set per shard, 29.7 and 31.1 with one per endpoint (149.4 commands a job in all).
+WEBHOOK_COMMANDS_PER_JOB = 165
+WEBHOOK_STEPS = {"webhooks": 34, "finish": 22}

@@ -137,15 +137,21 @@ class ShardKeys:
         return self._k("webhooks:deliveries")
 
     @property
-    def webhook_due(self) -> str:
-        """Sorted set: ``<endpoint id>/<message id>`` of each delivery to try -> when (ms; a taken one: when its
-        lease ends)."""
-        return self._k("webhooks:due")
+    def webhook_ready(self) -> str:
+        """Sorted set: endpoint id -> when its earliest pending delivery is due (ms; no later than that: a take
+        sets it exactly), or when its open circuit lets it be tried again: what a take looks at first."""
+        return self._k("webhooks:ready")
+
+    def webhook_due(self, endpoint: str) -> str:
+        """Sorted set: ``<endpoint id>/<message id>`` of each of ``endpoint``'s deliveries to try -> when (ms; a
+        taken one: when its lease ends); one per endpoint, so one endpoint's backlog never hides another's."""
+        return self._k(f"webhooks:due:{endpoint}")
 
     @property
     def webhook_order(self) -> str:
         """Hash: ``<endpoint id>/<job id>`` -> JSON list of the job's later deliveries to that endpoint, waiting
-        behind the one being tried (the field exists while one is): events reach an endpoint in order per job."""
+        behind the one being tried (the field exists while one is): events reach an endpoint in order per job.
+        A progress delivery waiting last is replaced by a newer one (``p|`` before its member)."""
         return self._k("webhooks:order")
 
     def webhook_exhausted(self, endpoint: str) -> str:

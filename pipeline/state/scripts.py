@@ -32,7 +32,7 @@ from pipeline.state.redisconn import on_node
 
 LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
 _NAME_RE = re.compile(r"[a-z]+(?:-[a-z]+)*\.lua")  # fullmatch; the helpers are lua/_*.lua
-_KEYS_RE = re.compile(r"^-- keys: ([0-9]+)$", re.MULTILINE)  # [0-9]: \d would take "١" too
+_KEYS_RE = re.compile(r"^-- keys: ([0-9]+)( or more)?$", re.MULTILINE)  # [0-9]: \d would take "١" too
 _DOCUMENTED_RE = re.compile(r"KEYS\[([0-9]+)\](?: to KEYS\[([0-9]+)\])?")
 #: Scripts of ``lua/`` that are not part of the library: the broker's dispatch runs on the
 #: broker's own database (``pipeline.work.waking`` loads it).
@@ -128,13 +128,14 @@ def raise_for(code: Code, reply: Sequence[Any]) -> None:
 
 def key_count(name: str, body: str) -> int:
     """The keys a script takes, from its header (the comment lines it opens with): ``-- keys: N``
-    once, and ``KEYS[1]`` to ``KEYS[N]`` each documented, none beyond."""
+    once, and ``KEYS[1]`` to ``KEYS[N]`` each documented, none beyond. ``-- keys: N or more``: a script
+    that takes one key more per item it is given (its header says which, after KEYS[N]); see ``variable``."""
     lines = body.splitlines()
     header = "\n".join(lines[:next((i for i, line in enumerate(lines) if not line.startswith("--")), len(lines))])
     stated = _KEYS_RE.findall(header)
     if len(stated) != 1:
         raise ScriptError(f"lua/{name}: its header must say '-- keys: N' once")
-    nkeys = int(stated[0])
+    nkeys = int(stated[0][0])
     documented = {n for first, last in _DOCUMENTED_RE.findall(header)
                   for n in range(int(first), int(last or first) + 1)}
     if documented != set(range(1, nkeys + 1)):
@@ -152,6 +153,7 @@ class Scripts:
         self.replicas, self.ack_timeout_ms = replicas, ack_timeout_ms
         self.client = client
         prelude = "".join(path.read_text() for path in sorted(lua_dir.glob("_*.lua")))  # _cache, _lib
+        self._variable: set[str] = set()  # verbs of scripts that take N or more keys
         bodies: dict[str, tuple[int, str]] = {}
         for path in sorted(lua_dir.glob("*.lua")):
             if path.name in SEPARATE or path.name.startswith("_"):
@@ -160,6 +162,8 @@ class Scripts:
                 raise ScriptError(f"lua/{path.name}: a script is named after its verb, lua/<verb>.lua")
             body = path.read_text()
             bodies[path.name.removesuffix(".lua")] = (key_count(path.name, body), body)
+            if variable(body):
+                self._variable.add(path.name.removesuffix(".lua"))
         functions = {verb: f"{{library}}_{verb.replace('-', '_')}" for verb in bodies}  # named once hashed
         source = _LIBRARY.format(name="{library}", prelude=prelude) + "".join(
             _FUNCTION.format(function=functions[verb], body=body) for verb, (_, body) in bodies.items())
@@ -199,7 +203,7 @@ class Scripts:
         """Run the script; ``durable``: its write must reach ``replicas`` replicas, else
         ReplicationTimeout (after the state changes are logged: they happened)."""
         nkeys, function = self._scripts[verb]
-        if len(keys) != nkeys:
+        if len(keys) != nkeys and not (verb in self._variable and len(keys) > nkeys):
             raise ScriptError(f"{verb} takes {nkeys} keys, got {len(keys)}")
         keys = [*keys, *trailing_keys(keys[0])] if keys else []
         acked = self.replicas
@@ -275,6 +279,11 @@ def outbox_of(key: str) -> str:
     such a script moves no job, so it never writes there."""
     tag = _TAG_RE.search(key)
     return f"reckon:{tag.group(0)}:webhooks:outbox" if tag else key
+
+
+def variable(body: str) -> bool:
+    """Whether a script's header says ``-- keys: N or more``."""
+    return any(more for _, more in _KEYS_RE.findall(body))
 
 
 def _missing(error: redis.ResponseError) -> bool:

@@ -9,6 +9,7 @@ tells the whole path.
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,13 +25,15 @@ from pipeline.state.store import Store
 BATCH = 100
 #: Exhausted deliveries kept per endpoint, the newest.
 EXHAUSTED_KEPT = 10_000
-#: Due entries one take looks at, at most (past those of endpoints with no free place).
-SCAN = 200
+#: Ready endpoints one take reads, the earliest due first.
+READY = 100
 #: Fields of an outbox event that say which job event it is, not what the event was.
 _ROUTING = ("job", "tenant", "type")
 
 #: tenant -> its endpoints (pipeline/webhooks/endpoints.py: JSON-ready dicts)
 EndpointsOf = Callable[[str], list[dict[str, Any]]]
+#: endpoint -> (free places, until when (Redis ms) its circuit keeps it closed, 0: not), or None: leave it out
+Places = Callable[[str], "tuple[int, int] | None"]
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,12 @@ def payload(event: dict[str, Any], job: dict[str, Any] | None) -> bytes:
 
 @dataclass(frozen=True)
 class Backlog:
-    """What waits to be sent, over every shard: events not yet fanned out, deliveries pending (due, leased
-    or waiting for a retry), and how long the oldest due one is overdue (seconds; 0 when none is)."""
+    """What waits to be sent, over every shard: events not yet fanned out, deliveries kept (pending, and
+    exhausted ones kept for redelivery), and how long the earliest due endpoint has waited past its due
+    time (seconds; 0 when none is late)."""
 
     events: int
-    pending: int
+    kept: int
     oldest_due_seconds: float
 
 
@@ -77,22 +81,24 @@ def backlog(client: Any) -> Backlog:
     for shard in keys.shards():
         pipe.llen(shard.webhook_outbox)
         pipe.llen(shard.webhook_taking)
-        pipe.zcard(shard.webhook_due)
-        pipe.zrange(shard.webhook_due, 0, 0, withscores=True)
+        pipe.hlen(shard.webhook_deliveries)
+        pipe.zrange(shard.webhook_ready, 0, 0, withscores=True)
     replies = pipe.execute()
     now = int(seconds) * 1000 + int(micros) // 1000
-    events = pending = 0
+    events = kept = 0
     oldest = now
-    for outbox, taking, due, first in zip(replies[::4], replies[1::4], replies[2::4], replies[3::4], strict=True):
-        events, pending = events + outbox + taking, pending + due
+    for outbox, taking, held, first in zip(replies[::4], replies[1::4], replies[2::4], replies[3::4], strict=True):
+        events, kept = events + outbox + taking, kept + held
         if first:
             oldest = min(oldest, int(first[0][1]))
-    return Backlog(events, pending, max(0, now - oldest) / 1000)
+    return Backlog(events, kept, max(0, now - oldest) / 1000)
 
 
 class Deliveries:
     def __init__(self, store: Store) -> None:
         self.store, self.redis = store, store.redis
+        #: Redis's clock minus this host's (ms), as the last take saw it (``clock``)
+        self.offset = 0.0
 
     def move_one(self, shard: ShardKeys, block_seconds: float) -> bool:
         """Wait up to ``block_seconds`` for an outbox event, moving it to the taking list (BLMOVE)."""
@@ -113,38 +119,63 @@ class Deliveries:
         jobs = {record["id"]: job_view(record, outputs)
                 for record, outputs in views.jobs_with_outputs(self.redis, job_ids)} if job_ids else {}
         bodies: dict[str, str] = {}
+        keys = [shard.webhook_taking, shard.webhook_outbox, shard.webhook_deliveries, shard.webhook_order,
+                shard.webhook_ready]
+        due: dict[str, int] = {}  # endpoint -> the index (from 1) of its due set in keys
         made = []
         for event, endpoint in wanted:
             message = message_id(event)
             if message not in bodies:
                 bodies[message] = payload(event, jobs.get(event["job"])).decode()
-            made.append({"endpoint": endpoint["id"], "message": message, "job": event["job"],
-                         "tenant": event["tenant"], "type": event["type"], "body": bodies[message]})
-        keys = [shard.webhook_taking, shard.webhook_outbox, shard.webhook_deliveries, shard.webhook_due,
-                shard.webhook_order]
+            if endpoint["id"] not in due:
+                keys.append(shard.webhook_due(endpoint["id"]))
+                due[endpoint["id"]] = len(keys)
+            made.append({"endpoint": endpoint["id"], "message": message, "job": event["job"], "tenant": event["tenant"],
+                         "type": event["type"], "body": bodies[message], "due": due[endpoint["id"]]})
         reply = self.store.scripts("webhook-fanout", keys, [len(raws), orjson.dumps(made), BATCH, *raws])
         return len(raws) if int(reply[0]) == Code.OK else 0
 
-    def take(self, shard: ShardKeys, *, most: int, free: dict[str, int], default_free: int,
-             lease_ms: int) -> tuple[list[Taken], int, int | None]:
-        """(the deliveries taken, Redis's clock in ms, when the next due one is due or None)."""
-        reply = self.store.scripts("webhook-take", [shard.webhook_due, shard.webhook_deliveries],
-                                   [lease_ms, most, SCAN, orjson.dumps(free), default_free, secrets.token_hex(6)])
-        now, next_due = int(reply[1]), int(reply[2])
+    def take(self, shard: ShardKeys, places: Places, *, most: int, lease_ms: int) -> tuple[list[Taken], int | None]:
+        """Take what is due at the ready endpoints, within ``places`` (endpoint -> free places, and until when
+        (Redis ms) its circuit keeps it closed, or None to leave it out), at most ``most`` in all: (the
+        deliveries taken, when the earliest ready endpoint is due next (Redis ms) or None)."""
+        ready = self.redis.zrange(shard.webhook_ready, 0, READY - 1, withscores=True)
+        now = self.clock()
+        args: list[Any] = []
+        keys = [shard.webhook_ready, shard.webhook_deliveries]
+        for endpoint, score in ready:
+            if score > now + 50 or most <= 0:
+                break
+            given = places(endpoint)
+            if given is None:
+                continue
+            free, closed = given
+            free = min(free, most)
+            most -= free
+            keys.append(shard.webhook_due(endpoint))
+            args += [endpoint, free, closed]
+        if not args:
+            return [], (int(ready[0][1]) if ready else None)
+        reply = self.store.scripts("webhook-take", keys, [lease_ms, secrets.token_hex(6), "", *args])
+        self.offset = int(reply[1]) - time.time() * 1000
         taken = []
         for member, raw in zip(reply[3::2], reply[4::2], strict=True):
             d = orjson.loads(raw)
             taken.append(Taken(member, d["endpoint"], d["message"], d["tenant"], d["job"], d["body"].encode(),
                                int(d["attempts"]), d["lease"]))
-        return taken, now, (None if next_due < 0 else next_due)
+        return taken, (None if int(reply[2]) < 0 else int(reply[2]))
+
+    def clock(self) -> float:
+        """Redis's clock (ms), as this host's clock plus the difference the last take saw."""
+        return time.time() * 1000 + self.offset
 
     def settle(self, shard: ShardKeys, taken: Taken, outcome: str, *, delay_ms: int = 0, error: str = "",
                status: int | None = None, window_ms: int) -> tuple[str | None, bool]:
         """Record a try's outcome (delivered, dropped or retry): (the outcome recorded (a retry past the
         window: exhausted), or None when the lease was no longer this try's; whether the job's next
         delivery to that endpoint became due)."""
-        keys = [shard.webhook_due, shard.webhook_deliveries, shard.webhook_order,
-                shard.webhook_exhausted(taken.endpoint)]
+        keys = [shard.webhook_due(taken.endpoint), shard.webhook_deliveries, shard.webhook_order,
+                shard.webhook_exhausted(taken.endpoint), shard.webhook_ready]
         reply = self.store.scripts("webhook-done", keys, [
             taken.member, taken.lease, outcome, delay_ms, error[:200], window_ms, EXHAUSTED_KEPT,
             "" if status is None else status])
@@ -164,6 +195,8 @@ class Deliveries:
             if raw is None:
                 continue
             d = orjson.loads(raw)
+            if d.get("state") != "exhausted":
+                continue  # redelivered between the two reads
             rows.append({"id": d["message"], "type": d["type"], "job_id": d["job"], "attempts": d["attempts"],
                          "first_attempt_at": iso(d["first_at"]), "exhausted_at": iso(d["exhausted_at"]),
                          "last_status": d.get("last_status"), "last_error": d.get("last_error")})
@@ -178,5 +211,6 @@ class Deliveries:
         if not messages:
             return 0
         reply = self.store.scripts("webhook-redeliver", [
-            shard.webhook_exhausted(endpoint), shard.webhook_deliveries, shard.webhook_due], [endpoint, *messages])
+            shard.webhook_exhausted(endpoint), shard.webhook_deliveries, shard.webhook_due(endpoint),
+            shard.webhook_ready], [endpoint, *messages])
         return int(reply[1])

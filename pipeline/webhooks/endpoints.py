@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import socket
 from typing import Any
 
 import orjson
@@ -48,7 +49,7 @@ def check(url: Any, types: Any, *, allow_private: bool) -> tuple[str, list[str]]
         _, host, _ = guard.check_url(url)
     except guard.Refused as exc:
         raise InvalidRequest("url", str(exc), problem=_PROBLEM) from None
-    if not allow_private and (host == "localhost" or host.endswith(".localhost") or _private_literal(host)):
+    if not allow_private and _private_literal(host):
         raise InvalidRequest("url", "a private, loopback or link-local address is not allowed", problem=_PROBLEM)
     if not isinstance(types, list) or not types or not all(isinstance(t, str) for t in types):
         raise InvalidRequest("types", f"a non-empty list of event types: {', '.join(EVENT_TYPES)}", problem=_PROBLEM)
@@ -60,9 +61,18 @@ def check(url: Any, types: Any, *, allow_private: bool) -> tuple[str, list[str]]
 
 
 def _private_literal(host: str) -> bool:
+    """Whether ``host`` is an address (in any form a resolver reads as one: ``127.1``, ``2130706433``,
+    ``0x7f000001``) that is not allowed."""
+    host = host.strip("[]").rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
     try:
-        return not guard.allowed(host.strip("[]"), allow_private=False)
+        return not guard.allowed(host, allow_private=False)
     except ValueError:
+        pass
+    try:
+        return not guard.allowed(socket.inet_ntoa(socket.inet_aton(host)), allow_private=False)
+    except OSError:
         return False  # a name, not an address
 
 
@@ -103,31 +113,39 @@ class Endpoints:
         return orjson.loads(raw)
 
     def rotate(self, tenant: str, endpoint_id: str, overlap_seconds: int) -> tuple[dict[str, Any], str]:
-        """A new secret for the endpoint (shown once); the one it replaces still signs for ``overlap_seconds``."""
-        endpoint = self.get(tenant, endpoint_id)
-        now = self.store.server_ms(TenantKeys(tenant).shard)
-        kept = [{**s, "until": s.get("until") or now + overlap_seconds * 1000} for s in endpoint["secrets"]]
-        secret = signing.new_secret()
-        endpoint["secrets"] = [{"secret": secret}] + [s for s in kept if s["until"] > now]
-        self._set(tenant, endpoint)
-        return endpoint, secret
+        """A new secret for the endpoint (shown once); the one it replaces still signs for ``overlap_seconds``.
+        Written only over the endpoint as read: a rotation or removal meanwhile makes it read again."""
+        t = TenantKeys(tenant)
+        while True:
+            raw = self.store.redis.hget(t.webhooks, endpoint_id) if ID_RE.fullmatch(endpoint_id) else None
+            if raw is None:
+                raise EndpointNotFound(f"no webhook endpoint {endpoint_id}")
+            endpoint, now = orjson.loads(raw), self.store.server_ms(t.shard)
+            kept = [{**s, "until": s.get("until") or now + overlap_seconds * 1000} for s in endpoint["secrets"]]
+            secret = signing.new_secret()
+            endpoint["secrets"] = [{"secret": secret}] + [s for s in kept if s["until"] > now]
+            if self._set(tenant, endpoint, read=raw):
+                return endpoint, secret
 
     def remove(self, tenant: str, endpoint_id: str) -> None:
         if not ID_RE.fullmatch(endpoint_id):
             raise EndpointNotFound(f"no webhook endpoint {endpoint_id}")
         t = TenantKeys(tenant)
-        reply = self.store.scripts("webhook-set", self._keys(t, endpoint_id), [endpoint_id, "", MAX_ENDPOINTS])
+        reply = self.store.scripts("webhook-set", self._keys(t, endpoint_id), [endpoint_id, "", MAX_ENDPOINTS, ""])
         if int(reply[0]) == Code.NOT_FOUND:
             raise EndpointNotFound(f"no webhook endpoint {endpoint_id}")
 
-    def _set(self, tenant: str, endpoint: dict[str, Any]) -> None:
+    def _set(self, tenant: str, endpoint: dict[str, Any], read: str = "") -> bool:
+        """Write the endpoint (over ``read``, its JSON as read, when given); False when it was not as read."""
         t = TenantKeys(tenant)
         reply = self.store.scripts("webhook-set", self._keys(t, endpoint["id"]),
-                                   [endpoint["id"], orjson.dumps(endpoint), MAX_ENDPOINTS])
+                                   [endpoint["id"], orjson.dumps(endpoint), MAX_ENDPOINTS, read])
         if int(reply[0]) == Code.LIMITED:
             raise TooManyEndpoints(f"a tenant has at most {MAX_ENDPOINTS} webhook endpoints")
+        return int(reply[0]) == Code.OK
 
     @staticmethod
     def _keys(t: TenantKeys, endpoint_id: str) -> list[str]:
         shard: ShardKeys = t.shard
-        return [t.webhooks, t.limits, shard.webhook_exhausted(endpoint_id), shard.webhook_deliveries]
+        return [t.webhooks, t.limits, shard.webhook_exhausted(endpoint_id), shard.webhook_deliveries,
+                shard.webhook_due(endpoint_id), shard.webhook_ready, shard.webhook_order]

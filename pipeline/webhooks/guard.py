@@ -14,6 +14,7 @@ import http.client
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -43,9 +44,12 @@ def check_url(url: str) -> tuple[str, str, int]:
         raise Refused("a URL is printable ASCII: no spaces or control characters (percent-encode the rest)")
     try:
         parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port
     except ValueError as exc:
         raise Refused(f"not a URL: {exc}") from None
+    if port == 0:
+        raise Refused("port 0 is no port")
+    port = port or (443 if parts.scheme == "https" else 80)
     if parts.scheme not in ("http", "https"):
         raise Refused("only http and https URLs")
     if not parts.hostname or parts.username is not None or parts.password is not None:
@@ -53,11 +57,32 @@ def check_url(url: str) -> tuple[str, str, int]:
     return parts.scheme, parts.hostname, port
 
 
+#: IPv6 prefixes that carry an IPv4 address in their last 32 bits (NAT64, IPv4-compatible): that one is checked.
+_EMBEDDING = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"),
+              ipaddress.ip_network("::/96"))
+#: Special-purpose blocks some Python versions count as global (IETF protocol assignments, benchmarking).
+_SPECIAL = (ipaddress.ip_network("192.0.0.0/24"), ipaddress.ip_network("198.18.0.0/15"))
+
+
 def allowed(address: str, allow_private: bool) -> bool:
+    """Whether a request may go to ``address``: a global unicast address, and for an IPv6 address that
+    carries an IPv4 one (mapped, NAT64, 6to4, Teredo, compatible), that one too."""
+    if allow_private:
+        return True
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return allow_private or (ip.is_global and not ip.is_multicast)
+    if not (ip.is_global and not ip.is_multicast and not ip.is_reserved):
+        return False
+    if isinstance(ip, ipaddress.IPv4Address) and any(ip in net for net in _SPECIAL):
+        return False
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.is_site_local:
+            return False
+        inner = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if inner is None and any(ip in net for net in _EMBEDDING):
+            inner = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if inner is not None:
+            return allowed(str(inner), False)
+    return True
 
 
 def resolve(host: str, port: int) -> list[str]:
@@ -94,6 +119,7 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allo
 
 
 def _left(deadline: float) -> float:
+    """Seconds to the deadline: each read waits at most this long, and the watchdog ends the rest."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise TimeoutError("the webhook request took longer than its timeout")
@@ -103,25 +129,45 @@ def _left(deadline: float) -> float:
 def _send(scheme: str, host: str, port: int, address: str, url: str, body: bytes, headers: dict[str, str],
           deadline: float) -> tuple[Answer, str | None]:
     connection = (_PinnedHTTPS if scheme == "https" else _PinnedHTTP)(host, port, address, _left(deadline))
+    # A receiver that sends its handshake, status line, headers or chunk sizes a byte at a time resets each
+    # read's timeout: at the deadline the socket is shut, whatever is being read.
+    watchdog = threading.Timer(_left(deadline), _shut, (connection,))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         connection.request("POST", target, body=body, headers=headers)
-        raw = connection.sock  # getresponse() lets go of it when the answer closes the connection
-        raw.settimeout(_left(deadline))
         response = connection.getresponse()
         chunks, size = [], 0
         while size < MAX_RESPONSE_BYTES:
-            raw.settimeout(_left(deadline))
             chunk = response.read1(MAX_RESPONSE_BYTES - size)
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
-        return Answer(response.status, response.getheader("Retry-After"), b"".join(chunks)), \
-            response.getheader("Location")
+        answer = Answer(response.status, response.getheader("Retry-After"), b"".join(chunks))
+        location = response.getheader("Location")
+    except (OSError, http.client.HTTPException):
+        if time.monotonic() >= deadline:
+            raise TimeoutError("the webhook request took longer than its timeout") from None
+        raise
     finally:
+        watchdog.cancel()
         connection.close()
+    if time.monotonic() >= deadline:
+        raise TimeoutError("the webhook request took longer than its timeout")
+    return answer, location
+
+
+def _shut(connection: http.client.HTTPConnection) -> None:
+    sock = getattr(connection, "raw", None) or connection.sock
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class _PinnedHTTP(http.client.HTTPConnection):
@@ -130,9 +176,10 @@ class _PinnedHTTP(http.client.HTTPConnection):
     def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
         super().__init__(host, port, timeout=timeout)
         self.address = address
+        self.raw: socket.socket | None = None
 
     def connect(self) -> None:
-        self.sock = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self.raw = socket.create_connection((self.address, self.port), self.timeout)
 
 
 class _PinnedHTTPS(http.client.HTTPSConnection):
@@ -141,7 +188,8 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
     def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
         super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
         self.address = address
+        self.raw: socket.socket | None = None
 
     def connect(self) -> None:
-        raw = socket.create_connection((self.address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)
+        self.raw = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(self.raw, server_hostname=self.host)

@@ -31,7 +31,7 @@ from pipeline.state.redisconn import name_connections
 from pipeline.state.store import Store, open_store
 from pipeline.webhooks import guard, signing
 from pipeline.webhooks.deliveries import Deliveries, Taken
-from pipeline.webhooks.endpoints import Endpoints, signing_secrets
+from pipeline.webhooks.endpoints import EndpointNotFound, Endpoints, signing_secrets
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ IDLE_TAKE_SECONDS = 5.0
 def backoff(attempts: int, first: float, most: float, rand: Callable[[], float] = random.random) -> float:
     """Seconds before try ``attempts + 1``: ``first`` doubled per try so far, at most ``most``, of which a
     random half (equal jitter: tries of many deliveries that failed together spread out)."""
-    base = min(most, first * 2 ** max(0, attempts - 1))
+    base = min(most, first * 2 ** min(max(0, attempts - 1), 62))
     return base / 2 + rand() * base / 2
 
 
@@ -59,7 +59,7 @@ def retry_after(value: str | None, now: float) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - now)
@@ -69,7 +69,8 @@ def retry_after(value: str | None, now: float) -> float | None:
 
 class Circuit:
     """One endpoint's failures in a row, and until when nothing is sent to it (monotonic seconds): open for
-    ``CIRCUIT_SECONDS``, doubled each time it opens again, at most ``longest`` (and ``CIRCUIT_MAX_SECONDS``)."""
+    ``CIRCUIT_SECONDS``, doubled each time the one try after a pause fails too, at most ``longest`` (and
+    ``CIRCUIT_MAX_SECONDS``). Tries that were in flight when it opened and fail then do not open it again."""
 
     def __init__(self, longest: float = CIRCUIT_MAX_SECONDS) -> None:
         self.longest = min(longest, CIRCUIT_MAX_SECONDS)
@@ -86,7 +87,7 @@ class Circuit:
             self.failures, self.opened, self.open_until = 0, 0, 0.0
             return False
         self.failures += 1
-        if self.failures < CIRCUIT_FAILURES:
+        if self.failures < CIRCUIT_FAILURES or now < self.open_until:
             return False
         self.opened += 1
         self.open_until = now + min(self.longest, CIRCUIT_SECONDS * 2 ** (self.opened - 1))
@@ -102,8 +103,11 @@ class Sender:
         self.inflight: Counter[str] = Counter()
         self.circuits: dict[str, Circuit] = {}
         self.cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
-        #: shard -> when its next take is due (monotonic seconds)
+        #: shard -> when its next take is due (monotonic seconds), and the lock one take at a time holds
         self.next_take = {shard.n: 0.0 for shard in keys.shards()}
+        self.taking = {shard.n: threading.Lock() for shard in keys.shards()}
+        #: endpoints that may have more due than the last take gave them: a try's end there takes again
+        self.backlogged: set[str] = set()
         self.window_ms = int(settings.webhook_retry_window_seconds * 1000)
         #: A try's lease: every hop's timeout, and room for its outcome to be written.
         self.lease_ms = int((settings.webhook_timeout_seconds * (settings.webhook_max_redirects + 1) + 5) * 1000)
@@ -142,64 +146,94 @@ class Sender:
                 stop.wait(1.0)
 
     def take(self, shard: ShardKeys) -> None:
-        """Take what is due within the free places and hand it to the pool; set when to take next. Run by
-        the shard's thread, and by a pool thread after each try (a place is free; a job's next may be due)."""
-        now, default = time.monotonic(), self.settings.webhook_endpoint_concurrency
-        with self.lock:
-            busy = set(self.circuits) | {endpoint for endpoint, count in self.inflight.items() if count}
-            free = {endpoint: max(0, (self.circuits[endpoint].places(now, default) if endpoint in self.circuits
-                                      else default) - self.inflight[endpoint]) for endpoint in busy}
-            room = self.settings.webhook_threads * 2 - sum(self.inflight.values())
-        if room <= 0:
-            return  # the next try to end takes again
-        taken, redis_now, next_due = self.deliveries.take(
-            shard, most=room, free=free, default_free=default, lease_ms=self.lease_ms)
-        with self.lock:
-            for item in taken:
-                self.inflight[item.endpoint] += 1
-            # due now but not taken: their endpoints are full (a try's end takes again) or their circuit is open
-            wait = IDLE_TAKE_SECONDS if next_due is None or next_due <= redis_now else (next_due - redis_now) / 1000
+        """Take what is due at the ready endpoints within their free places and the idle threads, and hand
+        it to the pool; set when to take next. Run by the shard's thread, and by a pool thread after a try
+        whose endpoint had more due or whose job's next delivery became due; one take at a time per shard,
+        so two never hand out the same places."""
+        with self.taking[shard.n]:
+            now, default = time.monotonic(), self.settings.webhook_endpoint_concurrency
+            with self.lock:
+                room = self.settings.webhook_threads - sum(self.inflight.values())
+            if room <= 0:
+                self.next_take[shard.n] = now + IDLE_TAKE_SECONDS  # the next try to end takes again
+                return
+            offered: dict[str, int] = {}
+
+            def places(endpoint: str) -> tuple[int, int] | None:
+                with self.lock:
+                    circuit = self.circuits.get(endpoint)
+                    free = (circuit.places(now, default) if circuit else default) - self.inflight[endpoint]
+                    if circuit is not None and now < circuit.open_until:  # not before it may be tried again
+                        return 0, int(self.deliveries.clock() + (circuit.open_until - now) * 1000)
+                    if free <= 0:
+                        self.backlogged.add(endpoint)
+                        return None
+                offered[endpoint] = free
+                return free, 0
+
+            taken, earliest = self.deliveries.take(shard, places, most=room, lease_ms=self.lease_ms)
+            with self.lock:
+                got = Counter(item.endpoint for item in taken)
+                for endpoint, free in offered.items():
+                    if got[endpoint] >= free:
+                        self.backlogged.add(endpoint)  # there may be more due: its next try's end takes again
+                    else:
+                        self.backlogged.discard(endpoint)
+                for item in taken:
+                    self.inflight[item.endpoint] += 1
+            redis_now = self.deliveries.clock()
+            wait = IDLE_TAKE_SECONDS if earliest is None or earliest <= redis_now else (earliest - redis_now) / 1000
             self.next_take[shard.n] = now + (0.0 if len(taken) == room else min(wait, IDLE_TAKE_SECONDS))
-        for item in taken:
-            self.pool.submit(self.send, shard, item, redis_now)
+            for item in taken:
+                try:
+                    self.pool.submit(self.send, shard, item, int(redis_now))
+                except RuntimeError:  # shutting down: its lease ends and it is tried again
+                    with self.lock:
+                        self.inflight[item.endpoint] -= 1
 
     def send(self, shard: ShardKeys, item: Taken, redis_now: int) -> None:
-        outcome, delay, error, status = "retry", 0.0, "", None
+        outcome, error, status, asked = "retry", "", None, None
         try:
-            endpoint = next((e for e in self.endpoints_of(item.tenant) if e["id"] == item.endpoint), None)
+            endpoint = self.endpoint(item)
             if endpoint is None:
                 outcome = "dropped"
-                return
-            headers = {"content-type": "application/json", "user-agent": "reckon-webhooks/1",
-                       **signing.headers(signing_secrets(endpoint, redis_now), item.message, int(time.time()),
-                                         item.body)}
-            answer = self.post(endpoint["url"], item.body, headers, timeout=self.settings.webhook_timeout_seconds,
-                               allow_private=self.settings.webhook_allow_private,
-                               max_redirects=self.settings.webhook_max_redirects)
-            faultpoints.reached("webhook_sent")
-            status = answer.status
-            if 200 <= answer.status < 300:
-                outcome = "delivered"
-                return
-            error = f"HTTP {answer.status}"
-            delay = max(self.backoff(item), retry_after(answer.retry_after, time.time()) or 0.0)
+            else:
+                headers = {"content-type": "application/json", "user-agent": "reckon-webhooks/1",
+                           **signing.headers(signing_secrets(endpoint, redis_now), item.message, int(time.time()),
+                                             item.body)}
+                s = self.settings
+                answer = self.post(endpoint["url"], item.body, headers, allow_private=s.webhook_allow_private,
+                                   timeout=s.webhook_timeout_seconds, max_redirects=s.webhook_max_redirects)
+                faultpoints.reached("webhook_sent")
+                status = answer.status
+                if 200 <= answer.status < 300:
+                    outcome = "delivered"
+                else:
+                    error, asked = f"HTTP {answer.status}", retry_after(answer.retry_after, time.time())
         except guard.Refused as exc:
-            error, delay = f"refused: {exc}", self.backoff(item)
+            error = f"refused: {exc}"
         except (OSError, http.client.HTTPException) as exc:
-            error, delay = _failure(exc), self.backoff(item)
+            error = _failure(exc)
         except Exception as exc:  # a defect: the try is retried like a failure, and logged
             log.exception("webhooks: try failed")
-            error, delay = type(exc).__name__, self.backoff(item)
-        finally:
-            self.finish(shard, item, outcome, delay, error, status)
-
-    def backoff(self, item: Taken) -> float:
+            error = type(exc).__name__
         s = self.settings
-        return backoff(item.attempts, s.webhook_retry_first_seconds, s.webhook_retry_max_seconds)
+        delay = max(backoff(item.attempts, s.webhook_retry_first_seconds, s.webhook_retry_max_seconds), asked or 0.0)
+        self.finish(shard, item, outcome, delay, error, status)
+
+    def endpoint(self, item: Taken) -> dict[str, Any] | None:
+        """The delivery's endpoint, from the cache or else from Redis (a cache older than the endpoint)."""
+        for endpoint in self.endpoints_of(item.tenant):
+            if endpoint["id"] == item.endpoint:
+                return endpoint
+        try:
+            return self.endpoints.get(item.tenant, item.endpoint)
+        except EndpointNotFound:
+            return None
 
     def finish(self, shard: ShardKeys, item: Taken, outcome: str, delay: float, error: str, status: int | None) -> None:
-        """Record the try's outcome, free its place, and take again at once when that may hand out more:
-        the job's next delivery became due, or this endpoint or the process was full."""
+        """Record the try's outcome, free its place, and take again at once when that may hand out more: the
+        job's next delivery became due, the endpoint has more due, or every thread was busy."""
         more = False
         try:
             recorded, more = self.deliveries.settle(shard, item, outcome, delay_ms=int(delay * 1000), error=error,
@@ -209,18 +243,17 @@ class Sender:
                                                       "count": item.attempts, "reason": error, "outcome": recorded})
         except Exception:  # Redis down: the lease ends and the delivery is tried again
             log.exception("webhooks: outcome not recorded")
-        finally:
-            with self.lock:
-                full = (self.inflight[item.endpoint] >= self.settings.webhook_endpoint_concurrency
-                        or sum(self.inflight.values()) >= self.settings.webhook_threads * 2)
-                self.inflight[item.endpoint] -= 1
-                circuit = self.circuits.setdefault(item.endpoint, Circuit(self.settings.webhook_retry_max_seconds))
-                opened = outcome != "dropped" and circuit.record(outcome == "delivered", time.monotonic())
-                if outcome == "delivered" and not circuit.failures:
-                    del self.circuits[item.endpoint]  # a healthy endpoint needs no entry
-            if opened:
-                log.warning("webhook endpoint circuit open", extra={"endpoint": item.endpoint})
-        if more or full:
+        with self.lock:
+            busy = sum(self.inflight.values()) >= self.settings.webhook_threads
+            self.inflight[item.endpoint] -= 1
+            circuit = self.circuits.setdefault(item.endpoint, Circuit(self.settings.webhook_retry_max_seconds))
+            opened = outcome != "dropped" and circuit.record(outcome == "delivered", time.monotonic())
+            if not circuit.failures:
+                del self.circuits[item.endpoint]  # a healthy endpoint needs no entry
+            again = more or busy or item.endpoint in self.backlogged
+        if opened:
+            log.warning("webhook endpoint circuit open", extra={"endpoint": item.endpoint})
+        if again:
             try:
                 self.take(shard)
             except Exception:

@@ -56,7 +56,7 @@ KNOWN = frozenset({
     "redis-cli -p 6390 HSET reckon:{s0}:admission queue_cap:batch N",
     "redis-cli -p 6390 ZRANGE 'reckon:{s0}:t:TENANT:reconcile' 0 -1 WITHSCORES",
     "redis-cli -p 6390 ZRANGE 'reckon:{s0}:t:TENANT:outbox' 0 -1 WITHSCORES",
-    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:webhooks:due' 0 9 WITHSCORES",
+    "redis-cli -p 6390 ZRANGE 'reckon:{s0}:webhooks:ready' 0 9 WITHSCORES",
     "redis-cli -p 6390 HDEL reckon:{s0}:fleet provider_credentials:SERVER",
     "redis-cli -p 6390 HGET reckon:{s0}:fleet dispatch_paused:SERVER",
     "redis-cli -p 6390 HGETALL reckon:sweeper",

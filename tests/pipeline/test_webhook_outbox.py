@@ -32,9 +32,12 @@ def fan_out(store: Store) -> int:
     return handled
 
 
-def take(store: Store, most: int = 100, free: dict[str, int] | None = None):
-    return Deliveries(store).take(TenantKeys("acme").shard, most=most, free=free or {}, default_free=4,
-                                  lease_ms=30_000)
+def take(store: Store, most: int = 100, free: dict[str, int] | None = None, lease_ms: int = 30_000):
+    """(taken, None, earliest due): what a webhooks process with 4 places per endpoint (or ``free``) takes."""
+    taken, earliest = Deliveries(store).take(TenantKeys("acme").shard,
+                                             lambda endpoint: ((free or {}).get(endpoint, 4), 0),
+                                             most=most, lease_ms=lease_ms)
+    return taken, None, earliest
 
 
 def test_a_state_change_writes_its_webhook_event_in_the_same_step(store: Store, admit) -> None:
@@ -114,15 +117,15 @@ def test_an_outcome_under_a_lapsed_lease_changes_nothing(store: Store, tenant) -
     fan_out(store)
     shard = TenantKeys("acme").shard
     deliveries = Deliveries(store)
-    [old], _, _ = deliveries.take(shard, most=10, free={}, default_free=4, lease_ms=1)
-    store.redis.zadd(shard.webhook_due, {old.member: 0})  # its lease ended: due again
+    [old], _, _ = take(store, lease_ms=1)
+    store.redis.zadd(shard.webhook_due(old.endpoint), {old.member: 0})  # its lease ended: due again
     [new], _, _ = take(store)
     assert (new.member, new.attempts) == (old.member, 2) and new.lease != old.lease
     assert settle(store, old, "delivered") is None  # the late outcome of the first try
     assert store.redis.hexists(shard.webhook_deliveries, new.member)
     assert settle(store, new, "delivered") == "delivered"
     assert not store.redis.hexists(shard.webhook_deliveries, new.member)
-    assert store.redis.zcard(shard.webhook_due) == 0
+    assert store.redis.zcard(shard.webhook_due(new.endpoint)) == 0 and store.redis.zcard(shard.webhook_ready) == 0
 
 
 def test_a_delivery_past_its_window_is_exhausted_listed_and_redelivered(store: Store, tenant) -> None:
@@ -151,7 +154,7 @@ def test_an_endpoints_free_places_bound_what_is_taken(store: Store, tenant) -> N
     push(store, *(outbox_event(f"acme.{i:020x}", 1) for i in range(6)))
     fan_out(store)
     assert len(take(store, free={endpoint["id"]: 2})[0]) == 2
-    assert take(store, free={endpoint["id"]: 0})[0] == []  # its circuit is open
+    assert take(store, free={endpoint["id"]: 0})[0] == []  # its places are taken
     assert len(take(store)[0]) == 4  # the default: 4 places
 
 
@@ -202,7 +205,7 @@ def test_on_a_cluster_with_shards_each_step_stays_on_its_shards_node(store: Stor
         assert backlog(store.redis).events == 1
         assert fan_out(store) == 1
         [taken], _, _ = take(store)
-        assert backlog(store.redis).pending == 1
+        assert backlog(store.redis).kept == 1
         assert settle(store, taken, "delivered") == "delivered"
         assert backlog(store.redis) == type(backlog(store.redis))(0, 0, 0.0)
     finally:
@@ -229,3 +232,88 @@ def test_a_redelivered_event_moves_no_line_of_its_job(store: Store, tenant) -> N
     head = next(t for t in taken if t.message == f"msg_{A}.2")
     assert settle(store, head, "delivered") == "delivered"
     assert [t.message for t in take(store)[0]] == [f"msg_{A}.3"]
+
+
+def test_one_endpoints_backlog_never_hides_another_endpoints_delivery(store: Store, tenant) -> None:
+    """500 deliveries due to an endpoint with no free place ahead of one to another: that one is taken."""
+    tenant()
+    endpoints = Endpoints(store)
+    busy, _ = endpoints.add("acme", URL, ["job.cancelled"])
+    push(store, *(outbox_event(f"acme.{i:020x}", 1) for i in range(500)))
+    fan_out(store)
+    quiet, _ = endpoints.add("acme", URL + "/quiet", ["job.failed"])
+    push(store, {**outbox_event(B, 1), "type": "job.failed"})
+    fan_out(store)
+    [taken], _, _ = take(store, free={busy["id"]: 0})
+    assert taken.endpoint == quiet["id"]
+
+
+def test_an_open_circuit_keeps_its_endpoint_out_of_takes_until_it_closes(store: Store, tenant) -> None:
+    tenant()
+    endpoint, _ = Endpoints(store).add("acme", URL, ["job.cancelled"])
+    push(store, outbox_event(A, 1))
+    fan_out(store)
+    shard, deliveries = TenantKeys("acme").shard, Deliveries(store)
+    closed = store.server_ms(shard) + 60_000
+    assert deliveries.take(shard, lambda e: (0, closed), most=10, lease_ms=30_000) == ([], closed)
+    assert store.redis.zscore(shard.webhook_ready, endpoint["id"]) == closed
+
+
+def test_the_retry_window_starts_at_the_first_try_not_at_fan_out(store: Store, tenant) -> None:
+    """A delivery that waited in its job's line longer than the window still gets its tries."""
+    tenant()
+    Endpoints(store).add("acme", URL, ["job.cancelled"])
+    push(store, outbox_event(A, 1), outbox_event(A, 2))
+    fan_out(store)
+    [first], _, _ = take(store)
+    settle(store, first, "delivered")
+    deliveries = Deliveries(store)
+    shard = TenantKeys("acme").shard
+    raw = orjson.loads(store.redis.hget(shard.webhook_deliveries, f"{first.endpoint}/msg_{A}.2"))
+    assert "first_at" not in raw  # not tried yet
+    [second], _, _ = take(store)
+    recorded, _ = deliveries.settle(shard, second, "retry", delay_ms=WINDOW_MS - 1_000, window_ms=WINDOW_MS)
+    assert recorded == "retry"
+
+
+def test_a_newer_progress_point_replaces_the_one_waiting_in_line(store: Store, tenant) -> None:
+    """A job's line holds its state events and one progress point: a slow endpoint gets the newest."""
+    tenant()
+    endpoint, _ = Endpoints(store).add("acme", URL, ["job.progress", "job.completed"])
+    progress = [{**outbox_event(A, seq), "type": "job.progress"} for seq in range(1, 6)]
+    push(store, *progress, {**outbox_event(A, 6), "type": "job.completed"})
+    fan_out(store)
+    shard = TenantKeys("acme").shard
+    line = orjson.loads(store.redis.hget(shard.webhook_order, f"{endpoint['id']}/{A}"))
+    assert line == [f"p|{endpoint['id']}/msg_{A}.5", f"{endpoint['id']}/msg_{A}.6"]
+    assert store.redis.hlen(shard.webhook_deliveries) == 3  # 1 (in front), 5 and 6
+    sent = []
+    while (taken := take(store)[0]):
+        sent += [t.message for t in taken]
+        settle(store, taken[0], "delivered")
+    assert sent == [f"msg_{A}.1", f"msg_{A}.5", f"msg_{A}.6"]
+
+
+def test_a_rotation_never_brings_back_a_removed_endpoint(store: Store, tenant) -> None:
+    tenant()
+    endpoints = Endpoints(store)
+    endpoint, _ = endpoints.add("acme", URL, ["job.completed"])
+    read = store.redis.hget(TenantKeys("acme").webhooks, endpoint["id"])
+    endpoints.remove("acme", endpoint["id"])
+    assert endpoints._set("acme", {**endpoint, "secrets": []}, read=read) is False
+    assert endpoints.all("acme") == [] and store.redis.hget(TenantKeys("acme").limits, "hooks") is None
+
+
+def test_removing_an_endpoint_drops_every_delivery_it_had(store: Store, tenant) -> None:
+    tenant()
+    endpoints = Endpoints(store)
+    endpoint, _ = endpoints.add("acme", URL, ["job.cancelled"])
+    push(store, outbox_event(A, 1), outbox_event(A, 2), outbox_event(B, 1))
+    fan_out(store)
+    [one, _], _, _ = take(store)
+    endpoints.remove("acme", endpoint["id"])
+    shard = TenantKeys("acme").shard
+    assert (store.redis.hlen(shard.webhook_deliveries), store.redis.hlen(shard.webhook_order),
+            store.redis.zcard(shard.webhook_ready), store.redis.exists(shard.webhook_due(endpoint["id"]))) == \
+        (0, 0, 0, 0)
+    assert settle(store, one, "delivered") is None  # the try in flight finds its delivery gone

@@ -4,7 +4,7 @@ body, and what it answered) as one JSON line, and answers by a plan a test sets 
 ``python tests/webhooks/receiver.py PORT LOG`` serves 127.0.0.1:PORT. ``POST /_plan`` with a JSON list of
 answers sets the next ones (then ``ok`` for the rest): ``ok`` (200), ``500``, ``429:N`` (429 with
 ``Retry-After: N``), ``timeout`` (answers 200 only after 3 s), ``drop`` (closes the connection unanswered),
-``307:URL`` (a redirect), ``big`` (200 with a 10 MB body).
+``307:URL`` (a redirect), ``big`` (200 with a 10 MB body), ``drip`` (its answer a byte every 0.2 s).
 """
 
 from __future__ import annotations
@@ -51,6 +51,11 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.close()
         elif answer.startswith("307:"):
             self._answer(307, b"", {"Location": answer[4:]})
+        elif answer == "drip":  # the status line a byte every 0.2 s, never finished
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 100:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.2)
         elif answer == "big":
             self._answer(200, b"x" * 10_000_000)
 
