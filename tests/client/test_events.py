@@ -1,5 +1,6 @@
 """``Client.events`` over the real stack through a proxy that cuts the first event stream in the
-middle of an event: the client reopens it from the last id it was given and misses nothing."""
+middle of an event: the client reopens it from the last id it was given and misses nothing; and from
+the streams process, when the client is given its URL."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import orjson
 from reckon.client import Client
 
 from pipeline.state.tenants import create_key, create_tenant
+from tests.api.conftest import Streams
 from tests.client.conftest import job_body
 
 
@@ -34,3 +36,26 @@ def test_events_resume_after_a_dropped_stream_without_duplicates_or_gaps(stack, 
     status, _, raw = stack.api("GET", f"/v1/jobs/{job['id']}/events?after=0", Authorization=f"Bearer {api_key}")
     assert status == 200 and states == orjson.loads(raw)["events"]  # every event the API keeps, as it keeps it
     assert seen[-1] == states[-1]  # the iteration ended with the terminal event
+
+
+def test_events_come_from_the_streams_process_when_it_is_named(stack_with, redis_client, tmp_path) -> None:
+    stack = stack_with(RECKON_SSE_MAX_STREAMS="0")  # the web process refuses every stream: 503 too-many-streams
+    create_tenant(redis_client, "acme", 1_000)
+    api_key = create_key(redis_client, "acme")
+    stack.start_provider(delay=1.0)
+    stack.start_web()
+    stack.start_worker()
+    stack.start_sweeper()
+    (tmp_path / "streams").mkdir()
+    streams = Streams(tmp_path / "streams")
+    streams.start()
+    try:
+        client = Client(f"http://127.0.0.1:{stack.web_port}", api_key, streams_url=streams.url, deadline=30)
+        job = client.submit("watched-2", job_body())
+        seen = list(client.events(job["id"]))
+    finally:
+        streams.stop()
+    seqs = [event["seq"] for event in seen]
+    assert seqs == sorted(set(seqs)) and seqs[0] == 1
+    states = [(e["from"], e["to"]) for e in seen if e["type"] == "state"]
+    assert states == [(None, "queued"), ("queued", "running"), ("running", "completed")]

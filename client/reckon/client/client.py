@@ -34,8 +34,9 @@ DEFAULT_DEADLINE = 60.0
 #: ``wait`` polls the job after this long (s), then twice as long each time up to ``POLL_CAP``.
 POLL_FIRST = 0.25
 POLL_CAP = 2.0
-#: An event stream silent this long (s) is taken for dead and reopened (the API pings every 5 s).
-STREAM_SILENCE = 15.0
+#: An event stream silent this long (s) is taken for dead and reopened: twice the longest ping interval
+#: (the web process pings every 5 s, the streams process after 15 s of silence) and a margin.
+STREAM_SILENCE = 35.0
 #: What an event stream waits before it reconnects (s), until the API's ``retry:`` says otherwise.
 RECONNECT = 1.0
 #: Bytes read at a time from a download; a download into a file object is held in memory up to
@@ -62,16 +63,19 @@ class _LocalError(Exception):
 
 class Client:
     """reckon's HTTP API for one tenant's ``api_key``. ``timeout`` bounds each try, ``deadline`` each
-    call; ``clock``, ``sleep``, ``backoff`` and ``connect`` are seams for tests."""
+    call; ``streams_url`` is where ``events`` reads (the streams process; else ``base_url``'s web
+    process, which serves 2 streams at once); ``clock``, ``sleep``, ``backoff`` and ``connect`` are seams
+    for tests."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = DEFAULT_TIMEOUT,
-                 deadline: float = DEFAULT_DEADLINE, backoff: Backoff = Backoff(),
+    def __init__(self, base_url: str, api_key: str, *, streams_url: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, deadline: float = DEFAULT_DEADLINE, backoff: Backoff = Backoff(),
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  connect: Connect = connect) -> None:
         if timeout <= 0 or deadline <= 0:
             raise ValueError("timeout and deadline must be positive")
         self.timeout, self.deadline = timeout, deadline
         self._transport = Transport(base_url, connect=connect)
+        self._streams = Transport(streams_url, connect=connect) if streams_url else self._transport
         self._auth = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
         self._backoff, self._clock, self._sleep = backoff, clock, sleep
 
@@ -117,7 +121,7 @@ class Client:
         while True:
             headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
             try:
-                with self._transport.exchange("GET", _job_path(job_id, f"events/stream?after={last}"),
+                with self._streams.exchange("GET", _job_path(job_id, f"events/stream?after={last}"),
                                               headers=self._auth | headers, body=None,
                                               timeout=max(self.timeout, STREAM_SILENCE)) as resp:
                     if resp.status == 204:
