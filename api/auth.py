@@ -8,7 +8,7 @@ time. A key found unknown is looked up again on the next request (a key just mad
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import falcon
 import redis
@@ -22,37 +22,56 @@ from pipeline.state.tenants import hash_key, tenant_for_key
 MAX_TRUSTED = 10_000
 
 
+class Trusted:
+    """The keys found valid in this process, each trusted for ``seconds`` (none when 0)."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float]) -> None:
+        self.seconds, self.clock = seconds, clock
+        self._until: dict[str, tuple[str, float]] = {}  # sha256 of a key -> (tenant, trusted until)
+
+    def get(self, digest: str) -> str | None:
+        known = self._until.get(digest)
+        return known[0] if known is not None and self.clock() < known[1] else None
+
+    def keep(self, digest: str, tenant: str | None) -> str | None:
+        """Remember the lookup's answer (forget the key when it found none) and return it."""
+        if tenant is None or self.seconds <= 0:
+            self._until.pop(digest, None)
+            return tenant
+        if len(self._until) >= MAX_TRUSTED:
+            self._until.clear()
+        self._until[digest] = (tenant, self.clock() + self.seconds)
+        return tenant
+
+
+def bearer(req: Any) -> str | None:
+    """The key of ``Authorization: Bearer <key>``, or None."""
+    scheme, _, token = (req.get_header("Authorization") or "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def unauthorized() -> Problem:
+    return Problem(401, "unauthorized", "Authentication required", "send Authorization: Bearer <api key>",
+                   headers={"WWW-Authenticate": 'Bearer realm="reckon"'})
+
+
 class Authenticate:
     """Falcon middleware: sets ``req.context.tenant``; resources with ``public = True`` skip it."""
 
     def __init__(self, client: redis.Redis, *, trust_seconds: float = DEFAULT_AUTH_CACHE_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.redis, self.trust_seconds, self.clock = client, trust_seconds, clock
-        self.trusted: dict[str, tuple[str, float]] = {}  # sha256 of a key -> (tenant, trusted until)
+        self.redis, self.trusted = client, Trusted(trust_seconds, clock)
 
     def process_resource(self, req: falcon.Request, resp: falcon.Response, resource: object, params: dict) -> None:
         if resource is None or getattr(resource, "public", False):
             return
-        scheme, _, token = (req.get_header("Authorization") or "").partition(" ")
-        tenant = self.tenant(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        api_key = bearer(req)
+        tenant = self.tenant(api_key) if api_key else None
         if not tenant:
-            raise Problem(
-                401, "unauthorized", "Authentication required", "send Authorization: Bearer <api key>",
-                headers={"WWW-Authenticate": 'Bearer realm="reckon"'},
-            )
+            raise unauthorized()
         req.context.tenant = tenant
 
     def tenant(self, api_key: str) -> str | None:
         """The key's tenant: trusted from an earlier lookup for ``trust_seconds``, else looked up."""
-        digest, now = hash_key(api_key), self.clock()
-        known = self.trusted.get(digest)
-        if known is not None and now < known[1]:
-            return known[0]
-        tenant = tenant_for_key(self.redis, api_key)
-        if tenant is None or self.trust_seconds <= 0:
-            self.trusted.pop(digest, None)
-            return tenant
-        if len(self.trusted) >= MAX_TRUSTED:
-            self.trusted.clear()
-        self.trusted[digest] = (tenant, now + self.trust_seconds)
-        return tenant
+        digest = hash_key(api_key)
+        return self.trusted.get(digest) or self.trusted.keep(digest, tenant_for_key(self.redis, api_key))

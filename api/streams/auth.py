@@ -11,8 +11,7 @@ from typing import Any, Callable
 
 from falcon.asgi import Request, Response
 
-from api.auth import MAX_TRUSTED
-from api.problems import Problem
+from api.auth import Trusted, bearer, unauthorized
 from pipeline.settings import DEFAULT_AUTH_CACHE_SECONDS
 from pipeline.state import keys
 from pipeline.state.tenants import hash_key
@@ -24,34 +23,23 @@ class Authenticate:
 
     def __init__(self, client: Any, *, trust_seconds: float = DEFAULT_AUTH_CACHE_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.redis, self.trust_seconds, self.clock = client, trust_seconds, clock
-        self.trusted: dict[str, tuple[str, float]] = {}  # sha256 of a key -> (tenant, trusted until)
+        self.redis, self.trusted = client, Trusted(trust_seconds, clock)
 
     async def process_resource(self, req: Request, resp: Response, resource: object, params: dict) -> None:
         if resource is None or getattr(resource, "public", False):
             return
-        scheme, _, token = (req.get_header("Authorization") or "").partition(" ")
-        tenant = await self.tenant(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        api_key = bearer(req)
+        tenant = await self.tenant(api_key) if api_key else None
         if not tenant:
-            raise Problem(
-                401, "unauthorized", "Authentication required", "send Authorization: Bearer <api key>",
-                headers={"WWW-Authenticate": 'Bearer realm="reckon"'},
-            )
+            raise unauthorized()
         req.context.tenant = tenant
 
     async def tenant(self, api_key: str) -> str | None:
         """The key's tenant: trusted from an earlier lookup for ``trust_seconds``, else looked up."""
-        digest, now = hash_key(api_key), self.clock()
-        known = self.trusted.get(digest)
-        if known is not None and now < known[1]:
-            return known[0]
+        digest = hash_key(api_key)
+        if (known := self.trusted.get(digest)) is not None:
+            return known
         tenant = await self.redis.get(keys.api_key(digest))
         if tenant is not None and await self.redis.exists(keys.tenant_disabled(tenant)):
             tenant = None
-        if tenant is None or self.trust_seconds <= 0:
-            self.trusted.pop(digest, None)
-            return tenant
-        if len(self.trusted) >= MAX_TRUSTED:
-            self.trusted.clear()
-        self.trusted[digest] = (tenant, now + self.trust_seconds)
-        return tenant
+        return self.trusted.keep(digest, tenant)

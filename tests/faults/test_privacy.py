@@ -16,7 +16,7 @@ from pipeline.state.keys import TenantKeys
 from tests.conftest import wait_until
 from tests.faults.conftest import BIN, Stack
 from tests.faults.test_crashes import setup
-from tests.webhooks.conftest import Receiver
+from tests.webhooks.conftest import receiver  # noqa: F401 (a fixture, used by name)
 
 FAULTS = [  # /system_stats first: a worker reads a server's epoch at most every 5 s (executor.EPOCH_READ_S),
     # so only its first submission is sure to read it
@@ -37,17 +37,8 @@ def stack(redis_client, tmp_path: Path) -> Iterator[Stack]:
         running.stop()
 
 
-@pytest.fixture
-def receiver(tmp_path: Path) -> Iterator[Receiver]:
-    running = Receiver(tmp_path)
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-def test_a_canary_in_workflow_and_headers_is_never_logged_nor_stored(stack, redis_client, store, receiver) -> None:
+def test_a_canary_in_workflow_and_headers_is_never_logged_nor_stored(
+        stack, redis_client, store, receiver) -> None:  # noqa: F811 (the fixture imported above)
     canary = f"canary-{secrets.token_hex(8)}"
     auth = setup(stack, redis_client)
     stack.start_provider(delay=0.1)
