@@ -17,6 +17,7 @@ from api.problems import Problem, serialize
 from api.streams.auth import Authenticate
 from api.streams.hub import DEFAULT_BLOCK_MS, Hub
 from api.streams.resources import JobStream, Slots, TenantStream
+from pipeline.errors import WrongShards
 from pipeline.settings import Settings
 from pipeline.state import keys
 from pipeline.state.redisconn import async_client, name_connections
@@ -29,7 +30,8 @@ def create_app(settings: Settings | None = None, *, block_ms: int = DEFAULT_BLOC
     keys.use_shards(settings.shards)
     name_connections("streams")
     client = async_client(settings)
-    reader = async_client(settings, socket_timeout=block_ms / 1000 + 10)  # its XREADs block for block_ms
+    # the readers' XREADs block for block_ms, each on a connection of its own: one a shard
+    reader = async_client(settings, socket_timeout=block_ms / 1000 + 10, connections=settings.shards + 1)
     hub = Hub(client, reader, block_ms=block_ms)
     slots = Slots(settings.streams_max_streams)
 
@@ -52,6 +54,7 @@ class _Lifespan:
         self.hub, self.shards, self.clients = hub, shards, clients
 
     async def process_startup(self, scope: dict, event: dict) -> None:
+        await check_shards(self.hub.redis)
         for shard in range(self.shards):
             self.hub.start(shard)
 
@@ -59,6 +62,19 @@ class _Lifespan:
         await self.hub.close()
         for client in self.clients:
             await client.aclose()
+
+
+async def check_shards(client: Any) -> None:
+    """Refuse to start (WrongShards) with another shard count than the deployment recorded
+    (``Store.check_shards``): every stream would read the wrong shards and find nothing. Redis not
+    answering yet is no reason to stop (nothing recorded: the first web process or worker records it)."""
+    try:
+        recorded = await client.hget(keys.ShardKeys(0).meta, "shards")
+    except (redis.RedisError, RedisClusterException) as exc:
+        log.warning("shard count not checked: Redis unavailable (%s)", exc)
+        return
+    if recorded is not None and int(recorded) != keys.shard_count():
+        raise WrongShards(f"RECKON_SHARDS is {keys.shard_count()} but this Redis holds {recorded} shards")
 
 
 class _Health:

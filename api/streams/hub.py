@@ -138,17 +138,29 @@ class ShardReader:
                     self.ready.set()
                 reply = await self.hub.reader.xread({self.key: entry_text(last)}, count=PAGE,
                                                     block=self.hub.block_ms)
+                changes = [Change.of(entry, fields) for _, items in reply or [] for entry, fields in items]
+                if len(changes) == PAGE and await self.trimmed_after(last):
+                    self.floor, self.recent = changes[0].id, []  # what came before this page: ask Redis
             except redis.RedisError as exc:
                 log.warning("stream of changes %s unreadable: %s", self.key, exc)
-                last = self.floor = None  # entries may be trimmed meanwhile: start again at the tail
-                self.hub.wake_all()  # every stream reads again on its own
+                # Entries may be trimmed meanwhile: start again at the tail, then wake every stream (above).
+                # Its streams wait meanwhile, each trying its own read again (resources.py).
+                last = self.floor = None
                 await asyncio.sleep(RETRY_SECONDS)
                 continue
-            for _, items in reply or []:
-                changes = [Change.of(entry, fields) for entry, fields in items]
+            if changes:
                 last = changes[-1].id
                 self.keep(changes)
                 self.hub.wake(changes)
+
+    async def trimmed_after(self, last: EntryId) -> bool:
+        """Whether entries after ``last`` may have been trimmed before this reader read them (it is a
+        page or more behind, so the stream's trimming may have overtaken it): XREAD skips them unseen."""
+        try:
+            first = (await self.hub.redis.xinfo_stream(self.key)).get("first-entry")
+        except redis.ResponseError:  # the stream is gone: its entries with it
+            return True
+        return bool(first) and entry_id(first[0]) > last
 
     def keep(self, changes: list[Change]) -> None:
         self.recent += changes

@@ -8,6 +8,7 @@ jobs', with the entry id as the event id. See docs/api.md "Event streams".
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from typing import Any, AsyncIterator, Callable
@@ -20,7 +21,7 @@ from falcon.asgi import Request, Response, SSEvent
 from api.problems import Problem
 from api.resources import resume_after
 from api.sse import RETRY_MS, public
-from api.streams.hub import Change, EntryId, Hub, Room, Trimmed, entry_id, entry_text
+from api.streams.hub import RETRY_SECONDS, Change, EntryId, Hub, Room, Trimmed, entry_id, entry_text
 from pipeline.state.keys import ShardKeys, shard_of, tenant_of
 from pipeline.state.progress import TERMINAL
 
@@ -101,7 +102,13 @@ class JobStream:
         try:
             yield SSEvent(retry=RETRY_MS)
             while True:
-                state, events = await self.hub.snapshot(room, seen, job_id)
+                try:
+                    state, events = await self.hub.snapshot(room, seen, job_id)
+                except redis.RedisError as exc:
+                    yield await _unavailable(f"job {job_id}", exc)
+                    room.wake()  # the next read is a new one, for every stream of the job
+                    seen = room.version
+                    continue
                 for event in events:
                     if event["seq"] > after:
                         yield SSEvent(data=orjson.dumps(public(event)), event=event["type"], event_id=str(event["seq"]))
@@ -111,8 +118,6 @@ class JobStream:
                 while not await room.wait(seen, self.ping_seconds):
                     yield None  # a comment line: proxies keep the connection, and a client gone is found
                 seen = room.version
-        except redis.RedisError as exc:
-            log.warning("event stream of %s stopped: Redis unavailable (%s)", job_id, exc)
         finally:
             self.hub.leave(self.hub.jobs, job_id)
             give_back()
@@ -165,6 +170,9 @@ class TenantStream:
                 seen = room.version
                 try:
                     changes = await self.hub.changes_after(shard, cursor)
+                except redis.RedisError as exc:
+                    yield await _unavailable(f"tenant {tenant}", exc)
+                    continue
                 except Trimmed as gone:
                     cursor = gone.tail
                     yield SSEvent(event="resync", event_id=entry_text(cursor), data=orjson.dumps(
@@ -179,11 +187,17 @@ class TenantStream:
                     continue  # more may be there
                 while not await room.wait(seen, self.ping_seconds):
                     yield None
-        except redis.RedisError as exc:
-            log.warning("event stream of tenant %s stopped: Redis unavailable (%s)", tenant, exc)
         finally:
             self.hub.leave(self.hub.tenants, tenant)
             give_back()
+
+
+async def _unavailable(name: str, exc: Exception) -> None:
+    """While Redis does not answer, an open stream stays open and reads again from its cursor every
+    ``RETRY_SECONDS``, a comment line each time: ending it would make a browser's ``EventSource``
+    reconnect into a 503, which it takes as final."""
+    log.debug("event stream of %s waits: Redis unavailable (%s)", name, exc)
+    await asyncio.sleep(RETRY_SECONDS)
 
 
 def _tenant_event(change: Change) -> SSEvent:

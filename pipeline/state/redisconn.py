@@ -130,9 +130,11 @@ def connect_url(url: str) -> Any:
 ASYNC_CONNECTIONS = 32
 
 
-def async_client(settings: Settings, *, socket_timeout: float = SOCKET_TIMEOUT_S) -> Any:
+def async_client(settings: Settings, *, socket_timeout: float = SOCKET_TIMEOUT_S,
+                 connections: int = ASYNC_CONNECTIONS) -> Any:
     """The state store over ``redis.asyncio`` (the streams process, api/streams/): text replies, one server,
-    Sentinel or Cluster as ``connect`` chooses; connections named as this process's (``name_connections``)."""
+    Sentinel or Cluster as ``connect`` chooses, at most ``connections`` to one server; connections named as
+    this process's (``name_connections``)."""
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import ClusterNode as AsyncNode
     from redis.asyncio.cluster import RedisCluster as AsyncCluster
@@ -145,9 +147,9 @@ def async_client(settings: Settings, *, socket_timeout: float = SOCKET_TIMEOUT_S
         return AsyncCluster(startup_nodes=nodes, **options)
     if _client_name:
         options["client_name"] = _client_name
-    if not is_sentinel(settings.redis_url):  # at most ASYNC_CONNECTIONS, a call waiting for one (no error)
+    if not is_sentinel(settings.redis_url):  # at most ``connections``, a call waiting for one (no error)
         pool = aioredis.BlockingConnectionPool.from_url(settings.redis_url, health_check_interval=30,
-                                                        max_connections=ASYNC_CONNECTIONS, timeout=socket_timeout,
+                                                        max_connections=connections, timeout=socket_timeout,
                                                         **options)
         return aioredis.Redis(connection_pool=pool)
     target = parse_sentinel_url(settings.redis_url)

@@ -1,6 +1,7 @@
 """A loopback TCP proxy in front of one port, for the faults a real network has between the client
-and the API: it records each connection's bytes both ways, cuts an event stream just after a given
-marker, and flips one byte of an output's body. Threads only, all joined by ``stop``."""
+and the API (or a process and Redis): it records each connection's bytes both ways, cuts an event stream
+just after a given marker, flips one byte of an output's body, and splits the network (every connection
+closed, new ones refused) until healed. Threads only, all joined by ``stop``."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ class Proxy:
         self._listener.settimeout(0.05)
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
-        self._stopped = threading.Event()
+        self._stopped, self._split = threading.Event(), threading.Event()
         self._sockets: list[socket.socket] = []
         self._threads = [threading.Thread(target=self._accept, name="proxy-accept")]
         self._threads[0].start()
@@ -66,6 +67,16 @@ class Proxy:
         """The connections whose request starts with ``start`` (b"POST /v1/jobs "), in order."""
         with self._lock:
             return [e for e in self.exchanges if bytes(e.request).startswith(start)]
+
+    def split(self) -> None:
+        """Close every connection and refuse new ones (each accepted and closed at once) until ``heal``."""
+        self._split.set()
+        with self._lock:
+            for sock in self._sockets:
+                _close(sock)
+
+    def heal(self) -> None:
+        self._split.clear()
 
     def stop(self) -> None:
         """Stop accepting, close every connection, and join every thread."""
@@ -84,6 +95,9 @@ class Proxy:
             try:
                 downstream, _ = self._listener.accept()
             except TimeoutError:
+                continue
+            if self._split.is_set():
+                _close(downstream)
                 continue
             downstream.settimeout(None)
             upstream = socket.create_connection(("127.0.0.1", self.upstream))
