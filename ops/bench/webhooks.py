@@ -7,7 +7,11 @@ each at once: the cancel is the state change, ``job.cancelled`` the event. Laten
 minus the event's time (Redis's clock, ms; one machine, one clock). Idle: one job every 100 ms; load:
 ``--rate`` jobs a second (cancels too, so twice that many state changes) for ``--seconds``.
 
-    PYTHONPATH=. .venv/bin/python ops/bench/webhooks.py [--rate 200] [--seconds 10]
+``--backlog N`` then measures what an endpoint that is down costs Redis: ``used_memory`` after N jobs
+whose every ``job.cancelled`` delivery waits for an endpoint that refuses connections, less ``used_memory``
+after N jobs with no endpoint, per delivery.
+
+    PYTHONPATH=. .venv/bin/python ops/bench/webhooks.py [--rate 200] [--seconds 10] [--backlog 5000]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import redis
 
 from ops.bench.benchlib import BIN, ROOT, free_port, wait_for
 from pipeline.settings import Settings
+from pipeline.state.keys import ShardKeys
 from pipeline.state.store import Store
 from pipeline.state.submit import Admitter
 from pipeline.state.tenants import create_tenant
@@ -82,6 +87,26 @@ def drive(admitter: Admitter, store: Store, prefix: str, count: int, rate: float
         t.join()
 
 
+def backlog(client: redis.Redis, store: Store, admitter: Admitter, count: int) -> None:
+    """Prints the bytes a delivery kept for a down endpoint costs Redis (see the module's docstring)."""
+    endpoints = Endpoints(store)
+    for endpoint in endpoints.all("bench"):
+        endpoints.remove("bench", endpoint["id"])
+
+    def grown(prefix: str, kept: int) -> int:
+        before = int(client.info("memory")["used_memory"])
+        drive(admitter, store, prefix, count, 1_000)
+        wait_for(lambda: client.hlen(ShardKeys(0).webhook_deliveries) >= kept and not client.llen(
+            ShardKeys(0).webhook_outbox) and not client.llen(ShardKeys(0).webhook_taking), timeout=120)
+        return int(client.info("memory")["used_memory"]) - before
+
+    bare = grown("bare", 0)
+    endpoints.add("bench", f"http://127.0.0.1:{free_port()}/down", ["job.cancelled"])  # nothing listens there
+    down = grown("down", count)
+    print(f"backlog: {count} jobs without an endpoint {bare / count:.0f} bytes a job; with a down endpoint "
+          f"{down / count:.0f}: {(down - bare) / count:.0f} bytes a delivery kept")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -91,6 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=200)
     parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--backlog", type=int, default=0, help="deliveries kept for a down endpoint, measured")
     args = parser.parse_args()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="reckon-webhooks-") as work:
@@ -124,6 +150,8 @@ def main() -> None:
                 print(f"{name}: {count} jobs at {achieved:.0f} jobs/s ({2 * achieved:.0f} state changes/s): "
                       f"latency p50 {1000 * percentile(got, 0.5):.1f} ms, p99 {1000 * percentile(got, 0.99):.1f} ms,"
                       f" max {1000 * max(got):.1f} ms")
+            if args.backlog:
+                backlog(client, store, admitter, args.backlog)
         finally:
             for proc in (sender, redis_proc):
                 if proc is not None:
