@@ -9,11 +9,24 @@ from typing import Any
 
 import pytest
 
+from pipeline.state.tenants import create_key, create_tenant
 from tests.api.conftest import Web
 from tests.client.proxy import Proxy
 from tests.faults.conftest import Stack
 
 WORKFLOW = {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}
+
+
+def whole_stack(stack: Stack, redis_client: Any, delay: float) -> str:
+    """The tenant "acme" and its API key, with a provider taking ``delay`` a prompt, the API, a worker
+    (and its watcher) and a sweeper running."""
+    create_tenant(redis_client, "acme", 1_000)
+    api_key = create_key(redis_client, "acme")
+    stack.start_provider(delay=delay)
+    stack.start_web()
+    stack.start_worker()
+    stack.start_sweeper()
+    return api_key
 
 
 def job_body(**overrides: Any) -> dict[str, Any]:

@@ -7,18 +7,12 @@ from __future__ import annotations
 import orjson
 from reckon.client import Client
 
-from pipeline.state.tenants import create_key, create_tenant
 from tests.api.conftest import Streams
-from tests.client.conftest import job_body
+from tests.client.conftest import job_body, whole_stack
 
 
 def test_events_resume_after_a_dropped_stream_without_duplicates_or_gaps(stack, proxy, redis_client) -> None:
-    create_tenant(redis_client, "acme", 1_000)
-    api_key = create_key(redis_client, "acme")
-    stack.start_provider(delay=2.0)  # the job runs 2 s: the stream is reopened while it runs
-    stack.start_web()
-    stack.start_worker()
-    stack.start_sweeper()
+    api_key = whole_stack(stack, redis_client, delay=2.0)  # the job runs 2 s: the stream is reopened while it runs
     front = proxy(stack.web_port, cut_stream_after=b"id: 2\n")  # event 2's id sent, its data not
     client = Client(front.url, api_key, deadline=30)
 
@@ -40,12 +34,7 @@ def test_events_resume_after_a_dropped_stream_without_duplicates_or_gaps(stack, 
 
 def test_events_come_from_the_streams_process_when_it_is_named(stack_with, redis_client, tmp_path) -> None:
     stack = stack_with(RECKON_SSE_MAX_STREAMS="0")  # the web process refuses every stream: 503 too-many-streams
-    create_tenant(redis_client, "acme", 1_000)
-    api_key = create_key(redis_client, "acme")
-    stack.start_provider(delay=1.0)
-    stack.start_web()
-    stack.start_worker()
-    stack.start_sweeper()
+    api_key = whole_stack(stack, redis_client, delay=1.0)
     (tmp_path / "streams").mkdir()
     streams = Streams(tmp_path / "streams")
     streams.start()

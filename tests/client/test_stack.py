@@ -13,7 +13,7 @@ from reckon.client import Client, DeadlineExceeded, IntegrityError
 
 from pipeline.state.keys import TenantKeys
 from pipeline.state.tenants import create_key, create_tenant
-from tests.client.conftest import job_body
+from tests.client.conftest import job_body, whole_stack
 
 
 def listed(stack, api_key: str) -> list[str]:
@@ -24,12 +24,7 @@ def listed(stack, api_key: str) -> list[str]:
 
 
 def test_submit_wait_and_download_checked_by_sha256(stack, proxy, redis_client, tmp_path) -> None:
-    create_tenant(redis_client, "acme", 1_000)
-    api_key = create_key(redis_client, "acme")
-    stack.start_provider(delay=0.05)
-    stack.start_web()
-    stack.start_worker()
-    stack.start_sweeper()
+    api_key = whole_stack(stack, redis_client, delay=0.05)
     client = Client(f"http://127.0.0.1:{stack.web_port}", api_key, deadline=30)
 
     job = client.submit("render-1", job_body(outputs=2))
