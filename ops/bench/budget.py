@@ -40,9 +40,10 @@ SHARDED_STEPS = {"server slot": 11, "worker": 5.5}
 
 #: A job whose tenant has a webhook endpoint for ``job.completed`` (docs/webhooks.md "What a webhook costs"):
 #: "webhooks" is the event's fan-out (the taking list's read, the job's view, the fan-out script), its take
-#: (the ready endpoints' read, then the script: each endpoint's own due set, so that one endpoint's backlog
+#: (the ready endpoints' read with Redis's clock, then the script: each endpoint's own due set, so that one endpoint's backlog
 #: never hides another's, and its place in the ready set kept) and its outcome, and the process's blocking
 #: wait for events; "finish" pushes the event to the outbox (one RPUSH more than STEPS allows). Measured
-#: 26.5 with one due set per shard, 29.7 and 31.1 with one per endpoint (149.4 commands a job in all).
+#: 26.5 with one due set per shard, 29.7 and 31.1 with one per endpoint (149.4 commands a job in all), 30.3 with
+#: the clock read with the ready endpoints (148.6).
 WEBHOOK_COMMANDS_PER_JOB = 165
 WEBHOOK_STEPS = {"webhooks": 34, "finish": 22}

@@ -18,6 +18,7 @@ import orjson
 from pipeline.state import keys, views
 from pipeline.state.jobs import iso, job_view
 from pipeline.state.keys import ShardKeys, TenantKeys
+from pipeline.state.redisconn import on_node
 from pipeline.state.scripts import Code
 from pipeline.state.store import Store
 
@@ -95,9 +96,11 @@ def backlog(client: Any) -> Backlog:
 
 
 class Deliveries:
-    def __init__(self, store: Store) -> None:
-        self.store, self.redis = store, store.redis
-        #: Redis's clock minus this host's (ms), as the last take saw it (``clock``)
+    """The webhook steps of one process; ``wall`` is this host's clock (s), a seam for tests."""
+
+    def __init__(self, store: Store, *, wall: Callable[[], float] = time.time) -> None:
+        self.store, self.redis, self.wall = store, store.redis, wall
+        #: Redis's clock minus this host's (ms), as the last take read it (``clock``)
         self.offset = 0.0
 
     def move_one(self, shard: ShardKeys, block_seconds: float) -> bool:
@@ -139,7 +142,14 @@ class Deliveries:
         """Take what is due at the ready endpoints, within ``places`` (endpoint -> free places, and until when
         (Redis ms) its circuit keeps it closed, or None to leave it out), at most ``most`` in all: (the
         deliveries taken, when the earliest ready endpoint is due next (Redis ms) or None)."""
-        ready = self.redis.zrange(shard.webhook_ready, 0, READY - 1, withscores=True)
+        def read(node: Any) -> list[Any]:  # the shard's server: its ready endpoints and its clock, one round trip
+            pipe = node.pipeline(transaction=False)
+            pipe.zrange(shard.webhook_ready, 0, READY - 1, withscores=True)
+            pipe.time()
+            return pipe.execute()
+
+        ready, (seconds, micros) = on_node(self.redis, shard.webhook_ready, read)
+        self.offset = seconds * 1000 + micros / 1000 - self.wall() * 1000
         now = self.clock()
         args: list[Any] = []
         keys = [shard.webhook_ready, shard.webhook_deliveries]
@@ -157,7 +167,6 @@ class Deliveries:
         if not args:
             return [], (int(ready[0][1]) if ready else None)
         reply = self.store.scripts("webhook-take", keys, [lease_ms, secrets.token_hex(6), "", *args])
-        self.offset = int(reply[1]) - time.time() * 1000
         taken = []
         for member, raw in zip(reply[3::2], reply[4::2], strict=True):
             d = orjson.loads(raw)
@@ -167,7 +176,7 @@ class Deliveries:
 
     def clock(self) -> float:
         """Redis's clock (ms), as this host's clock plus the difference the last take saw."""
-        return time.time() * 1000 + self.offset
+        return self.wall() * 1000 + self.offset
 
     def settle(self, shard: ShardKeys, taken: Taken, outcome: str, *, delay_ms: int = 0, error: str = "",
                status: int | None = None, window_ms: int) -> tuple[str | None, bool]:

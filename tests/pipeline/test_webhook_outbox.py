@@ -3,6 +3,7 @@ state, fanned out once per endpoint, taken under a lease, sent in order per job,
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -317,3 +318,20 @@ def test_removing_an_endpoint_drops_every_delivery_it_had(store: Store, tenant) 
             store.redis.zcard(shard.webhook_ready), store.redis.exists(shard.webhook_due(endpoint["id"]))) == \
         (0, 0, 0, 0)
     assert settle(store, one, "delivered") is None  # the try in flight finds its delivery gone
+
+
+@pytest.mark.parametrize("skew", [-60.0, 60.0])
+def test_a_host_clock_a_minute_off_takes_what_redis_says_is_due(store: Store, tenant, skew: float) -> None:
+    """Due times are Redis's clock: a process whose host clock is a minute behind (or ahead) takes a due
+    delivery at once, and not one due a minute from now."""
+    tenant()
+    endpoint, _ = Endpoints(store).add("acme", URL, ["job.cancelled"])
+    push(store, outbox_event(A, 1), outbox_event(B, 1))
+    fan_out(store)
+    shard = TenantKeys("acme").shard
+    later = store.server_ms(shard) + 60_000  # B's delivery is due a minute from now
+    store.redis.zadd(shard.webhook_due(endpoint["id"]), {f"{endpoint['id']}/{message_id(outbox_event(B, 1))}": later})
+    deliveries = Deliveries(store, wall=lambda: time.time() + skew)
+    taken, earliest = deliveries.take(shard, lambda endpoint: (4, 0), most=10, lease_ms=120_000)
+    assert [t.job for t in taken] == [A]
+    assert earliest == later  # the next take: when B is due (A is leased for longer)
