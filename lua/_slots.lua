@@ -118,8 +118,11 @@ end
 -- default 1). Parked jobs wait by class, then tag; V, the shard's virtual time per class
 -- (`vt:<class>` in the fleet hash), is the highest tag that took a slot, so a tenant that was idle
 -- starts level with the others instead of ahead by all it did not use. Tags count tenths of a cost
--- unit, whole numbers: a parked job's score (1e13 for batch, plus its tag) must stay exact through
--- Lua's 14 significant digits, which also bounds a shard's lifetime to 1e12 cost units per class.
+-- unit, unrounded (a job of no cost counts a tenth of a unit, so it still takes its turn): text with
+-- every digit of the double (`redis_text`; whole numbers as before). A parked job's score (1e13 for
+-- batch, plus its tag) holds the tag to within 2^-10 of a tenth while tags stay below 7.6e12: a tenth
+-- of the smallest step (a 1-unit job at weight 1000, 0.01). Interactive tags must stay below 1e13:
+-- a shard's class can serve 1e12 cost units at weight 1 (1e9 at the lowest weight, 0.001).
 -- Returns F as text.
 local TAG_SCALE = 10
 local function finish_tag(fleet, class, last, cost, weight)
@@ -127,8 +130,7 @@ local function finish_tag(fleet, class, last, cost, weight)
   local v = tonumber(hget(fleet, 'vt:' .. class) or '0')
   local w = tonumber(weight)
   if not w or w <= 0 then w = 1 end
-  local step = math.max(1, math.floor(cost * TAG_SCALE / w + 0.5))
-  return string.format('%d', math.max(v, tonumber(last) or 0) + step)
+  return redis_text(math.max(v, tonumber(last) or 0) + math.max(cost, 0.1) * TAG_SCALE / w)
 end
 
 -- A job that took a slot moves its class's virtual time up to its tag (read by `fleet_view`, written
@@ -139,18 +141,29 @@ local function advance_virtual_time(fleet, class, tag)
   if tonumber(tag) > tonumber(hget(fleet, field) or '0') then hset(fleet, field, tag) end
 end
 
--- No starvation of batch behind interactive: moves up to AGED of the oldest batch jobs queued for
--- longer than `bound` ms and parked ahead of every other parked job (score: when queued, less
--- BATCH_RANK: negative, so below every interactive score, oldest first). `queue` is the shard's
--- queue (G.queue: class rank + when queued), so they are found in O(log n), no scan. A job already
--- moved keeps its (lower) score: ZADD's XX LT.
+-- No starvation of batch behind interactive, without first come, first served among batch: while a
+-- batch job queued longer than `bound` ms waits parked in its own place, the parked batch jobs next
+-- in fair order (lowest tags) are moved ahead of every other parked job, up to AGED moved at a time
+-- (score: less twice BATCH_RANK, so the tag less 1e13: below every interactive score, in tag order).
+-- So batch goes before interactive, fairly among its tenants, until each job past the bound has been
+-- moved (one that waits moved, say for a stopped server, moves no others). `queue` is the shard's
+-- queue (G.queue: class rank + when queued): the oldest batch jobs are found in O(log n), no scan. A
+-- job already moved keeps its (lower) score: ZADD's XX LT.
 local AGED = 16
 local function age_batch(parked, queue, now, bound)
   local rank = tonumber(BATCH_RANK)
-  local aged = redis.call('ZRANGEBYSCORE', queue, rank, rank + now - bound, 'WITHSCORES', 'LIMIT', 0, AGED)
-  if #aged == 0 then return end
+  local overdue = redis.call('ZRANGEBYSCORE', queue, rank, rank + now - bound, 'LIMIT', 0, AGED)
+  if #overdue == 0 then return end
+  local unmoved = false  -- one of them waits parked, not moved yet
+  for _, score in ipairs(redis.call('ZMSCORE', parked, unpack(overdue))) do
+    if score and tonumber(score) >= rank then unmoved = true break end
+  end
+  if not unmoved then return end
+  local room = AGED - redis.call('ZCOUNT', parked, '-inf', '(0')
+  if room <= 0 then return end
+  local fairest = redis.call('ZRANGEBYSCORE', parked, BATCH_RANK, '+inf', 'WITHSCORES', 'LIMIT', 0, room)
   local moves = {}  -- one ZADD for all of them
-  for i = 1, #aged, 2 do moves[#moves + 1], moves[#moves + 2] = tonumber(aged[i + 1]) - 2 * rank, aged[i] end
+  for i = 1, #fairest, 2 do moves[#moves + 1], moves[#moves + 2] = tonumber(fairest[i + 1]) - 2 * rank, fairest[i] end
   redis.call('ZADD', parked, 'XX', 'LT', unpack(moves))
 end
 

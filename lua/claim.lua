@@ -126,7 +126,7 @@ if waiting and not called then  -- a called job takes its promised slot, whoever
   local function ahead_of(r)
     return r < rank and not (skip and r >= 0 and r < tonumber(BATCH_RANK)) and not (only_interactive and r < 0)
   end
-  ahead = redis.call('ZCOUNT', KEYS[13], only_interactive and 0 or '-inf', '(' .. rank)
+  ahead = redis.call('ZCOUNT', KEYS[13], only_interactive and 0 or '-inf', '(' .. redis_text(rank))
   if skip then ahead = ahead - redis.call('ZCOUNT', KEYS[13], 0, '(' .. BATCH_RANK) end
   for _, id in ipairs(calls) do  -- a called job holds a promised slot: counted in `open`, not ahead
     if ahead_of(tonumber(redis.call('ZSCORE', KEYS[13], id))) then ahead = ahead - 1 end

@@ -7,16 +7,17 @@
 -- polled. A called job stays in the parked set, in its place, until it claims: if its
 -- call lapses, a later unpark calls it again first.
 --
--- No starvation: a batch job queued longer than the bound (ARGV[3]) is served before any
--- interactive job. Each unpark moves up to AGED of the oldest such parked jobs ahead of every
--- other (score: when it was queued, less 1e13; so among them the oldest goes first), found in
--- O(log n) in the shard's queue (scored by class and time queued). A batch job still in the
--- broker's queue, not parked, is not moved: its claim comes first anyway.
+-- No starvation: while a batch job queued longer than the bound (ARGV[3]) waits parked, batch is
+-- served before interactive, in fair order among its tenants: each unpark moves the batch jobs of
+-- lowest tag ahead of every other, up to AGED moved at a time (`age_batch` in _slots.lua; score:
+-- the tag less 1e13), so a small tenant's job is not behind a big tenant's aged backlog. The jobs
+-- past the bound are found in O(log n) in the shard's queue (scored by class and time queued). A
+-- batch job still in the broker's queue, not parked, moves nothing until its claim parks it.
 --
 -- keys: 4
 -- KEYS[1] fleet (hash)
 -- KEYS[2] fleet's parked jobs (zset; score: 1e13 for batch, plus the job's finish tag; or, for
---         a batch job past the bound, when it was queued less 1e13)
+--         a batch job moved past the bound, its tag less 1e13)
 -- KEYS[3] fleet's called jobs (zset; score: when the promise lapses, ms)
 -- KEYS[4] queue (zset: see use_globals in _lib.lua)
 --

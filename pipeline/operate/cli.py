@@ -137,7 +137,8 @@ def _tenant_commands(tenant: Any) -> None:
     limits.add_argument("--max-inflight", type=int, help="queued + running + retry_wait + reconciling (0: none)")
     limits.add_argument("--rate", type=_rate, help="submissions per second, e.g. 5/s (0: none)")
     limits.add_argument("--burst", type=int, help="submissions at once above the rate (default: the rate)")
-    limits.add_argument("--weight", type=float, help="share of the fleet in fair dispatch, by cost (default 1)")
+    limits.add_argument("--weight", type=float,
+                        help="share of the fleet in fair dispatch, by cost: 0.001 to 1000 (default 1)")
     limits.set_defaults(run=tenant_set)
     for verb, text in (("disable", "refuse every key of the tenant (401 on every route); jobs already "
                                    "admitted run on"),

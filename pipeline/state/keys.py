@@ -104,7 +104,7 @@ class ShardKeys:
     @property
     def parked(self) -> str:
         """Sorted set: queued job id waiting for a free server slot, scored BATCH_RANK for batch + its
-        finish tag (lua/_slots.lua); below 0 for a batch job moved up past the starvation bound."""
+        finish tag (lua/_slots.lua); below 0 (its tag less BATCH_RANK) for a batch job moved up by the starvation bound."""
         return self._k("fleet:parked")
 
     @property

@@ -21,6 +21,9 @@ class TenantError(ReckonError):
 
 #: The largest weight a tenant may have in fair dispatch (the default is 1).
 MAX_WEIGHT = 1000.0
+#: The smallest: a job's finish tag steps by its cost over the weight, so a weight near 0 would send one
+#: interactive tag past the batch band of the parked set (lua/_slots.lua ``finish_tag``).
+MIN_WEIGHT = 0.001
 
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
@@ -88,8 +91,8 @@ def set_limits(client: redis.Redis, tenant: str, *, max_inflight: int | None = N
     key = TenantKeys(tenant).limits
     if (max_inflight or 0) < 0 or (rate or 0) < 0 or (burst is not None and burst < 1):
         raise TenantError("limits are non-negative (burst at least 1)")
-    if weight is not None and not (0 < weight <= MAX_WEIGHT):
-        raise TenantError(f"a weight is above 0 and at most {MAX_WEIGHT:g}")
+    if weight is not None and not (MIN_WEIGHT <= weight <= MAX_WEIGHT):
+        raise TenantError(f"a weight is at least {MIN_WEIGHT:g} and at most {MAX_WEIGHT:g}")
     with client.pipeline(transaction=True) as pipe:
         if max_inflight == 0:
             pipe.hdel(key, "max_inflight")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
 
 from pipeline.settings import Settings
@@ -89,6 +90,37 @@ def test_weights_three_to_one_share_the_cost_three_to_one(store: Store, settings
             tenant, units = fleet.owner[job_id]
             cost[tenant] += units
         assert 2.7 <= cost["a"] / cost["b"] <= 3.3, (start, cost)
+
+
+@pytest.mark.parametrize(("weights", "outputs", "dispatches"), [
+    ((1000, 100), (1, 1), 330),  # steps of 0.1 and 1 tenth: 10 to 1
+    ((80, 40), (1, 1), 300),
+    ((3, 1), (1, 1), 300),
+    ((1000, 1), (16, 1), 640),  # 16-output jobs at 1000 against 1-output ones at 1: 62.5 jobs to 1
+    ((0.5, 1), (1, 1), 300),
+    ((0.001, 0.002), (1, 1), 300),  # the lowest weights: steps of 100,000 and 50,000 tenths
+])
+def test_served_cost_follows_the_weights_over_their_whole_range(
+        store: Store, settings: Settings, weights: tuple[float, float], outputs: tuple[int, int],
+        dispatches: int) -> None:
+    """Two tenants waiting throughout: over every window of the dispatches, each one's cost served over its
+    weight is within one job of the other's (a job's cost over its tenant's weight, each side: the bound of
+    self-clocked fair queueing), so the served cost ratio is the weights' ratio, whatever the weights."""
+    fleet = Fleet(store, settings)
+    share = weights[0] / outputs[0] / (weights[0] / outputs[0] + weights[1] / outputs[1])  # a's share of jobs
+    for name, weight, size, count in (("a", weights[0], outputs[0], share), ("b", weights[1], outputs[1], 1 - share)):
+        fleet.tenant(name, weight=weight)
+        fleet.submit(name, int(dispatches * count) + 20, outputs=size)
+    order = fleet.dispatch(dispatches)
+    lead, leads = 0.0, [0.0]  # a's cost over its weight less b's, after each dispatch
+    for job_id in order:
+        tenant, units = fleet.owner[job_id]
+        lead += units / weights[0] if tenant == "a" else -units / weights[1]
+        leads.append(lead)
+    bound = outputs[0] * PRICE / weights[0] + outputs[1] * PRICE / weights[1]
+    assert max(leads) - min(leads) <= bound * (1 + 1e-9), (max(leads), min(leads), bound)
+    waiting = {fleet.owner[job_id][0] for job_id in store.redis.zrange(keys.ShardKeys(0).parked, 0, -1)}
+    assert waiting == {"a", "b"}  # both waited throughout
 
 
 def test_big_jobs_and_small_jobs_receive_equal_cost_not_equal_counts(store: Store, settings: Settings) -> None:

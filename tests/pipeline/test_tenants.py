@@ -86,7 +86,7 @@ def test_a_weight_is_stored_for_fair_dispatch_and_a_bad_one_changes_nothing(fake
     create_tenant(fake, "acme", 500)
     assert set_limits(fake, "acme", weight=3) == {"weight": "3"}
     assert set_limits(fake, "acme", max_inflight=5, weight=0.5) == {"max_inflight": "5", "weight": "0.5"}
-    for bad in (0, -1, 1001):
+    for bad in (0, -1, 1e-10, 0.0009, 1001, float("nan")):
         with pytest.raises(TenantError):
             set_limits(fake, "acme", weight=bad)
     assert fake.hgetall(keys.TenantKeys("acme").limits) == {"max_inflight": "5", "weight": "0.5"}
