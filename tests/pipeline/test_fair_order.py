@@ -25,7 +25,8 @@ def test_a_small_tenants_batch_job_goes_among_the_first_before_and_after_the_bou
         store: Store, settings: Settings, past: str) -> None:
     """Tenant a queues 60 batch jobs, then b one, then a 5 interactive ones. Within the bound, interactive go
     first, then b's job among the first two of batch; once a's backlog (or all of it and b's job) has waited
-    past the bound, batch goes first, b's job among its first two, and a's after it in a's own order."""
+    past the bound, batch goes first, b's job among its first two, and a's after it in a's own order, until no
+    batch job is left waiting."""
     fleet = Fleet(store, settings)
     fleet.tenant("a")
     fleet.tenant("b")
@@ -37,13 +38,14 @@ def test_a_small_tenants_batch_job_goes_among_the_first_before_and_after_the_bou
     now = _now_ms(store)
     for job_id in old:  # queued 700 s ago
         store.redis.zadd(SHARD.queue, {job_id: keys.BATCH_RANK + now - 700_000})
-    order = fleet.dispatch(12, batch_wait_ms=BOUND_MS)
+    order = fleet.dispatch(66, batch_wait_ms=BOUND_MS)
     if past == "none":
         assert order[:5] == urgent
         assert small[0] in order[5:7]
         return
     assert small[0] in order[:2]
-    assert [job_id for job_id in order if job_id != small[0]] == backlog[:11]  # no interactive job, a's in order
+    assert [job_id for job_id in order[:61] if job_id != small[0]] == backlog  # a's in their own order
+    assert order[61:] == urgent  # batch went first while a job past the bound waited
 
 
 def test_moved_jobs_are_topped_up_to_sixteen_in_tag_order_and_a_moved_job_moves_no_others(store: Store) -> None:
