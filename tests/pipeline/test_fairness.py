@@ -185,12 +185,19 @@ def test_while_interactive_is_paused_batch_jobs_past_the_bound_go_first(store: S
     assert fleet.dispatch(3) == [*first, *later]
 
 
-@hypothesis_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.integers(1, 3), st.integers(1, 8), st.integers(5, 25)), min_size=2, max_size=4))
+WEIGHTS = [0.001, 0.002, 0.5, 1, 2, 3, 7.3, 80, 999.9, 1000]  # across the range `reckon tenant set` accepts
+#: Virtual time (cost units over weight) a batch score cannot tell apart: 2^-9 of a tenth near 1e13, so
+#: two tags closer than that may go either way (lua/_slots.lua ``finish_tag``).
+TAG_ULP = 2**-9 / 10
+
+
+@hypothesis_settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(WEIGHTS), st.integers(1, 8), st.integers(5, 25)), min_size=2, max_size=4))
 def test_no_backlogged_tenant_falls_below_its_weighted_share_by_more_than_one_job(
-        store: Store, settings: Settings, tenants: list[tuple[int, int, int]]) -> None:
+        store: Store, settings: Settings, tenants: list[tuple[float, int, int]]) -> None:
     """Tenants (weight, outputs per job, jobs) all waiting: at every point while every tenant still has
-    jobs waiting, each has been served at least its weighted share of the cost less one job's cost."""
+    jobs waiting, each has been served at least its weighted share of the cost less one job's cost (and
+    its weight times TAG_ULP, what the score's precision may give away)."""
     store.redis.flushdb()
     fleet = Fleet(store, settings)
     names = [f"t{i}" for i in range(len(tenants))]
@@ -210,7 +217,8 @@ def test_no_backlogged_tenant_falls_below_its_weighted_share_by_more_than_one_jo
         served[tenant] += units
         total = sum(served.values())
         for name, (weight, _, _) in zip(names, tenants, strict=True):
-            assert served[name] >= total * weight / total_weight - biggest, (name, served, tenants)
+            assert served[name] >= total * weight / total_weight - biggest - weight * TAG_ULP - 1e-9, (
+                name, served, tenants)
 
 
 def test_a_replayed_request_a_duplicate_claim_and_a_lost_call_move_no_tag(store: Store, settings: Settings) -> None:
