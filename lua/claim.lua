@@ -13,8 +13,8 @@
 -- server that is paused, unreachable or refusing our credentials, or at its cap.
 -- So a server's cap holds however many workers claim at once. With no server
 -- free, the job stays `queued`, parked in the fleet's waiting set (by priority,
--- then finish tag: fair between tenants by cost, see _slots.lua; a batch job parked past the
--- starvation bound goes first, see `age_batch`) without using an attempt; a freed slot publishes
+-- then finish tag: fair between tenants by cost, see _slots.lua; batch jobs moved ahead by the
+-- starvation bound go first, see `age_batch`) without using an attempt; a freed slot publishes
 -- it again. A job does
 -- not take a slot that better-ranked parked jobs are waiting for (as many slots as
 -- are free go to the best parked, and slots promised to called jobs are theirs), so a
@@ -35,7 +35,7 @@
 -- KEYS[6] tenant's per-state counts (hash)   KEYS[12] fleet (hash)
 --                                           KEYS[13] fleet's parked jobs (zset; score: 1e13 for batch, plus
 --                                                    the job's finish tag: `finish_tag` in _slots.lua;
---                                                    below 0: a batch job past the bound, `age_batch`)
+--                                                    below 0: a batch job moved ahead, `age_batch`)
 --                                           KEYS[14] fleet's called jobs (zset)
 --
 -- KEYS[15] global stats (hash), KEYS[16] queue (zset), KEYS[17] due (zset):
