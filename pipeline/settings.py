@@ -134,7 +134,7 @@ DEFAULT_QUEUE_CAP_INTERACTIVE = 1000
 DEFAULT_QUEUE_CAP_BATCH = 10000
 #: ...and how long the oldest eligible interactive job may wait before batch work is shed (503).
 DEFAULT_INTERACTIVE_TARGET_SECONDS = 60
-#: Longest a queued batch job waits behind interactive ones before it goes first (no starvation).
+#: Longest a queued batch job waits behind interactive ones: past it, batch goes first, fairly among tenants.
 DEFAULT_BATCH_MAX_WAIT_SECONDS = 600
 #: Redis Sentinel (docs/failover.md): ``host:port,...`` and the master's name. When set,
 #: state and broker default to ``redis+sentinel://<sentinels>/<master>/0`` and ``.../1``.

@@ -255,8 +255,8 @@ class Store(Controls):
     def unpark(self, shard: keys.ShardKeys, servers: Mapping[str, int], *, call_ms: int = CALL_MS,
                batch_wait_ms: int = DEFAULT_BATCH_MAX_WAIT_SECONDS * 1000, now_ms: int | None = None) -> list[str]:
         """The shard's best parked jobs, as many as its fleet has free slots not promised yet, each
-        promised a slot for ``call_ms``: to publish (route ``unparked``). A batch job queued longer
-        than ``batch_wait_ms`` goes before every interactive one (no starvation)."""
+        promised a slot for ``call_ms``: to publish (route ``unparked``). While a batch job queued longer
+        than ``batch_wait_ms`` waits, batch goes before interactive, in fair order (no starvation)."""
         reply = self.scripts("unpark", [shard.fleet, shard.parked, shard.called, shard.queue],
                              [at(now_ms), call_ms, batch_wait_ms, *self.slots.unpark_args(servers)])
         return list(reply[1::2])
