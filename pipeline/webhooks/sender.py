@@ -23,6 +23,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+import redis
+
 from pipeline import faultpoints
 from pipeline.settings import Settings
 from pipeline.state import keys
@@ -54,15 +56,16 @@ def backoff(attempts: int, first: float, most: float, rand: Callable[[], float] 
     return base / 2 + rand() * base / 2
 
 
-def retry_after(value: str | None, now: float) -> float | None:
-    """Seconds a ``Retry-After`` header asks for (delta seconds or an HTTP date), or None."""
+def retry_after(value: str | None, now: float, most: float) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delta seconds or an HTTP date), at most ``most`` (a
+    receiver's 400-digit number is no reason to wait for ever, nor a float that overflows), or None."""
     if not value:
         return None
     value = value.strip()
     if value.isascii() and value.isdigit():
-        return float(value)
+        return min(most, float(value))
     try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - now)
+        return min(most, max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - now))
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
 
@@ -209,7 +212,8 @@ class Sender:
                 if 200 <= answer.status < 300:
                     outcome = "delivered"
                 else:
-                    error, asked = f"HTTP {answer.status}", retry_after(answer.retry_after, time.time())
+                    error = f"HTTP {answer.status}"
+                    asked = retry_after(answer.retry_after, time.time(), s.webhook_retry_max_seconds)
         except guard.Refused as exc:
             error = f"refused: {exc}"
         except (OSError, http.client.HTTPException) as exc:
@@ -236,8 +240,7 @@ class Sender:
         job's next delivery became due, the endpoint has more due, or every thread was busy."""
         more = False
         try:
-            recorded, more = self.deliveries.settle(shard, item, outcome, delay_ms=int(delay * 1000), error=error,
-                                                    status=status, window_ms=self.window_ms)
+            recorded, more = self.record(shard, item, outcome, delay, error, status)
             if recorded in ("retry", "exhausted"):
                 log.info("webhook try failed", extra={"endpoint": item.endpoint, "webhook_id": item.message,
                                                       "count": item.attempts, "reason": error, "outcome": recorded})
@@ -258,6 +261,25 @@ class Sender:
                 self.take(shard)
             except Exception:
                 log.exception("webhooks: take failed")
+
+
+    def record(self, shard: ShardKeys, item: Taken, outcome: str, delay: float, error: str,
+               status: int | None) -> tuple[str | None, bool]:
+        """Write the try's outcome under its lease; an outcome that cannot be written (a defect in making
+        it, not Redis out of reach) is written as a failed try after the backoff, so it counts against the
+        retry window and ends exhausted: never a delivery sent again each lease for ever."""
+        try:
+            return self.deliveries.settle(shard, item, outcome, delay_ms=int(delay * 1000), error=error,
+                                          status=status, window_ms=self.window_ms)
+        except redis.RedisError:
+            raise
+        except Exception as exc:
+            log.exception("webhooks: outcome not written; recorded as a failed try")
+            s = self.settings
+            delay = backoff(item.attempts, s.webhook_retry_first_seconds, s.webhook_retry_max_seconds)
+            return self.deliveries.settle(shard, item, "retry", delay_ms=int(delay * 1000), status=status,
+                                          error=f"outcome not recorded: {type(exc).__name__}",
+                                          window_ms=self.window_ms)
 
 
 def _failure(exc: BaseException) -> str:
