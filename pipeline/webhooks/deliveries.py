@@ -111,12 +111,14 @@ class Deliveries:
     def fan_out(self, shard: ShardKeys, endpoints_of: EndpointsOf) -> int:
         """Fan out the events waiting in the taking list, then move the outbox's next ones there; how many
         events it handled (0: the list was empty). An event whose tenant has no endpoint wanting it (any
-        more) is dropped."""
+        more) is dropped. Each tenant's endpoints are read once per call, after its events were: an
+        endpoint added before an event was written gets it, one removed before does not."""
         raws = self.redis.lrange(shard.webhook_taking, 0, BATCH - 1)
         if not raws:
             return 0
         events = [orjson.loads(raw) for raw in raws]
-        wanted = [(event, endpoint) for event in events for endpoint in endpoints_of(event["tenant"])
+        tenants = {tenant: endpoints_of(tenant) for tenant in dict.fromkeys(event["tenant"] for event in events)}
+        wanted = [(event, endpoint) for event in events for endpoint in tenants[event["tenant"]]
                   if event["type"] in endpoint["types"]]
         job_ids = sorted({event["job"] for event, _ in wanted})
         jobs = {record["id"]: job_view(record, outputs)

@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 CIRCUIT_FAILURES = 5
 CIRCUIT_SECONDS = 30.0
 CIRCUIT_MAX_SECONDS = 600.0
-#: How long an endpoint's list is reused before it is read again (a removed endpoint stops within this).
-ENDPOINTS_CACHE_SECONDS = 1.0
 #: Longest wait for an outbox event when nothing is due sooner (a blocking BLMOVE: an event wakes it at once).
 IDLE_WAIT_SECONDS = 1.0
 #: Longest time between takes: what is due is known from each take, but a redelivery (``reckon webhook
@@ -105,7 +103,6 @@ class Sender:
         self.lock = threading.Lock()
         self.inflight: Counter[str] = Counter()
         self.circuits: dict[str, Circuit] = {}
-        self.cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         #: shard -> when its next take is due (monotonic seconds), and the lock one take at a time holds
         self.next_take = {shard.n: 0.0 for shard in keys.shards()}
         self.taking = {shard.n: threading.Lock() for shard in keys.shards()}
@@ -114,14 +111,6 @@ class Sender:
         self.window_ms = int(settings.webhook_retry_window_seconds * 1000)
         #: A try's lease: every hop's timeout, and room for its outcome to be written.
         self.lease_ms = int((settings.webhook_timeout_seconds * (settings.webhook_max_redirects + 1) + 5) * 1000)
-
-    def endpoints_of(self, tenant: str) -> list[dict[str, Any]]:
-        now = time.monotonic()
-        cached = self.cache.get(tenant)
-        if cached is None or now - cached[0] > ENDPOINTS_CACHE_SECONDS:
-            cached = (now, self.endpoints.all(tenant))
-            self.cache[tenant] = cached
-        return cached[1]
 
     def run(self, stop: threading.Event) -> None:
         threads = [threading.Thread(target=self.run_shard, args=(shard, stop), name=f"webhooks-s{shard.n}")
@@ -136,7 +125,7 @@ class Sender:
         waiting = True  # events may wait in the taking list (a process before this one died mid-pass)
         while not stop.is_set():
             try:
-                fanned = self.deliveries.fan_out(shard, self.endpoints_of) if waiting else 0
+                fanned = self.deliveries.fan_out(shard, self.endpoints.all) if waiting else 0
                 if fanned or time.monotonic() >= self.next_take[shard.n]:
                     self.take(shard)
                 if fanned:
@@ -226,10 +215,8 @@ class Sender:
         self.finish(shard, item, outcome, delay, error, status)
 
     def endpoint(self, item: Taken) -> dict[str, Any] | None:
-        """The delivery's endpoint, from the cache or else from Redis (a cache older than the endpoint)."""
-        for endpoint in self.endpoints_of(item.tenant):
-            if endpoint["id"] == item.endpoint:
-                return endpoint
+        """The delivery's endpoint as Redis holds it now (its URL and secrets), or None: removed since the
+        delivery was made, it gets nothing (a cache here sent to an endpoint removed a moment before)."""
         try:
             return self.endpoints.get(item.tenant, item.endpoint)
         except EndpointNotFound:

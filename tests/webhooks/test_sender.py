@@ -1,10 +1,13 @@
 """The sender of the ``webhooks`` process in this process, on a real Redis, toward real receiver processes:
-whatever a receiver answers, the try's outcome is recorded."""
+what it sends follows the endpoints as Redis holds them, and whatever a receiver answers, the try's outcome
+is recorded."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,7 +22,7 @@ from tests.conftest import wait_until
 
 from .conftest import Receiver
 
-A = "acme." + "a" * 20
+A, B = "acme." + "a" * 20, "acme." + "b" * 20
 
 
 def event(job: str, seq: int, tenant: str = "acme") -> dict[str, Any]:
@@ -85,3 +88,38 @@ def test_an_outcome_that_cannot_be_written_is_recorded_as_a_failed_try(
     assert (row["attempts"], row["last_status"], row["last_error"]) == (1, 429, "outcome not recorded: OverflowError")
     assert 0 < row["next_at"] - row["last_at"] <= 1_000  # the backoff (at most 1 s here)
     assert sender.inflight[item.endpoint] == 0
+
+
+def messages(receiver: Receiver) -> list[str]:
+    return [r["headers"]["webhook-id"] for r in receiver.received()]
+
+
+def test_an_endpoint_added_or_removed_just_before_an_event_gets_it_or_not_at_once(
+        store: Store, tenant, sender: Sender, receiver: Receiver, tmp_path: Path) -> None:
+    """The sender's own loop: the tenant's first event goes to its first endpoint; then a second endpoint is
+    added and the first removed, and the next event (within a second of the first) goes to the second
+    alone: no endpoint list kept from the event before (a lost delivery to the new one, a delivery after
+    its removal to the old one)."""
+    tenant()
+    (tmp_path / "other").mkdir()
+    other = Receiver(tmp_path / "other")
+    other.start()
+    stop = threading.Event()
+    loop = threading.Thread(target=sender.run, args=(stop,))
+    endpoints, shard = Endpoints(store), TenantKeys("acme").shard
+    try:
+        first, _ = endpoints.add("acme", f"{receiver.url}/first", ["job.cancelled"])
+        loop.start()
+        store.redis.rpush(shard.webhook_outbox, orjson.dumps(event(A, 1)))
+        wait_until(lambda: messages(receiver) == [f"msg_{A}.1"], timeout=10)
+        endpoints.add("acme", f"{other.url}/second", ["job.cancelled"])
+        endpoints.remove("acme", first["id"])
+        store.redis.rpush(shard.webhook_outbox, orjson.dumps(event(B, 1)))
+        wait_until(lambda: messages(other) == [f"msg_{B}.1"], timeout=10)
+        wait_until(lambda: store.redis.hlen(shard.webhook_deliveries) == 0, timeout=10)  # every try settled
+        assert messages(receiver) == [f"msg_{A}.1"] and messages(other) == [f"msg_{B}.1"]
+    finally:
+        stop.set()
+        if loop.is_alive():
+            loop.join(timeout=30)
+        other.stop()
