@@ -1,32 +1,48 @@
 -- webhook-take: leases the due deliveries of the endpoints it is given, oldest first, up to each one's
--- free places, and counts a try; each endpoint's own due set, so one endpoint's backlog never hides
--- another's. A taken delivery is due again when its lease ends (the process trying it died: it is tried
--- again, at least once); its lease token fences the outcome (lua/webhook-done.lua). Its retry window
--- starts at its first try. Then each endpoint's place in the ready set is set to its earliest due
--- delivery (or to when its circuit lets it be tried, for one given no places), or it leaves the set.
+-- free places, each tenant's free places and the places in all, and counts a try; each endpoint's own
+-- due set, so one endpoint's backlog never hides another's, and each tenant's share, so one tenant's
+-- slow or hanging endpoints never take the places another's deliveries need. A taken delivery is due
+-- again when its lease ends (the process trying it died: it is tried again, at least once); its lease
+-- token fences the outcome (lua/webhook-done.lua). Its retry window starts at its first try. Then each
+-- endpoint's place in the ready set is set to its earliest due delivery (or to when its circuit lets it
+-- be tried, for one given no places), or it leaves the set.
 --
 -- keys: 2 or more
 -- KEYS[1] ready endpoints (zset: endpoint -> when its earliest delivery is due, ms)
 -- KEYS[2] deliveries (hash: `<endpoint>/<message>` -> JSON)
--- then the due set of each endpoint of ARGV[4] onwards, in the same order
+-- then the due set of each endpoint of ARGV[7] onwards, in the same order
 --
 -- ARGV[1] lease (ms)   ARGV[2] lease token prefix (unique per call)   ARGV[3] now (ms; '' = Redis's clock)
--- ARGV[4] onwards: endpoint id, free places, until when it may not be tried (ms; 0: no wait) for each
+-- ARGV[4] deliveries taken at most, in all
+-- ARGV[5] JSON object: tenant -> its free places, for each tenant with tries in flight
+-- ARGV[6] free places of a tenant not in ARGV[5] (its share)
+-- ARGV[7] onwards: endpoint id, free places, until when it may not be tried (ms; 0: no wait) for each
 --
--- Returns {0 OK, now (ms), when the earliest ready endpoint is due (ms, or -1), member, delivery JSON, ...}
+-- Returns {0 OK, now (ms), when the earliest ready endpoint is due (ms, or -1),
+--          {the tenants that had due deliveries left and no free place}, member, delivery JSON, ...}
 
-local now = clock(ARGV[3])
-local out = {0, now, -1}
-for i = 0, (#ARGV - 3) / 3 - 1 do
-  local endpoint, places, closed = ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i]), tonumber(ARGV[6 + 3 * i])
+local now, most = clock(ARGV[3]), tonumber(ARGV[4])
+local room, share, full, listed = cjson.decode(ARGV[5]), tonumber(ARGV[6]), {}, {}
+local out = {0, now, -1, full}
+for i = 0, (#ARGV - 6) / 3 - 1 do
+  local endpoint, places, closed = ARGV[7 + 3 * i], tonumber(ARGV[8 + 3 * i]), tonumber(ARGV[9 + 3 * i])
   local due = KEYS[3 + i]
-  if places > 0 then
-    for j, member in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, places)) do
+  if places > 0 and most > 0 then
+    for j, member in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, math.min(places, most))) do
       local raw = redis.call('HGET', KEYS[2], member)
       if not raw then
         redis.call('ZREM', due, member)  -- its endpoint was removed
       else
         local delivery = cjson.decode(raw)
+        local free = room[delivery.tenant] or share
+        if free <= 0 then  -- the tenant's share is in flight: the endpoint waits (every delivery is its tenant's)
+          if not listed[delivery.tenant] then
+            listed[delivery.tenant] = true
+            full[#full + 1] = delivery.tenant
+          end
+          break
+        end
+        room[delivery.tenant], most = free - 1, most - 1
         delivery.attempts = delivery.attempts + 1
         if delivery.attempts == 1 then delivery.first_at = now end
         delivery.lease = ARGV[2] .. ':' .. i .. ':' .. j

@@ -2,12 +2,14 @@
 
 One thread per shard waits for outbox events (BLMOVE), fans them out (pipeline/webhooks/deliveries.py)
 and takes due deliveries, which a pool of ``RECKON_WEBHOOK_THREADS`` threads sends. An endpoint gets at
-most ``RECKON_WEBHOOK_ENDPOINT_CONCURRENCY`` requests at once from this process; after ``CIRCUIT_FAILURES``
+most ``RECKON_WEBHOOK_ENDPOINT_CONCURRENCY`` requests at once from this process, and a tenant's endpoints
+together at most ``RECKON_WEBHOOK_TENANT_CONCURRENCY`` (its share: however slow or hung its endpoints, they
+hold no more threads than that, and the other tenants' deliveries go on); after ``CIRCUIT_FAILURES``
 failures in a row its circuit opens: nothing is sent to it for ``CIRCUIT_SECONDS``, doubling each time it
 opens again (up to ``CIRCUIT_MAX_SECONDS``, and never longer than ``RECKON_WEBHOOK_RETRY_MAX_SECONDS``), then
-one try at a time until one succeeds. A failed try is
-due again after an exponential backoff with jitter, or the endpoint's ``Retry-After`` if that is later,
-until the retry window ends (docs/webhooks.md "Delivery").
+one try at a time until one succeeds. A failed try is due again after an exponential backoff with
+jitter, or the endpoint's ``Retry-After`` if that is later (at most the longest delay), until the retry
+window ends (docs/webhooks.md "Delivery").
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pipeline.state.keys import ShardKeys
 from pipeline.state.redisconn import name_connections
 from pipeline.state.store import Store, open_store
 from pipeline.webhooks import guard, signing
-from pipeline.webhooks.deliveries import Deliveries, Taken
+from pipeline.webhooks.deliveries import Deliveries, Taken, Took
 from pipeline.webhooks.endpoints import EndpointNotFound, Endpoints, signing_secrets
 
 log = logging.getLogger(__name__)
@@ -101,13 +103,18 @@ class Sender:
         self.endpoints, self.deliveries = Endpoints(store), Deliveries(store)
         self.pool = ThreadPoolExecutor(settings.webhook_threads, thread_name_prefix="webhook")
         self.lock = threading.Lock()
+        #: tries in flight per endpoint and per tenant, and each endpoint's tenant once a take showed it
         self.inflight: Counter[str] = Counter()
+        self.tenant_inflight: Counter[str] = Counter()
+        self.tenant_of: dict[str, str] = {}
         self.circuits: dict[str, Circuit] = {}
         #: shard -> when its next take is due (monotonic seconds), and the lock one take at a time holds
         self.next_take = {shard.n: 0.0 for shard in keys.shards()}
         self.taking = {shard.n: threading.Lock() for shard in keys.shards()}
         #: endpoints that may have more due than the last take gave them: a try's end there takes again
         self.backlogged: set[str] = set()
+        #: tenants whose due deliveries waited for a free place of theirs: a try's end there takes again
+        self.full: set[str] = set()
         self.window_ms = int(settings.webhook_retry_window_seconds * 1000)
         #: A try's lease: every hop's timeout, and room for its outcome to be written.
         self.lease_ms = int((settings.webhook_timeout_seconds * (settings.webhook_max_redirects + 1) + 5) * 1000)
@@ -138,50 +145,68 @@ class Sender:
                 stop.wait(1.0)
 
     def take(self, shard: ShardKeys) -> None:
-        """Take what is due at the ready endpoints within their free places and the idle threads, and hand
-        it to the pool; set when to take next. Run by the shard's thread, and by a pool thread after a try
-        whose endpoint had more due or whose job's next delivery became due; one take at a time per shard,
-        so two never hand out the same places."""
+        """Take what is due at the ready endpoints within their free places, their tenants' and the idle
+        threads, and hand it to the pool; set when to take next. Run by the shard's thread, and by a pool
+        thread after a try whose endpoint or tenant had more due or whose job's next delivery became due;
+        one take at a time per shard (a tenant's endpoints are all on its shard), so two never hand out the
+        same places."""
         with self.taking[shard.n]:
-            now, default = time.monotonic(), self.settings.webhook_endpoint_concurrency
+            now, share = time.monotonic(), self.settings.webhook_tenant_concurrency
             with self.lock:
                 room = self.settings.webhook_threads - sum(self.inflight.values())
+                tenants = {tenant: max(0, share - n) for tenant, n in self.tenant_inflight.items()}
             if room <= 0:
                 self.next_take[shard.n] = now + IDLE_TAKE_SECONDS  # the next try to end takes again
                 return
             offered: dict[str, int] = {}
-
-            def places(endpoint: str) -> tuple[int, int] | None:
-                with self.lock:
-                    circuit = self.circuits.get(endpoint)
-                    free = (circuit.places(now, default) if circuit else default) - self.inflight[endpoint]
-                    if circuit is not None and now < circuit.open_until:  # not before it may be tried again
-                        return 0, int(self.deliveries.clock() + (circuit.open_until - now) * 1000)
-                    if free <= 0:
-                        self.backlogged.add(endpoint)
-                        return None
-                offered[endpoint] = free
-                return free, 0
-
-            taken, earliest = self.deliveries.take(shard, places, most=room, lease_ms=self.lease_ms)
-            with self.lock:
-                got = Counter(item.endpoint for item in taken)
-                for endpoint, free in offered.items():
-                    if got[endpoint] >= free:
-                        self.backlogged.add(endpoint)  # there may be more due: its next try's end takes again
-                    else:
-                        self.backlogged.discard(endpoint)
-                for item in taken:
-                    self.inflight[item.endpoint] += 1
-            redis_now = self.deliveries.clock()
+            took = self.deliveries.take(shard, lambda endpoint: self.places(endpoint, now, offered), most=room,
+                                        lease_ms=self.lease_ms, tenants=tenants, share=share)
+            self.count_taken(took, offered)
+            redis_now, earliest = self.deliveries.clock(), took.earliest
             wait = IDLE_TAKE_SECONDS if earliest is None or earliest <= redis_now else (earliest - redis_now) / 1000
-            self.next_take[shard.n] = now + (0.0 if len(taken) == room else min(wait, IDLE_TAKE_SECONDS))
-            for item in taken:
+            self.next_take[shard.n] = now + (0.0 if len(took.taken) == room else min(wait, IDLE_TAKE_SECONDS))
+            for item in took.taken:
                 try:
                     self.pool.submit(self.send, shard, item, int(redis_now))
                 except RuntimeError:  # shutting down: its lease ends and it is tried again
                     with self.lock:
                         self.inflight[item.endpoint] -= 1
+                        self.tenant_inflight[item.tenant] -= 1
+
+    def places(self, endpoint: str, now: float, offered: dict[str, int]) -> tuple[int, int] | None:
+        """What a take offers an endpoint: (free places, until when (Redis ms) its circuit keeps it closed),
+        or None to leave it out (no free place of its own, or of its tenant's when this process knows it)."""
+        with self.lock:
+            circuit = self.circuits.get(endpoint)
+            default = self.settings.webhook_endpoint_concurrency
+            free = (circuit.places(now, default) if circuit else default) - self.inflight[endpoint]
+            if circuit is not None and now < circuit.open_until:  # not before it may be tried again
+                return 0, int(self.deliveries.clock() + (circuit.open_until - now) * 1000)
+            tenant = self.tenant_of.get(endpoint)
+            if tenant is not None and self.tenant_inflight[tenant] >= self.settings.webhook_tenant_concurrency:
+                self.full.add(tenant)
+                return None
+            if free <= 0:
+                self.backlogged.add(endpoint)
+                return None
+        offered[endpoint] = free
+        return free, 0
+
+    def count_taken(self, took: Took, offered: dict[str, int]) -> None:
+        """Count the places a take handed out, and note the endpoints and tenants that may have more due
+        than it gave them (a try's end there takes again)."""
+        with self.lock:
+            got = Counter(item.endpoint for item in took.taken)
+            for endpoint, free in offered.items():
+                if got[endpoint] >= free:
+                    self.backlogged.add(endpoint)
+                else:
+                    self.backlogged.discard(endpoint)
+            for item in took.taken:
+                self.inflight[item.endpoint] += 1
+                self.tenant_inflight[item.tenant] += 1
+                self.tenant_of[item.endpoint] = item.tenant
+            self.full.update(took.full)
 
     def send(self, shard: ShardKeys, item: Taken, redis_now: int) -> None:
         outcome, error, status, asked = "retry", "", None, None
@@ -236,11 +261,15 @@ class Sender:
         with self.lock:
             busy = sum(self.inflight.values()) >= self.settings.webhook_threads
             self.inflight[item.endpoint] -= 1
+            self.tenant_inflight[item.tenant] -= 1
+            if self.tenant_inflight[item.tenant] <= 0:
+                del self.tenant_inflight[item.tenant]
             circuit = self.circuits.setdefault(item.endpoint, Circuit(self.settings.webhook_retry_max_seconds))
             opened = outcome != "dropped" and circuit.record(outcome == "delivered", time.monotonic())
             if not circuit.failures:
                 del self.circuits[item.endpoint]  # a healthy endpoint needs no entry
-            again = more or busy or item.endpoint in self.backlogged
+            again = more or busy or item.endpoint in self.backlogged or item.tenant in self.full
+            self.full.discard(item.tenant)
         if opened:
             log.warning("webhook endpoint circuit open", extra={"endpoint": item.endpoint})
         if again:

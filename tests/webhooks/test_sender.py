@@ -80,14 +80,15 @@ def test_an_outcome_that_cannot_be_written_is_recorded_as_a_failed_try(
     endpoint, _ = Endpoints(store).add("acme", "http://127.0.0.1:9/hook", ["job.cancelled"])
     fan_out(sender, "acme", event(A, 1))
     shard = TenantKeys("acme").shard
-    [item], _ = sender.deliveries.take(shard, lambda e: (1, 0), most=1, lease_ms=60_000)
+    [item] = sender.deliveries.take(shard, lambda e: (1, 0), most=1, lease_ms=60_000).taken
     sender.inflight[item.endpoint] += 1  # as a take hands it to a thread
+    sender.tenant_inflight[item.tenant] += 1
     sender.finish(shard, item, "retry", float("inf"), "HTTP 429", 429)
     row = delivery(store, endpoint["id"], f"msg_{A}.1")
     assert row is not None and "lease" not in row
     assert (row["attempts"], row["last_status"], row["last_error"]) == (1, 429, "outcome not recorded: OverflowError")
     assert 0 < row["next_at"] - row["last_at"] <= 1_000  # the backoff (at most 1 s here)
-    assert sender.inflight[item.endpoint] == 0
+    assert sender.inflight[item.endpoint] == 0 and sender.tenant_inflight == {}
 
 
 def messages(receiver: Receiver) -> list[str]:
