@@ -137,7 +137,8 @@ def noisy(store: Store, admitter: Admitter, receiver: Receiver, name: str, secon
         got = receiver.take()
         print(f"beside {stalled} {name} endpoints of another tenant ({20 * stalled} deliveries; "
               f"{len(stalling.got)} of their requests made): 200 jobs at 20 jobs/s: latency p50 "
-              f"{1000 * percentile(got, 0.5):.1f} ms, p99 {1000 * percentile(got, 0.99):.1f} ms, max {1000 * max(got):.1f} ms")
+              f"{1000 * percentile(got, 0.5):.1f} ms, p99 {1000 * percentile(got, 0.99):.1f} ms, "
+              f"max {1000 * max(got):.1f} ms")
     finally:
         for endpoint in ids:
             endpoints.remove("noisy", endpoint)

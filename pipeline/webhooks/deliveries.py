@@ -150,11 +150,12 @@ class Deliveries:
         reply = self.store.scripts("webhook-fanout", keys, [len(raws), orjson.dumps(made), BATCH, *raws])
         return len(raws) if int(reply[0]) == Code.OK else 0
 
-    def take(self, shard: ShardKeys, places: Places, *, most: int, lease_ms: int, tenants: dict[str, int] | None = None,
-             share: int = 1 << 30) -> Took:
+    def take(self, shard: ShardKeys, places: Places, *, most: int, lease_ms: int, window_ms: int,
+             tenants: dict[str, int] | None = None, share: int = 1 << 30) -> Took:
         """Take what is due at the ready endpoints, within ``places`` (endpoint -> free places, and until when
         (Redis ms) its circuit keeps it closed, or None to leave it out), each tenant's free places
-        (``tenants`` for those with tries in flight, ``share`` for the others) and ``most`` in all."""
+        (``tenants`` for those with tries in flight, ``share`` for the others) and ``most`` in all. A
+        delivery whose last try's outcome was never written and whose ``window_ms`` is over is exhausted."""
         def read(node: Any) -> list[Any]:  # the shard's server: its ready endpoints and its clock, one round trip
             pipe = node.pipeline(transaction=False)
             pipe.zrange(shard.webhook_ready, 0, READY - 1, withscores=True)
@@ -165,19 +166,20 @@ class Deliveries:
         self.offset = seconds * 1000 + micros / 1000 - self.wall() * 1000
         now = self.clock()
         args: list[Any] = []
-        keys = [shard.webhook_ready, shard.webhook_deliveries]
+        keys = [shard.webhook_ready, shard.webhook_deliveries, shard.webhook_order]
         for endpoint, score in ready:
             if score > now + 50 or most <= 0:
                 break
             given = places(endpoint)
             if given is None:
                 continue
-            keys.append(shard.webhook_due(endpoint))
+            keys += [shard.webhook_due(endpoint), shard.webhook_exhausted(endpoint)]
             args += [endpoint, *given]
         if not args:
             return Took([], (int(ready[0][1]) if ready else None), [])
         reply = self.store.scripts("webhook-take", keys, [lease_ms, secrets.token_hex(6), "", most,
-                                                          orjson.dumps(tenants or {}), share, *args])
+                                                          orjson.dumps(tenants or {}), share, window_ms,
+                                                          EXHAUSTED_KEPT, *args])
         taken = []
         for member, raw in zip(reply[4::2], reply[5::2], strict=True):
             d = orjson.loads(raw)

@@ -160,7 +160,8 @@ class Sender:
                 return
             offered: dict[str, int] = {}
             took = self.deliveries.take(shard, lambda endpoint: self.places(endpoint, now, offered), most=room,
-                                        lease_ms=self.lease_ms, tenants=tenants, share=share)
+                                        lease_ms=self.lease_ms, window_ms=self.window_ms, tenants=tenants,
+                                        share=share)
             self.count_taken(took, offered)
             redis_now, earliest = self.deliveries.clock(), took.earliest
             wait = IDLE_TAKE_SECONDS if earliest is None or earliest <= redis_now else (earliest - redis_now) / 1000

@@ -80,7 +80,7 @@ def test_an_outcome_that_cannot_be_written_is_recorded_as_a_failed_try(
     endpoint, _ = Endpoints(store).add("acme", "http://127.0.0.1:9/hook", ["job.cancelled"])
     fan_out(sender, "acme", event(A, 1))
     shard = TenantKeys("acme").shard
-    [item] = sender.deliveries.take(shard, lambda e: (1, 0), most=1, lease_ms=60_000).taken
+    [item] = sender.deliveries.take(shard, lambda e: (1, 0), most=1, lease_ms=60_000, window_ms=60_000).taken
     sender.inflight[item.endpoint] += 1  # as a take hands it to a thread
     sender.tenant_inflight[item.tenant] += 1
     sender.finish(shard, item, "retry", float("inf"), "HTTP 429", 429)
@@ -124,3 +124,27 @@ def test_an_endpoint_added_or_removed_just_before_an_event_gets_it_or_not_at_onc
         if loop.is_alive():
             loop.join(timeout=30)
         other.stop()
+
+
+def test_a_delivery_whose_last_outcome_was_never_written_is_exhausted_once_its_window_is_over(
+        store: Store, tenant, sender: Sender, receiver: Receiver) -> None:
+    """A try whose outcome is never written (its process died after sending, each time) leaves its delivery
+    leased: when that lease has ended past the delivery's window, the next take exhausts it (listed for
+    redelivery, and the job's next event goes), never sending it again each lease for ever."""
+    tenant()
+    endpoint, _ = Endpoints(store).add("acme", f"{receiver.url}/hook", ["job.cancelled"])
+    fan_out(sender, "acme", event(A, 1), event(A, 2))  # 2 waits in the job's line behind 1
+    shard = TenantKeys("acme").shard
+    member = f"{endpoint['id']}/msg_{A}.1"
+    row = orjson.loads(store.redis.hget(shard.webhook_deliveries, member))
+    assert store.redis.zscore(shard.webhook_due(endpoint["id"]), member) <= store.server_ms(shard)  # due
+    # as a dead process's first try leaves it, 61 s ago (the window is 60 s), its lease ended since
+    row.update(attempts=1, first_at=store.server_ms(shard) - 61_000, lease="dead:0:1")
+    store.redis.hset(shard.webhook_deliveries, member, orjson.dumps(row))
+    sender.take(shard)  # exhausts 1, makes 2 due
+    sender.take(shard)
+    wait_until(lambda: messages(receiver) == [f"msg_{A}.2"] and store.redis.hlen(shard.webhook_deliveries) == 1)
+    [listed] = sender.deliveries.exhausted("acme", endpoint["id"])
+    assert (listed["id"], listed["attempts"], listed["last_error"]) == \
+        (f"msg_{A}.1", 1, "outcome not recorded (its lease ended)")
+    assert messages(receiver) == [f"msg_{A}.2"]

@@ -47,8 +47,9 @@ def test_a_tenants_hanging_endpoints_hold_its_share_and_another_tenants_webhook_
         store.redis.rpush(TenantKeys("noisy").shard.webhook_outbox,
                           *(orjson.dumps(event(job, 1, "noisy")) for job in jobs))
         wait_until(lambda: len(receiver.received()) == DEFAULT_WEBHOOK_TENANT_CONCURRENCY, timeout=20)
-        store.redis.rpush(TenantKeys("quiet").shard.webhook_outbox, orjson.dumps(event("quiet." + "a" * 20, 1, "quiet")))
-        wait_until(lambda: messages(quiet) == [f"msg_quiet.{'a' * 20}.1"], timeout=20)
+        quiet_job = "quiet." + "a" * 20
+        store.redis.rpush(TenantKeys("quiet").shard.webhook_outbox, orjson.dumps(event(quiet_job, 1, "quiet")))
+        wait_until(lambda: messages(quiet) == [f"msg_{quiet_job}.1"], timeout=20)
         # every noisy request still hangs (none can be answered before the release): quiet's went past them
         assert len(receiver.received()) == DEFAULT_WEBHOOK_TENANT_CONCURRENCY
         wait_until(lambda: sender.tenant_inflight == {"noisy": DEFAULT_WEBHOOK_TENANT_CONCURRENCY})  # quiet's settled
