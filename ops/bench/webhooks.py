@@ -97,7 +97,8 @@ class Stalling:
     counts the requests it got."""
 
     def __init__(self, seconds: float | None) -> None:
-        closed, got = self.closed, self.got = threading.Event(), []
+        self.closed, self.got = threading.Event(), list[int]()
+        closed, got = self.closed, self.got
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
