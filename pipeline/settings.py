@@ -118,13 +118,15 @@ DEFAULT_STREAMS_MAX_STREAMS = 10_000
 DEFAULT_STREAMS_PING_SECONDS = 15.0
 #: Webhooks (docs/webhooks.md): one request's whole time; how long a delivery is retried (from its first
 #: try); the first and the largest delay between tries (doubling, with jitter); requests at once per
-#: endpoint and in all; redirects followed (each target checked like the first); how long a rotated
-#: secret still signs.
+#: endpoint, per tenant (its share of the threads: a tenant's slow or hanging endpoints hold at most this
+#: many, so it takes threads / tenant share such tenants to keep another's waiting) and in all; redirects
+#: followed (each target checked like the first); how long a rotated secret still signs.
 DEFAULT_WEBHOOK_TIMEOUT_SECONDS = 10.0
 DEFAULT_WEBHOOK_RETRY_WINDOW_SECONDS = 24 * 3600.0
 DEFAULT_WEBHOOK_RETRY_FIRST_SECONDS = 5.0
 DEFAULT_WEBHOOK_RETRY_MAX_SECONDS = 3600.0
 DEFAULT_WEBHOOK_ENDPOINT_CONCURRENCY = 4
+DEFAULT_WEBHOOK_TENANT_CONCURRENCY = 4
 DEFAULT_WEBHOOK_THREADS = 16
 DEFAULT_WEBHOOK_MAX_REDIRECTS = 0
 DEFAULT_WEBHOOK_SECRET_OVERLAP_SECONDS = 24 * 3600
@@ -210,6 +212,7 @@ class Settings:
     webhook_retry_first_seconds: float = DEFAULT_WEBHOOK_RETRY_FIRST_SECONDS
     webhook_retry_max_seconds: float = DEFAULT_WEBHOOK_RETRY_MAX_SECONDS
     webhook_endpoint_concurrency: int = DEFAULT_WEBHOOK_ENDPOINT_CONCURRENCY
+    webhook_tenant_concurrency: int = DEFAULT_WEBHOOK_TENANT_CONCURRENCY
     webhook_threads: int = DEFAULT_WEBHOOK_THREADS
     webhook_max_redirects: int = DEFAULT_WEBHOOK_MAX_REDIRECTS
     webhook_secret_overlap_seconds: int = DEFAULT_WEBHOOK_SECRET_OVERLAP_SECONDS
@@ -245,6 +248,7 @@ class Settings:
             raise ValueError("RECKON_PROGRESS_INTERVAL_SECONDS must be 0 or more")
         if not (0 < self.webhook_timeout_seconds and 0 < self.webhook_retry_first_seconds
                 <= self.webhook_retry_max_seconds and self.webhook_endpoint_concurrency >= 1
+                and self.webhook_tenant_concurrency >= 1
                 and self.webhook_threads >= 1 and self.webhook_max_redirects >= 0):
             raise ValueError("RECKON_WEBHOOK_*: timeouts and delays above 0 (first at most max), concurrency "
                              "and threads at least 1, redirects 0 or more")
@@ -308,6 +312,7 @@ class Settings:
             "webhook_retry_first_seconds": ("RECKON_WEBHOOK_RETRY_FIRST_SECONDS", float),
             "webhook_retry_max_seconds": ("RECKON_WEBHOOK_RETRY_MAX_SECONDS", float),
             "webhook_endpoint_concurrency": ("RECKON_WEBHOOK_ENDPOINT_CONCURRENCY", int),
+            "webhook_tenant_concurrency": ("RECKON_WEBHOOK_TENANT_CONCURRENCY", int),
             "webhook_threads": ("RECKON_WEBHOOK_THREADS", int),
             "webhook_max_redirects": ("RECKON_WEBHOOK_MAX_REDIRECTS", int),
             "webhook_secret_overlap_seconds": ("RECKON_WEBHOOK_SECRET_OVERLAP_SECONDS", int),

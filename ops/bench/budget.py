@@ -44,6 +44,7 @@ SHARDED_STEPS = {"server slot": 11, "worker": 5.5}
 #: never hides another's, and its place in the ready set kept) and its outcome, and the process's blocking
 #: wait for events; "finish" pushes the event to the outbox (one RPUSH more than STEPS allows). Measured
 #: 26.5 with one due set per shard, 29.7 and 31.1 with one per endpoint (149.4 commands a job in all), 30.3 with
-#: the clock read with the ready endpoints (148.6).
+#: the clock read with the ready endpoints (148.6), 31.9 with the endpoints read from Redis at each fan-out
+#: and each try (153.2).
 WEBHOOK_COMMANDS_PER_JOB = 165
 WEBHOOK_STEPS = {"webhooks": 34, "finish": 22}

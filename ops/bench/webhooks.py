@@ -7,11 +7,16 @@ each at once: the cancel is the state change, ``job.cancelled`` the event. Laten
 minus the event's time (Redis's clock, ms; one machine, one clock). Idle: one job every 100 ms; load:
 ``--rate`` jobs a second (cancels too, so twice that many state changes) for ``--seconds``.
 
+``--noisy`` then measures one tenant's latency beside another's slow endpoints: tenant ``noisy`` gets 16
+endpoints on a receiver that answers 200 after 4 s ("slow"), then 16 that never answer (the sender's
+timeout ends each try: "hanging"), and 20 jobs' events for each (320 deliveries); meanwhile 200 of
+``bench``'s jobs at 20 a second, whose latency compares with that of 200 at 20 a second alone, just before.
+
 ``--backlog N`` then measures what an endpoint that is down costs Redis: ``used_memory`` after N jobs
 whose every ``job.cancelled`` delivery waits for an endpoint that refuses connections, less ``used_memory``
 after N jobs with no endpoint, per delivery.
 
-    PYTHONPATH=. .venv/bin/python ops/bench/webhooks.py [--rate 200] [--seconds 10] [--backlog 5000]
+    PYTHONPATH=. .venv/bin/python ops/bench/webhooks.py [--rate 200] [--seconds 10] [--noisy] [--backlog 5000]
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pipeline.state.keys import ShardKeys
 from pipeline.state.store import Store
 from pipeline.state.submit import Admitter
 from pipeline.state.tenants import create_tenant
-from pipeline.webhooks.endpoints import Endpoints
+from pipeline.webhooks.endpoints import MAX_ENDPOINTS, Endpoints
 
 BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}, "outputs": 1}
 
@@ -69,15 +74,15 @@ class Receiver:
         return out
 
 
-def drive(admitter: Admitter, store: Store, prefix: str, count: int, rate: float) -> None:
-    """``count`` jobs admitted and cancelled at ``rate`` a second, from 4 threads."""
+def drive(admitter: Admitter, store: Store, prefix: str, count: int, rate: float, tenant: str = "bench") -> None:
+    """``count`` jobs of ``tenant`` admitted and cancelled at ``rate`` a second, from 4 threads."""
     def share(offset: int) -> None:
         start = time.monotonic()
         for i in range(offset, count, 4):
             delay = start + i / rate - time.monotonic() - offset / rate
             if delay > 0:
                 time.sleep(delay)
-            job_id = admitter.submit("bench", f"{prefix}-{i}", BODY).job_id
+            job_id = admitter.submit(tenant, f"{prefix}-{i}", BODY).job_id
             store.cancel(job_id)
 
     threads = [threading.Thread(target=share, args=(n,)) for n in range(4)]
@@ -85,6 +90,60 @@ def drive(admitter: Admitter, store: Store, prefix: str, count: int, rate: float
         t.start()
     for t in threads:
         t.join()
+
+
+class Stalling:
+    """A receiver on loopback that answers 200 after ``seconds``, or never (None) until it is closed; it
+    counts the requests it got."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.closed, self.got = threading.Event(), list[int]()
+        closed, got = self.closed, self.got
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                got.append(1)
+                if closed.wait(seconds):
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def noisy(store: Store, admitter: Admitter, receiver: Receiver, name: str, seconds: float | None,
+          stalled: int = MAX_ENDPOINTS) -> None:
+    """Prints bench's latency (200 jobs at 20 a second) while tenant noisy's ``stalled`` endpoints stall (see
+    the module's docstring); noisy's endpoints are removed after, their deliveries with them."""
+    stalling, endpoints = Stalling(seconds), Endpoints(store)
+    ids = [endpoints.add("noisy", f"{stalling.url}/{i}", ["job.cancelled"])[0]["id"] for i in range(stalled)]
+    try:
+        drive(admitter, store, f"noisy-{name}", 20 if stalled else 0, 1_000, tenant="noisy")
+        receiver.take()
+        drive(admitter, store, f"beside-{name}", 200, 20)
+        wait_for(lambda: len(receiver.latencies) >= 200, timeout=120)
+        got = receiver.take()
+        print(f"beside {stalled} {name} endpoints of another tenant ({20 * stalled} deliveries; "
+              f"{len(stalling.got)} of their requests made): 200 jobs at 20 jobs/s: latency p50 "
+              f"{1000 * percentile(got, 0.5):.1f} ms, p99 {1000 * percentile(got, 0.99):.1f} ms, "
+              f"max {1000 * max(got):.1f} ms")
+    finally:
+        for endpoint in ids:
+            endpoints.remove("noisy", endpoint)
+        stalling.close()
 
 
 def backlog(client: redis.Redis, store: Store, admitter: Admitter, count: int) -> None:
@@ -116,6 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=200)
     parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--noisy", action="store_true", help="latency beside another tenant's stalling endpoints")
     parser.add_argument("--backlog", type=int, default=0, help="deliveries kept for a down endpoint, measured")
     args = parser.parse_args()
     port = free_port()
@@ -131,6 +191,7 @@ def main() -> None:
             store = Store(client)
             store.scripts.load()
             create_tenant(client, "bench", 10**12)
+            create_tenant(client, "noisy", 10**12)
             receiver = Receiver()
             Endpoints(store).add("bench", f"http://127.0.0.1:{receiver.server.server_address[1]}/hook",
                                  ["job.cancelled"])
@@ -150,6 +211,10 @@ def main() -> None:
                 print(f"{name}: {count} jobs at {achieved:.0f} jobs/s ({2 * achieved:.0f} state changes/s): "
                       f"latency p50 {1000 * percentile(got, 0.5):.1f} ms, p99 {1000 * percentile(got, 0.99):.1f} ms,"
                       f" max {1000 * max(got):.1f} ms")
+            if args.noisy:
+                noisy(store, admitter, receiver, "(alone)", None, stalled=0)
+                for name, seconds in (("slow (4 s)", 4.0), ("hanging", None)):
+                    noisy(store, admitter, receiver, name, seconds)
             if args.backlog:
                 backlog(client, store, admitter, args.backlog)
         finally:

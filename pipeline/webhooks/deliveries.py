@@ -51,6 +51,16 @@ class Taken:
     lease: str
 
 
+@dataclass(frozen=True)
+class Took:
+    """What one take leased: the deliveries, when the earliest ready endpoint is due next (Redis ms) or None,
+    and the tenants whose due deliveries waited for want of a free place of theirs."""
+
+    taken: list[Taken]
+    earliest: int | None
+    full: list[str]
+
+
 def message_id(event: dict[str, Any]) -> str:
     return f"msg_{event['job']}.{event['seq']}"
 
@@ -111,12 +121,14 @@ class Deliveries:
     def fan_out(self, shard: ShardKeys, endpoints_of: EndpointsOf) -> int:
         """Fan out the events waiting in the taking list, then move the outbox's next ones there; how many
         events it handled (0: the list was empty). An event whose tenant has no endpoint wanting it (any
-        more) is dropped."""
+        more) is dropped. Each tenant's endpoints are read once per call, after its events were: an
+        endpoint added before an event was written gets it, one removed before does not."""
         raws = self.redis.lrange(shard.webhook_taking, 0, BATCH - 1)
         if not raws:
             return 0
         events = [orjson.loads(raw) for raw in raws]
-        wanted = [(event, endpoint) for event in events for endpoint in endpoints_of(event["tenant"])
+        tenants = {tenant: endpoints_of(tenant) for tenant in dict.fromkeys(event["tenant"] for event in events)}
+        wanted = [(event, endpoint) for event in events for endpoint in tenants[event["tenant"]]
                   if event["type"] in endpoint["types"]]
         job_ids = sorted({event["job"] for event, _ in wanted})
         jobs = {record["id"]: job_view(record, outputs)
@@ -138,10 +150,12 @@ class Deliveries:
         reply = self.store.scripts("webhook-fanout", keys, [len(raws), orjson.dumps(made), BATCH, *raws])
         return len(raws) if int(reply[0]) == Code.OK else 0
 
-    def take(self, shard: ShardKeys, places: Places, *, most: int, lease_ms: int) -> tuple[list[Taken], int | None]:
+    def take(self, shard: ShardKeys, places: Places, *, most: int, lease_ms: int, window_ms: int,
+             tenants: dict[str, int] | None = None, share: int = 1 << 30) -> Took:
         """Take what is due at the ready endpoints, within ``places`` (endpoint -> free places, and until when
-        (Redis ms) its circuit keeps it closed, or None to leave it out), at most ``most`` in all: (the
-        deliveries taken, when the earliest ready endpoint is due next (Redis ms) or None)."""
+        (Redis ms) its circuit keeps it closed, or None to leave it out), each tenant's free places
+        (``tenants`` for those with tries in flight, ``share`` for the others) and ``most`` in all. A
+        delivery whose last try's outcome was never written and whose ``window_ms`` is over is exhausted."""
         def read(node: Any) -> list[Any]:  # the shard's server: its ready endpoints and its clock, one round trip
             pipe = node.pipeline(transaction=False)
             pipe.zrange(shard.webhook_ready, 0, READY - 1, withscores=True)
@@ -152,27 +166,26 @@ class Deliveries:
         self.offset = seconds * 1000 + micros / 1000 - self.wall() * 1000
         now = self.clock()
         args: list[Any] = []
-        keys = [shard.webhook_ready, shard.webhook_deliveries]
+        keys = [shard.webhook_ready, shard.webhook_deliveries, shard.webhook_order]
         for endpoint, score in ready:
             if score > now + 50 or most <= 0:
                 break
             given = places(endpoint)
             if given is None:
                 continue
-            free, closed = given
-            free = min(free, most)
-            most -= free
-            keys.append(shard.webhook_due(endpoint))
-            args += [endpoint, free, closed]
+            keys += [shard.webhook_due(endpoint), shard.webhook_exhausted(endpoint)]
+            args += [endpoint, *given]
         if not args:
-            return [], (int(ready[0][1]) if ready else None)
-        reply = self.store.scripts("webhook-take", keys, [lease_ms, secrets.token_hex(6), "", *args])
+            return Took([], (int(ready[0][1]) if ready else None), [])
+        reply = self.store.scripts("webhook-take", keys, [lease_ms, secrets.token_hex(6), "", most,
+                                                          orjson.dumps(tenants or {}), share, window_ms,
+                                                          EXHAUSTED_KEPT, *args])
         taken = []
-        for member, raw in zip(reply[3::2], reply[4::2], strict=True):
+        for member, raw in zip(reply[4::2], reply[5::2], strict=True):
             d = orjson.loads(raw)
             taken.append(Taken(member, d["endpoint"], d["message"], d["tenant"], d["job"], d["body"].encode(),
                                int(d["attempts"]), d["lease"]))
-        return taken, (None if int(reply[2]) < 0 else int(reply[2]))
+        return Took(taken, (None if int(reply[2]) < 0 else int(reply[2])), list(reply[3]))
 
     def clock(self) -> float:
         """Redis's clock (ms), as this host's clock plus the difference the last take saw."""

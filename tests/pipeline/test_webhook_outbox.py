@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.state.keys import ShardKeys, TenantKeys
 from pipeline.state.store import Store
-from pipeline.webhooks.deliveries import Deliveries, message_id
+from pipeline.webhooks.deliveries import Deliveries, Took, message_id
 from pipeline.webhooks.endpoints import EndpointNotFound, Endpoints
 
 URL = "https://hooks.example.com/reckon"
@@ -35,10 +35,9 @@ def fan_out(store: Store) -> int:
 
 def take(store: Store, most: int = 100, free: dict[str, int] | None = None, lease_ms: int = 30_000):
     """(taken, None, earliest due): what a webhooks process with 4 places per endpoint (or ``free``) takes."""
-    taken, earliest = Deliveries(store).take(TenantKeys("acme").shard,
-                                             lambda endpoint: ((free or {}).get(endpoint, 4), 0),
-                                             most=most, lease_ms=lease_ms)
-    return taken, None, earliest
+    took = Deliveries(store).take(TenantKeys("acme").shard, lambda endpoint: ((free or {}).get(endpoint, 4), 0),
+                                  most=most, lease_ms=lease_ms, window_ms=WINDOW_MS)
+    return took.taken, None, took.earliest
 
 
 def test_a_state_change_writes_its_webhook_event_in_the_same_step(store: Store, admit) -> None:
@@ -256,7 +255,8 @@ def test_an_open_circuit_keeps_its_endpoint_out_of_takes_until_it_closes(store: 
     fan_out(store)
     shard, deliveries = TenantKeys("acme").shard, Deliveries(store)
     closed = store.server_ms(shard) + 60_000
-    assert deliveries.take(shard, lambda e: (0, closed), most=10, lease_ms=30_000) == ([], closed)
+    took = deliveries.take(shard, lambda e: (0, closed), most=10, lease_ms=30_000, window_ms=WINDOW_MS)
+    assert took == Took([], closed, [])
     assert store.redis.zscore(shard.webhook_ready, endpoint["id"]) == closed
 
 
@@ -332,6 +332,35 @@ def test_a_host_clock_a_minute_off_takes_what_redis_says_is_due(store: Store, te
     later = store.server_ms(shard) + 60_000  # B's delivery is due a minute from now
     store.redis.zadd(shard.webhook_due(endpoint["id"]), {f"{endpoint['id']}/{message_id(outbox_event(B, 1))}": later})
     deliveries = Deliveries(store, wall=lambda: time.time() + skew)
-    taken, earliest = deliveries.take(shard, lambda endpoint: (4, 0), most=10, lease_ms=120_000)
-    assert [t.job for t in taken] == [A]
-    assert earliest == later  # the next take: when B is due (A is leased for longer)
+    took = deliveries.take(shard, lambda endpoint: (4, 0), most=10, lease_ms=120_000, window_ms=WINDOW_MS)
+    assert [t.job for t in took.taken] == [A]
+    assert took.earliest == later  # the next take: when B is due (A is leased for longer)
+
+
+def test_a_take_gives_a_tenant_at_most_its_free_places_and_goes_on_to_the_next_tenants(store: Store) -> None:
+    """Noisy's 3 endpoints are due first, 4 deliveries each: a take with room for 10 and a share of 2 a
+    tenant leases 2 of noisy's (1 when it has one in flight already) and quiet's delivery, and names noisy
+    as the tenant that waited."""
+    endpoints, shard = Endpoints(store), TenantKeys("noisy").shard
+    assert TenantKeys("quiet").shard == shard  # one shard here: both tenants in one take
+    for n in range(3):
+        endpoints.add("noisy", f"{URL}/{n}", ["job.cancelled"])
+    store.redis.rpush(shard.webhook_outbox, *(orjson.dumps({**outbox_event(f"noisy.{i:020x}", 1), "tenant": "noisy"})
+                                              for i in range(4)))
+    fan_out(store)
+    endpoints.add("quiet", URL, ["job.cancelled"])
+    store.redis.rpush(shard.webhook_outbox, orjson.dumps({**outbox_event(B, 1), "tenant": "quiet"}))
+    fan_out(store)
+    deliveries = Deliveries(store)
+
+    def take_with(tenants: dict[str, int]) -> Took:
+        return deliveries.take(shard, lambda e: (4, 0), most=10, lease_ms=30_000, window_ms=WINDOW_MS,
+                               tenants=tenants, share=2)
+
+    took = take_with({})
+    assert sorted(t.tenant for t in took.taken) == ["noisy", "noisy", "quiet"] and took.full == ["noisy"]
+    took = take_with({"noisy": 1})
+    assert [t.tenant for t in took.taken] == ["noisy"] and took.full == ["noisy"]
+    took = take_with({"noisy": 0})
+    assert took.taken == [] and took.full == ["noisy"]
+    assert store.redis.hlen(shard.webhook_deliveries) == 3 * 4 + 1

@@ -40,6 +40,11 @@ class Receiver:
         with urlopen(Request(f"{self.url}/_plan", data=orjson.dumps(list(answers)), method="POST"), timeout=5):
             pass
 
+    def release(self) -> None:
+        """Lets every ``hold`` answer go, those waiting and those to come."""
+        with urlopen(Request(f"{self.url}/_release", data=b"", method="POST"), timeout=5):
+            pass
+
     def received(self) -> list[dict[str, Any]]:
         if not self.log.exists():
             return []

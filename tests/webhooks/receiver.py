@@ -4,7 +4,8 @@ body, and what it answered) as one JSON line, and answers by a plan a test sets 
 ``python tests/webhooks/receiver.py PORT LOG`` serves 127.0.0.1:PORT. ``POST /_plan`` with a JSON list of
 answers sets the next ones (then ``ok`` for the rest): ``ok`` (200), ``500``, ``429:N`` (429 with
 ``Retry-After: N``), ``timeout`` (answers 200 only after 3 s), ``drop`` (closes the connection unanswered),
-``307:URL`` (a redirect), ``big`` (200 with a 10 MB body), ``drip`` (its answer a byte every 0.2 s).
+``307:URL`` (a redirect), ``big`` (200 with a 10 MB body), ``drip`` (its answer a byte every 0.2 s),
+``hold`` (answers 200 only once ``POST /_release`` was made: a hanging endpoint that a test lets go).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PLAN: list[str] = []
 LOCK = threading.Lock()
+RELEASED = threading.Event()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -30,6 +32,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_plan":
             with LOCK:
                 PLAN[:] = json.loads(body)
+            return self._answer(200, b"{}")
+        if self.path == "/_release":
+            RELEASED.set()
             return self._answer(200, b"{}")
         with LOCK:
             answer = PLAN.pop(0) if PLAN else "ok"
@@ -46,6 +51,9 @@ class Handler(BaseHTTPRequestHandler):
         elif answer == "timeout":
             time.sleep(3)
             self._answer(200, b"late")
+        elif answer == "hold":
+            RELEASED.wait()
+            self._answer(200, b"held")
         elif answer == "drop":
             self.close_connection = True
             self.connection.close()

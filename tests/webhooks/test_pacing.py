@@ -12,9 +12,14 @@ def test_backoff_doubles_within_its_bounds_with_equal_jitter_and_never_overflows
 
 
 def test_retry_after_reads_seconds_and_dates_and_ignores_the_rest() -> None:
-    assert retry_after("7", now=0) == 7.0
-    assert retry_after("Thu, 01 Jan 1970 00:01:40 GMT", now=40) == 60.0
-    assert retry_after("\u00b2", now=0) is None and retry_after("soon", now=0) is None and retry_after(None, 0) is None
+    assert retry_after("7", now=0, most=3600) == 7.0
+    assert retry_after("Thu, 01 Jan 1970 00:01:40 GMT", now=40, most=3600) == 60.0
+    assert retry_after("\u00b2", 0, 9) is None and retry_after("soon", 0, 9) is None and retry_after(None, 0, 9) is None
+
+
+def test_retry_after_asks_for_at_most_the_given_most_however_large() -> None:
+    assert retry_after("9" * 400, now=0, most=86400) == 86400.0  # float("9" * 400) is inf
+    assert retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now=0, most=60) == 60.0
 
 
 def test_a_circuit_opens_once_for_the_tries_that_were_in_flight_and_doubles_only_on_a_failed_trial() -> None:
