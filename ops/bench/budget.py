@@ -4,47 +4,73 @@ enforces and ``make bench`` reports against (docs/performance.md "What one job c
 Measured by ops/bench/deployed.py: the Procfile's processes with default settings, two simulated ComfyUI
 servers, jobs posted over HTTP, 2 outputs each, progress on. A change that makes a job cost more
 raises the figure here in the same commit, and says why in its message.
+
+A run's commands are of two kinds. A job's own scripts cost the same for every job whatever the timing:
+``STEPS`` (and ``PER_CALL``, ``SHARDED_STEPS``, ``WEBHOOK_STEPS``) pin them exactly, counted call by call
+under MONITOR. The rest grows with the jobs (broker messages, the processes' own reads) and with the
+time the run lasts (the sweeper's passes, the watcher's ticks, lease and slot renewals, the broker's
+rechecks and idle fetches, the key cache's refreshes), and a slower machine only stretches the time:
+the rest is bounded by ``COMMANDS_PER_JOB`` a job (the pinned steps included) plus
+``TIMED_COMMANDS_PER_SECOND`` for each shard and second of the run, never by a count a test pins.
 """
 
 #: Redis commands per job (``INFO commandstats`` delta over both databases, ``info`` and the measuring
-#: tool's own left out), at most. Measured 114.2 to 117.0 in four runs (100 jobs, no job parked, under
-#: MONITOR; 2 fewer since a web process trusts a key it looked up for a second); the rest is headroom
-#: for the time-driven shares (broker rechecks, watcher ticks, sweeper passes: about 3 commands a
-#: second in all) on a slower machine. The issue's target is 90. Raised from 125 with the stream of
-#: changes (docs/api.md "Event streams"): one XADD per job event, 4.5 a job (admission, claim, finish and
-#: the progress points); measured 121.0 before it (a slow run), 119.8 after (the streams process
-#: started, no stream open).
-COMMANDS_PER_JOB = 130
+#: tool's own left out), at most, the time-driven share aside (``TIMED_COMMANDS_PER_SECOND`` is added for
+#: each second the run lasts). Measured (2026-12-06, ``PYTHONPATH=. .venv/bin/python ops/bench/deployed.py
+#: --jobs 100 --steps --cap 100``, alone and beside a process loading a core): 118.3 a job over an
+#: 11.4 s run and 120.9 over 21.4 s, 112.6 and 110.2 once 50 a second is taken off. Was 130 for the
+#: whole count, which a run slowed down by a loaded machine could pass. The issue's target is 90.
+COMMANDS_PER_JOB = 120
 
-#: Commands per job of each step of a job's own path, at most (ops/bench/deployed.py ``STEPS``). These
-#: are the scripts' own counts and the same for every job of a run; the rest of the total is the
-#: broker's, the watcher's and the sweeper's share, which depends on how long the processes idle.
-STEPS = {  # what the scripts of each step cost (FCALL included), per job
+#: The time-driven share, per second of the run and per shard (the sweeper, the watcher and the unpark
+#: passes go shard by shard), at most. Measured: the steps that come only with time ("lease renewal",
+#: "slot renewal", "sweeper share", "take-due", "unpark", "budget", "rearm", "api", the idle "webhooks")
+#: at 19.3 and 19.8 commands a second with one shard, 38.3 and 40.5 with two; the whole count grows by
+#: 35 a second (one shard) and 66 (two) between the runs above. 50 is 1.4x that.
+TIMED_COMMANDS_PER_SECOND = 50
+
+#: Commands per job of each step of a job's own path (ops/bench/deployed.py ``STEPS``), exactly: each
+#: script's own commands, FCALL included, the same for every call of every job (``Figures.sizes``).
+STEPS = {
     "admission": 22,  # each of these three: one XADD to the stream of changes for its job event
     "claim": 19,
     "submit mark": 7,
     "hand-over": 5,
-    "progress": 12,  # 6 a point (its XADD); the watcher writes the first at once, then at most one a second
-    "collect": 6,  # 5 (the prompt's cost booked in the same step), and 2 for each duplicate collect message
+    "collect": 5,  # the prompt's cost booked in the same step
     "outputs": 10,  # 5 an output, each recorded right after its copy (HGETALL of the record, HSETNX, TIME, HSET)
     "finish": 21,
     "confirm-publish": 4,
 }
 
+#: Steps a job takes as often as timing makes it, by what one call costs, exactly: a progress point (its
+#: XADD; the watcher writes the first at once, then at most one a second), and a collect message that
+#: finds its job collected already (a prompt's end seen twice: its websocket message, then /history).
+PER_CALL = {"progress": 6, "collect again": 2}
+
 #: With the state split into shards (``RECKON_SHARDS`` > 1), what holding a server's cap across them
-#: adds per job (pipeline/state/slots.py), measured at 9.8 and 4.1: in "server slot", the attempt's take
-#: (5, FCALL included), its check before the send, which renews the slot so the sweeper cannot free it
-#: on an older read (4), and the sweeper's renewals every 5 s (about 1); in "worker", the job's state and
-#: its shard's stop marks and promise read before the take, and the slot's release (about 4).
-SHARDED_STEPS = {"server slot": 11, "worker": 5.5}
+#: adds per job (pipeline/state/slots.py), exactly: the attempt's take (5, FCALL included) and its check
+#: before the send, which renews the slot so the sweeper cannot free it on an older read (4). The
+#: sweeper's renewals ("slot renewal", every 5 s, a share of every slot held) are the time-driven share's,
+#: as is the worker's read of the job's state and its shard's stop marks and the slot's release (3 a job
+#: in all: 4.1 measured with two shards, 1.1 with one), within ``SHARDED_COMMANDS_PER_JOB``.
+SHARDED_STEPS = {"server slot": 9}
+#: ``COMMANDS_PER_JOB`` with two shards: measured 137.2 over 16.4 s and 131.5 over 5.8 s (120.8 and 125.7
+#: once 100 a second is taken off).
+SHARDED_COMMANDS_PER_JOB = 133
 
 #: A job whose tenant has a webhook endpoint for ``job.completed`` (docs/webhooks.md "What a webhook costs"):
 #: "webhooks" is the event's fan-out (the taking list's read, the job's view, the fan-out script), its take
 #: (the ready endpoints' read with Redis's clock, then the script: each endpoint's own due set, so that one endpoint's backlog
-#: never hides another's, and its place in the ready set kept) and its outcome, and the process's blocking
-#: wait for events; "finish" pushes the event to the outbox (one RPUSH more than STEPS allows). Measured
-#: 26.5 with one due set per shard, 29.7 and 31.1 with one per endpoint (149.4 commands a job in all), 30.3 with
-#: the clock read with the ready endpoints (148.6), 31.9 with the endpoints read from Redis at each fan-out
-#: and each try (153.2).
-WEBHOOK_COMMANDS_PER_JOB = 165
+#: never hides another's, and its place in the ready set kept) and its outcome, at most (one delivery a
+#: call; calls that carry several cost less), and the process's blocking wait for events, which comes with
+#: time (a ``BLMOVE`` a second and a take every 5 s, idle: ``WEBHOOK_WAITS_PER_SECOND``); "finish" pushes
+#: the event to the outbox (one RPUSH more than STEPS), exactly. Measured 26.5 with one due set per shard,
+#: 29.7 and 31.1 with one per endpoint (149.4 commands a job in all), 30.3 with the clock read with the
+#: ready endpoints (148.6); 2026-12-06: 26.4 to 33.2 in four runs of 4.0 to 19.3 s (144.8 to 153.8 a job,
+#: 142.3 to 144.4 once 50 a second is taken off); the endpoints read from Redis at each fan-out
+#: and each try added about 1.6 (153.2 before the timed share was taken off).
+WEBHOOK_COMMANDS_PER_JOB = 150
 WEBHOOK_STEPS = {"webhooks": 34, "finish": 22}
+#: The webhooks process's waits while it idles, per second, at most: measured about 2 (docs/performance.md
+#: "A webhook's cost"), 2.5x that.
+WEBHOOK_WAITS_PER_SECOND = 5

@@ -43,6 +43,10 @@ SCRIPT_STEPS = {
     "finish": "finish", "heartbeat": "lease renewal", "slot-take": "server slot", "slot-keep": "server slot",
     "webhook-fanout": "webhooks", "webhook-take": "webhooks", "webhook-done": "webhooks",
 }
+#: (script verb, the connection's name) -> the step, where the process that calls a script says which
+#: step it is: the worker's slot check before its send is a job's own, the sweeper's pass a renewal
+#: that comes with time (a share of every slot held, every ``KEEP_EVERY_MS``).
+SENDER_STEPS = {("slot-keep", "worker"): "server slot", ("slot-keep", "sweeper"): "slot renewal"}
 #: A connection's name (``CLIENT SETNAME``, pipeline/state/redisconn.py) -> the step its other commands count to.
 CLIENT_STEPS = {"web": "api", "worker": "worker", "sweeper": "sweeper share", "watcher": "watcher share",
                 "webhooks": "webhooks", "streams": "streams",
@@ -66,16 +70,16 @@ class Figures(Phase):
     broker: Counter = field(default_factory=Counter)
     broker_calls: Counter = field(default_factory=Counter)
     trips: Counter = field(default_factory=Counter)
+    #: Script verb -> calls (a step may run several scripts: "webhooks" its fan-out, take and outcome).
+    scripts: Counter = field(default_factory=Counter)
+    #: Step -> Counter of what each of its script calls cost (commands, the FCALL included) -> calls.
+    sizes: dict[str, Counter] = field(default_factory=dict)
+    #: How long MONITOR followed the run (s): what the time-driven shares are bounded by.
+    window: float = 0.0
 
     @property
     def commands_per_job(self) -> float:
         return self.commands / self.jobs
-
-
-
-
-
-
 
 
 def total_calls(client: redis.Redis) -> int:
@@ -207,6 +211,9 @@ class Monitor:
         self.broker: Counter[str] = Counter()
         self.broker_calls: Counter[str] = Counter()
         self.trips: Counter[str] = Counter()
+        self.scripts: Counter[str] = Counter()
+        self.sizes: dict[str, Counter[int]] = {}
+        self.window, self._started = 0.0, 0.0
         self.lines: list[str] = []
         self._names: dict[str, str] = {}
         self._stop, self._listening = threading.Event(), threading.Event()
@@ -217,6 +224,7 @@ class Monitor:
         self._thread.start()
         if not self._listening.wait(timeout=10):  # every command from here on is seen
             raise RuntimeError("MONITOR did not start")
+        self._started = time.monotonic()
         return self
 
     def _run(self) -> None:
@@ -227,6 +235,7 @@ class Monitor:
                 self.lines.append(conn.read_response())
 
     def __exit__(self, *exc: object) -> None:
+        self.window = time.monotonic() - self._started
         self._stop.set()
         redis.Redis(port=self.port, client_name=TOOL).ping()  # one more line so the reader wakes and sees the stop
         self._thread.join(timeout=10)
@@ -236,6 +245,7 @@ class Monitor:
         names = {c["addr"]: c["name"] for c in redis.Redis(port=self.port, decode_responses=True,
                                                             client_name=TOOL).client_list()}
         step = detail = "other"  # a script's own commands follow the line of the call that ran them
+        size = 0  # the commands of the script call being read, its FCALL included (0: not a script call)
         for line in self.lines:
             match = _MONITOR_RE.match(str(line))
             if not match:
@@ -244,17 +254,23 @@ class Monitor:
             command = command.lower()
             if addr == "lua":
                 self.steps[step] += 1
+                size += 1 if size else 0
                 if step.startswith("broker"):
                     self.broker[detail] += 1
                 continue
+            if size:
+                self.sizes.setdefault(step, Counter())[size] += 1
+                size = 0
             if names.get(addr) == TOOL or (command in ("info", "monitor", "client", "ping")
                                            and not names.get(addr, "").startswith("broker")):
                 step = "other"  # this tool's own (a broker's ping or setname is the broker's)
                 continue
             if command in ("fcall", "fcall_ro"):
                 verb = _verb(first or "")
-                step = SCRIPT_STEPS.get(verb, verb)
+                step = SENDER_STEPS.get((verb, names.get(addr, "")), SCRIPT_STEPS.get(verb, verb))
                 self.calls[step] += 1
+                self.scripts[verb] += 1
+                size = 1
             else:
                 name = names.get(addr, "")
                 step = CLIENT_STEPS.get(name, name or "other")
@@ -264,6 +280,8 @@ class Monitor:
                     self.broker_calls[detail] += 1
             self.steps[step] += 1
             self.trips[step] += 1  # a command a process sent: one round trip (pipelines aside)
+        if size:
+            self.sizes.setdefault(step, Counter())[size] += 1
 
 
 def _broker_call(command: str, line: str) -> str:
@@ -324,7 +342,8 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
             return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem / jobs)
         return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem / jobs, steps=monitor.steps,
                        calls=monitor.calls, broker=monitor.broker, broker_calls=monitor.broker_calls,
-                       trips=monitor.trips)
+                       trips=monitor.trips, scripts=monitor.scripts, sizes=monitor.sizes,
+                       window=monitor.window)
     finally:
         stack.down()
         if receiver is not None:
@@ -354,7 +373,8 @@ def main() -> None:
         fig = run(Path(tmp), jobs=args.jobs, steps=args.steps or args.broker, cap=args.cap,
                   env={"RECKON_SHARDS": str(args.shards)}, webhook=args.webhook)
     print(f"{fig.jobs} jobs in {fig.seconds:.2f} s = {fig.rate:.1f} jobs/s; {fig.commands_per_job:.1f} commands/job;"
-          f" Redis {fig.redis_us:.0f} us/job; machine {fig.machine_us:.0f} us/job; {fig.bytes_per_job:.0f} B/job")
+          f" Redis {fig.redis_us:.0f} us/job; machine {fig.machine_us:.0f} us/job; {fig.bytes_per_job:.0f} B/job"
+          + (f"; measured over {fig.window:.1f} s" if fig.window else ""))
     for step, n in fig.steps.most_common():
         calls = f"{fig.calls[step] / fig.jobs:5.2f} calls" if fig.calls[step] else ""
         print(f"  {step:16s} {n / fig.jobs:7.1f} commands {fig.trips[step] / fig.jobs:6.2f} round trips  {calls}")

@@ -23,7 +23,7 @@ from typing import IO, Any, TypeVar
 from reckon.client import sse
 from reckon.client.errors import DeadlineExceeded, IntegrityError, OutputNotFound, ProtocolError, ReckonError
 from reckon.client.retry import Backoff
-from reckon.client.transport import TRANSPORT_ERRORS, Connect, Transport, connect, failure, json_object
+from reckon.client.transport import TRANSPORT_ERRORS, Connect, Deadline, Transport, connect, failure, json_object
 
 T = TypeVar("T")
 
@@ -116,20 +116,30 @@ class Client:
     def events(self, job_id: str, after: int = 0) -> Iterator[dict[str, Any]]:
         """The job's events with ``seq`` above ``after``, each once and in order, from its event
         stream; reopened from the last ``seq`` seen when it ends or breaks, until the job's terminal
-        event (or a 204: nothing left). Reopening fails for at most ``deadline`` seconds in a row."""
-        last, pause, failing_since, tries = after, RECONNECT, None, 0
+        event (or a 204: nothing left). Opening a stream ends by the deadline, and each line of it
+        comes within ``STREAM_SILENCE`` (else it counts as broken); from a failure on, ``deadline``
+        bounds the time until a stream gives a message again, reopenings included."""
+        last, pause, since, tries = after, RECONNECT, None, 0
+        silence = max(self.timeout, STREAM_SILENCE)
         while True:
+            started = self._clock() if since is None else since  # the stretch without a message began
+            bound = Deadline(started + self.deadline, self._clock)
             headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
             try:
                 with self._streams.exchange("GET", _job_path(job_id, f"events/stream?after={last}"),
-                                              headers=self._auth | headers, body=None,
-                                              timeout=max(self.timeout, STREAM_SILENCE)) as resp:
+                                              headers=self._auth | headers, body=None, timeout=silence,
+                                              deadline=bound) as resp:
                     if resp.status == 204:
                         return
                     if resp.status >= 300:
                         raise failure(resp)
-                    failing_since, tries = None, 0
-                    for message in sse.messages(resp.readline):
+
+                    def line() -> bytes:  # the stream is open: each line within the silence bound
+                        bound.until = self._clock() + silence
+                        return resp.readline()
+
+                    for message in sse.messages(line):
+                        since, tries = None, 0
                         pause = pause if message.retry is None else message.retry / 1000
                         event = _event(message)
                         if event is None or event["seq"] <= last:
@@ -147,9 +157,9 @@ class Client:
             except TRANSPORT_ERRORS as broken:
                 error = broken
             tries += 1
-            failing_since = self._clock() if failing_since is None else failing_since
+            since = started
             wait = max(pause, self._backoff.wait(tries, getattr(error, "retry_after", None)))
-            if self._clock() + wait - failing_since > self.deadline:
+            if self._clock() + wait - since > self.deadline:
                 raise _gave_up(error, tries)
             self._sleep(wait)
 
@@ -157,14 +167,16 @@ class Client:
         """Fetch output ``index`` into ``dest`` (a path, or a binary file object) and return its entry
         of the job view. The bytes are checked against that entry's sha256 before anything reaches
         ``dest``: a path is written to a temporary file beside it and renamed into place; a file
-        object is written only once the bytes check. ``IntegrityError`` on a mismatch."""
-        listed: list[dict[str, Any]] = self.job(job_id)["outputs"]
+        object is written only once the bytes check. ``IntegrityError`` on a mismatch. ``deadline``
+        bounds the whole: the view and the bytes."""
+        until = self._clock() + self.deadline
+        listed: list[dict[str, Any]] = self._call("GET", _job_path(job_id), json_object, until=until)["outputs"]
         output = next((o for o in listed if o["index"] == index), None)
         if output is None:
             raise OutputNotFound(f"job {job_id} lists no stored output {index}")
         if not isinstance(dest, (str, os.PathLike)):
             with tempfile.SpooledTemporaryFile(max_size=SPOOL) as held:
-                self._fetch(job_id, index, output["sha256"], held)
+                self._fetch(job_id, index, output["sha256"], held, until)
                 held.seek(0)
                 shutil.copyfileobj(held, dest, CHUNK)
             return output
@@ -172,7 +184,7 @@ class Client:
         fd, part = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
         try:
             with os.fdopen(fd, "w+b") as sink:
-                self._fetch(job_id, index, output["sha256"], sink)
+                self._fetch(job_id, index, output["sha256"], sink, until)
                 sink.flush()
                 os.fsync(sink.fileno())
             os.replace(part, target)
@@ -181,7 +193,7 @@ class Client:
             raise
         return output
 
-    def _fetch(self, job_id: str, index: int, sha256: str, sink: IO[bytes]) -> None:
+    def _fetch(self, job_id: str, index: int, sha256: str, sink: IO[bytes], until: float) -> None:
         def save(resp: http.client.HTTPResponse) -> str:
             sink.seek(0)
             sink.truncate()
@@ -198,24 +210,25 @@ class Client:
                 raise http.client.IncompleteRead(b"", int(length) - received)  # cut off: try again
             return digest.hexdigest()
 
-        actual = self._call("GET", _job_path(job_id, f"outputs/{index}"), save)
+        actual = self._call("GET", _job_path(job_id, f"outputs/{index}"), save, until=until)
         if actual != sha256:
             raise IntegrityError(f"output {index} of job {job_id} has sha256 {actual}, the job lists {sha256}",
                                  expected=sha256, actual=actual)
 
     def _call(self, method: str, path: str, read: Callable[[http.client.HTTPResponse], T], *,
               body: bytes | None = None, headers: Mapping[str, str] | None = None,
-              deadline: float | None = None) -> T:
+              deadline: float | None = None, until: float | None = None) -> T:
         """One request, tried again with the same bytes while it may succeed, until ``deadline``
-        (default: the client's) has passed; ``read`` turns a 2xx answer into the result."""
-        until = self._clock() + (self.deadline if deadline is None else deadline)
+        (default: the client's) has passed, or the clock reads ``until`` (a call of several requests);
+        ``read`` turns a 2xx answer into the result. Every try's connect, send and read end by then."""
+        if until is None:
+            until = self._clock() + (self.deadline if deadline is None else deadline)
         tries = 0
         while True:
             tries += 1
-            timeout = max(min(self.timeout, until - self._clock()), 0.001)
             try:
                 with self._transport.exchange(method, path, headers=self._auth | dict(headers or {}), body=body,
-                                              timeout=timeout) as resp:
+                                              timeout=self.timeout, deadline=Deadline(until, self._clock)) as resp:
                     if resp.status < 300:
                         return read(resp)
                     error: Exception = failure(resp)

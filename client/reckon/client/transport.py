@@ -1,10 +1,14 @@
 """One HTTP exchange with the API over the standard library's ``http.client``: a connection per
-exchange, closed after it, with a timeout on the connect and on every read."""
+exchange, closed after it, with a timeout on the connect and on every read, and a deadline on the
+whole: every socket operation waits at most what is left of it, and none starts once it passed (a
+server that trickles its answer a byte at a time satisfies every read's timeout, never the deadline)."""
 
 from __future__ import annotations
 
 import http.client
+import io
 import json
+import socket
 import ssl
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -31,6 +35,50 @@ def connect(scheme: str, host: str, port: int, timeout: float) -> http.client.HT
     return http.client.HTTPConnection(host, port, timeout=timeout)
 
 
+class Deadline:
+    """When an exchange must be over (``until``, on ``clock``, the client's monotonic clock); the caller
+    may move ``until`` while it reads (an event stream bounds each line, not the whole stream)."""
+
+    def __init__(self, until: float, clock: Callable[[], float]) -> None:
+        self.until, self.clock = until, clock
+
+    def left(self, most: float) -> float:
+        """What an operation may wait (s): ``most``, or less if the deadline comes first; a
+        ``TimeoutError`` if it passed."""
+        left = self.until - self.clock()
+        if left <= 0:
+            raise TimeoutError("the call's deadline passed")
+        return min(most, left)
+
+
+class _Bounded:
+    """A connected socket whose every send and read waits at most ``timeout`` and what is left of the
+    deadline. ``http.client`` sends through ``sendall`` and reads the answer through ``makefile``."""
+
+    def __init__(self, sock: socket.socket, deadline: Deadline, timeout: float) -> None:
+        self._sock, self._deadline, self._timeout = sock, deadline, timeout
+
+    def sendall(self, data: Any) -> None:
+        self._sock.settimeout(self._deadline.left(self._timeout))  # a timeout bounds all of a sendall
+        self._sock.sendall(data)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
+        self._sock.settimeout(self._deadline.left(self._timeout))
+        return self._sock.recv_into(buffer, nbytes)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        return io.BufferedReader(socket.SocketIO(self, "rb"))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Nothing: ``http.client`` closes the connection as soon as an answer that ends it has begun,
+        before its body is read; the exchange closes the socket itself, after the caller read it."""
+
+    _decref_socketios = close  # what the answer's file calls when it closes
+
+    def __getattr__(self, name: str) -> Any:  # close, fileno, ...: the socket's own
+        return getattr(self._sock, name)
+
+
 class Transport:
     """Requests to one API at ``base_url`` (``http`` or ``https``; a path in it prefixes every route)."""
 
@@ -45,14 +93,22 @@ class Transport:
 
     @contextmanager
     def exchange(self, method: str, path: str, *, headers: dict[str, str], body: bytes | None,
-                 timeout: float) -> Iterator[http.client.HTTPResponse]:
-        """Send one request and yield its answer, whose body the caller reads inside the block."""
-        conn = self._connect(self.scheme, self.host, self.port, timeout)
+                 timeout: float, deadline: Deadline) -> Iterator[http.client.HTTPResponse]:
+        """Send one request and yield its answer, whose body the caller reads inside the block: the
+        connect (TLS handshake included), the send and every read wait at most ``timeout`` each and
+        end by ``deadline`` (``TimeoutError``)."""
+        conn = self._connect(self.scheme, self.host, self.port, deadline.left(timeout))
+        raw: socket.socket | None = None
         try:
+            conn.connect()
+            raw = conn.sock
+            conn.sock = _Bounded(raw, deadline, timeout)  # type: ignore[arg-type, assignment]
             conn.request(method, self.prefix + path, body=body, headers={"User-Agent": USER_AGENT, **headers})
             yield conn.getresponse()
         finally:
             conn.close()
+            if raw is not None:
+                raw.close()
 
 
 def failure(resp: http.client.HTTPResponse) -> ReckonError:
