@@ -7,16 +7,18 @@ lua/slot-take.lua), then claims the job with that one server (the claim script t
 count too). The two steps are on two Cluster slots; each crash window between them is closed
 (docs/fleet.md "A server's cap across shards"):
 
-- taken, and the claim never ran (the worker died): the slot's lease lapses (``LEASE_MS``), and the
-  sweeper frees it sooner, ``GRACE_MS`` after the take, as no attempt holds it (``keep``);
+- taken, and the claim never ran (the worker died): the sweeper frees it ``GRACE_MS`` after the take, as
+  no attempt holds it (``keep``);
 - the claim found nothing to run, or parked the job: the worker gives its attempt's slot back;
 - claimed, the slot freed meanwhile (the worker stalled past the grace): the check before the send
   (``confirm``) finds it gone and the attempt goes back before anything is sent; a check that finds it
   renews it, raising its score, and ``keep`` frees a slot only if its score is the one it read.
 
-So no prompt is sent without its slot. A held slot is renewed by the sweeper while the job's record
-names its attempt (``keep``, every KEEP_EVERY_MS), and given back when the attempt gives back its shard
-slot (finish, retry, review: ``release``; the sweeper frees any a crash left behind).
+So no prompt is sent without its slot. A slot never lapses by its age: it lives while the job's record
+names its attempt, and only the sweeper frees one, after reading that nobody holds it (``keep``, every
+KEEP_EVERY_MS). A sweeper stalled for minutes leaves every slot taken, never
+frees a held one. A slot is given back when the attempt gives back its shard slot (finish, retry,
+review: ``release``; the sweeper frees any a crash left behind).
 """
 
 from __future__ import annotations
@@ -34,9 +36,6 @@ from pipeline.state.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
-#: A slot's lease: renewed by every sweeper pass while its job holds it, so this only bounds how long a
-#: slot outlives every sweeper.
-LEASE_MS = 60_000
 #: How long a taken slot may wait for its claim before the sweeper frees it.
 GRACE_MS = 5_000
 #: How often the sweeper renews and frees slots (``keep``): well within a lease and about the grace.
@@ -56,12 +55,12 @@ class ServerSlots:
 
     def take(self, server: str, cap: int, member: str) -> int:
         """1: taken; 2: held already by this attempt (renewed); 0: full. ``member``: ``<job id>/<operation id>``."""
-        return int(self.scripts("slot-take", [keys.server_slots(server)], [cap, member, LEASE_MS])[1])
+        return int(self.scripts("slot-take", [keys.server_slots(server)], [cap, member])[1])
 
     def confirm(self, server: str, claim: Claim) -> bool:
         """Whether the attempt still holds its slot (renewed, so the sweeper's earlier read cannot free
         it): asked after the claim, before the send."""
-        reply = self.scripts("slot-keep", [keys.server_slots(server)], [LEASE_MS, GRACE_MS, member(claim), 1, ""])
+        reply = self.scripts("slot-keep", [keys.server_slots(server)], [GRACE_MS, member(claim), 1, ""])
         return reply[2] == 1
 
     def give(self, server: str, claim: Claim, *, quiet: bool = False) -> None:
@@ -115,8 +114,8 @@ class ServerSlots:
         return claim({name: 0 for name in servers})  # not queued: the script says why; else it parks
 
     def taken(self, servers: Mapping[str, int]) -> dict[str, int]:
-        """Server -> slots taken (a lapsed lease counts until the next take or keep removes it: an unpark
-        that reads this calls too few jobs, never too many)."""
+        """Server -> slots taken (one nobody holds counts until the sweeper frees it: an unpark that reads
+        this calls too few jobs, never too many)."""
         pipe = self.redis.pipeline(transaction=False)
         for name in servers:
             pipe.zcard(keys.server_slots(name))
@@ -128,24 +127,27 @@ class ServerSlots:
         return [item for name, cap in servers.items() for item in (name, cap, free.get(name, ""))]
 
     def keep(self, servers: Mapping[str, int]) -> int:
-        """The sweeper's step: renew each slot whose attempt holds it, free the others past the grace
-        (only if unchanged since read) and the lapsed; how many were freed."""
+        """The sweeper's step: renew each slot an attempt holds, free the others past the grace
+        (only if unchanged since read); how many were freed. Never frees a slot by its age alone."""
         freed = 0
         for name in servers:
             held = self.redis.zrange(keys.server_slots(name), 0, -1, withscores=True)
-            pipe = self.redis.pipeline(transaction=False)
-            for slot, _ in held:
-                pipe.hmget(keys.JobKeys(slot.partition("/")[0]).record, ["server", "slot_held", "operation_id"])
-            args: list[Any] = []
-            for (slot, score), (server, on, operation) in zip(held, pipe.execute(), strict=True):
-                holds = server == name and on == "1" and slot == f"{slot.partition('/')[0]}/{operation}"
-                args += [slot, int(holds), int(score)]
-            reply = self.scripts("slot-keep", [keys.server_slots(name)], [LEASE_MS, GRACE_MS, *args])
+            holds = self._held(name, [slot for slot, _ in held])
+            args = [item for (slot, score), on in zip(held, holds, strict=True) for item in (slot, int(on), int(score))]
+            reply = self.scripts("slot-keep", [keys.server_slots(name)], [GRACE_MS, *args])
             if int(reply[1]):
                 log.info("server %s: %s slot(s) no attempt holds freed", name, reply[1])
             freed += int(reply[1])
         return freed
 
+    def _held(self, name: str, slots: list[str]) -> list[bool]:
+        """Whether each slot (``<job id>/<operation id>``) of server ``name`` is held: its job's record names
+        the attempt."""
+        pipe = self.redis.pipeline(transaction=False)
+        for slot in slots:
+            pipe.hmget(keys.JobKeys(slot.partition("/")[0]).record, ["server", "slot_held", "operation_id"])
+        return [server == name and on == "1" and slot.partition("/")[2] == operation
+                for slot, (server, on, operation) in zip(slots, pipe.execute(), strict=True)]
 
 def member(claim: Claim) -> str:
     """An attempt's slot member: its job and its operation id."""
