@@ -15,8 +15,9 @@ count too). The two steps are on two Cluster slots; each crash window between th
   renews it, raising its score, and ``keep`` frees a slot only if its score is the one it read.
 
 So no prompt is sent without its slot. A slot never lapses by its age: it lives while the job's record
-names its attempt, and only the sweeper frees one, after reading that nobody holds it (``keep``, every
-KEEP_EVERY_MS). A sweeper stalled for minutes leaves every slot taken, never
+names its attempt, or while a review keeps it for a prompt that may still occupy the server (``k:`` in
+the shard's fleet hash, until the watcher hears the prompt is gone: ``let_go``), and only the sweeper
+frees one, after reading that nobody holds it (``keep``, every KEEP_EVERY_MS). A sweeper stalled for minutes leaves every slot taken, never
 frees a held one. A slot is given back when the attempt gives back its shard slot (finish, retry,
 review: ``release``; the sweeper frees any a crash left behind).
 """
@@ -127,7 +128,7 @@ class ServerSlots:
         return [item for name, cap in servers.items() for item in (name, cap, free.get(name, ""))]
 
     def keep(self, servers: Mapping[str, int]) -> int:
-        """The sweeper's step: renew each slot an attempt holds, free the others past the grace
+        """The sweeper's step: renew each slot an attempt or a review holds, free the others past the grace
         (only if unchanged since read); how many were freed. Never frees a slot by its age alone."""
         freed = 0
         for name in servers:
@@ -142,12 +143,27 @@ class ServerSlots:
 
     def _held(self, name: str, slots: list[str]) -> list[bool]:
         """Whether each slot (``<job id>/<operation id>``) of server ``name`` is held: its job's record names
-        the attempt."""
+        the attempt, or, read only for those it does not, a review keeps it (``k:`` in the fleet hash)."""
         pipe = self.redis.pipeline(transaction=False)
         for slot in slots:
             pipe.hmget(keys.JobKeys(slot.partition("/")[0]).record, ["server", "slot_held", "operation_id"])
-        return [server == name and on == "1" and slot.partition("/")[2] == operation
-                for slot, (server, on, operation) in zip(slots, pipe.execute(), strict=True)]
+        holds = [server == name and on == "1" and slot.partition("/")[2] == operation
+                 for slot, (server, on, operation) in zip(slots, pipe.execute(), strict=True)]
+        loose = [slot for slot, on in zip(slots, holds, strict=True) if not on]
+        for slot in loose:
+            pipe.hexists(keys.JobKeys(slot.partition("/")[0]).shard.fleet, f"k:{slot}")
+        kept = {slot for slot, on in zip(loose, pipe.execute() if loose else [], strict=True) if on}
+        return [on or slot in kept for slot, on in zip(slots, holds, strict=True)]
+
+    def let_go(self, slot: str, server: str) -> bool:
+        """Give back the slot a review kept for a prompt that is gone now (``<job id>/<operation id>``, on
+        ``server``): its shard's count, then (with shards) its server's key; False if it was not kept (any
+        more: a second call changes nothing). One that dies between the two steps leaves the server's key
+        to the sweeper (nothing holds that slot any more: freed after the grace)."""
+        given = self.scripts("slot-let-go", [keys.JobKeys(slot.partition("/")[0]).shard.fleet], [slot])[1]
+        if self.on:
+            self.redis.zrem(keys.server_slots(server), slot)
+        return bool(given)
 
 def member(claim: Claim) -> str:
     """An attempt's slot member: its job and its operation id."""
