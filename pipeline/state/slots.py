@@ -17,9 +17,9 @@ count too). The two steps are on two Cluster slots; each crash window between th
 So no prompt is sent without its slot. A slot never lapses by its age: it lives while the job's record
 names its attempt, or while a review keeps it for a prompt that may still occupy the server (``k:`` in
 the shard's fleet hash, until the watcher hears the prompt is gone: ``let_go``), and only the sweeper
-frees one, after reading that nobody holds it (``keep``, every KEEP_EVERY_MS). A sweeper stalled for minutes leaves every slot taken, never
-frees a held one. A slot is given back when the attempt gives back its shard slot (finish, retry,
-review: ``release``; the sweeper frees any a crash left behind).
+frees one, after reading that nobody holds it (``keep``, every KEEP_EVERY_MS): a sweeper stalled for
+minutes leaves every slot taken, and never frees a held one. A slot is given back when the attempt
+gives back its shard slot (finish, retry, review: ``release``; the sweeper frees any a crash left behind).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 #: How long a taken slot may wait for its claim before the sweeper frees it.
 GRACE_MS = 5_000
-#: How often the sweeper renews and frees slots (``keep``): well within a lease and about the grace.
+#: How often the sweeper renews and frees slots (``keep``): about the grace.
 KEEP_EVERY_MS = 5_000
 
 
@@ -164,6 +164,7 @@ class ServerSlots:
         if self.on:
             self.redis.zrem(keys.server_slots(server), slot)
         return bool(given)
+
 
 def member(claim: Claim) -> str:
     """An attempt's slot member: its job and its operation id."""
