@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pipeline.blobs.local import BlobStore
+from pipeline.errors import StaleLease
 from pipeline.fleet import Server
 from pipeline.providers.base import OperationStatus
 from pipeline.providers.fleet import Fleet
@@ -191,3 +192,19 @@ def test_a_slot_given_back_twice_is_given_back_once_and_a_give_back_cut_short_is
     monkeypatch.setattr(slots, "GRACE_MS", 0)
     assert d.store.slots.keep(d.caps) == (1 if d.store.slots.on else 0)
     assert d.taken() == ([slot] if d.store.slots.on else [])
+
+
+def test_a_repeated_review_is_fenced_out_and_keeps_the_slot_once(deployed: Deployment) -> None:
+    """The review's call again with the same claim (a retried call, a second reconciler's stale one): it
+    is fenced out (StaleLease) and keeps nothing more; the count stays at one."""
+    d = deployed
+    job_id = d.admit("acme", "a")
+    held = d.claim(job_id)
+    d.store.mark_submit(held, epoch="e1", lease_ms=30_000)
+    assert d.store.begin_reconcile(job_id, reason="lease_expired", claim=held)
+    rec = d.store.claim_reconcile(job_id, worker="r", lease_ms=30_000)
+    d.store.send_to_review(rec.claim, expires_in_ms=60_000, reason="reconcile_timed_out", keep_slot=True)
+    with pytest.raises(StaleLease):
+        d.store.send_to_review(rec.claim, expires_in_ms=60_000, reason="reconcile_timed_out", keep_slot=True)
+    assert (d.busy(), d.kept(), d.taken()) == (1, [f"{job_id}/{held.operation_id}"],
+                                               [f"{job_id}/{held.operation_id}"] if d.store.slots.on else [])
