@@ -112,6 +112,20 @@ local function free_slot(job, fleet)
   end
 end
 
+-- Keeps the job's dispatch slot for a prompt that may still occupy its server, past the job's
+-- attempt (a review of a prompt the server last said was running): the slot moves from the record
+-- (`slot_held` 0, so no later step of the job gives it back) to the fleet hash's `k:<job id>/<operation
+-- id>` (`{server, since}`), where the server's count (`busy:<server>`) stays taken until the watcher
+-- hears that the prompt is gone (lua/slot-let-go.lua). Ends the watch of the prompt as free_slot does.
+local function keep_slot(job, fleet, now)
+  local f = hmget(job, 'server', 'slot_held', 'id', 'lease_owner', 'operation_id')
+  if f[4] == 'watcher' then redis.call('HDEL', fleet, 'w:' .. f[3]) end
+  if f[2] == '1' then
+    redis.call('HSET', fleet, 'k:' .. f[3] .. '/' .. f[5], cjson.encode({server = f[1], since = now}))
+    hset(job, 'slot_held', 0)
+  end
+end
+
 -- Fair dispatch between tenants (start-time fair queueing, by cost): each job gets a finish tag
 -- when it is admitted, F = max(V, the tenant's last F in the class) + cost / weight, where cost is
 -- the job's reserved price times its outputs and weight the tenant's (`reckon tenant set --weight`,

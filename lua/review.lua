@@ -3,7 +3,10 @@
 -- Guarantees: the job leaves every automatic path and its lease ends; its
 -- uncertain units stay uncertain; it sits in the tenant's review index scored by
 -- when the review expires (then the sweeper settles it as failed and charged).
--- The server has no record of the prompt: its dispatch slot is given back.
+-- Its dispatch slot is given back when the server no longer has the prompt (it ended, or the server
+-- has no record of it); when it may still occupy the server (the server last said it was pending or
+-- running, or did not answer), the slot stays taken, kept for the prompt (`keep_slot` in _slots.lua)
+-- until the watcher hears it is gone: a review never lets a server run more than its cap.
 --
 -- keys: 12
 -- KEYS[1] job record (hash)          KEYS[4] tenant's review index (zset)
@@ -20,6 +23,7 @@
 -- ARGV[2] now (ms; '' = Redis's clock)
 -- ARGV[3] time until the review expires (ms)
 -- ARGV[4] reason
+-- ARGV[5] 1: the prompt may still occupy its server, keep its slot | '' or 0: give it back
 --
 -- Returns {0 OK, jobs parked in the shard} | {9 STALE_LEASE}
 
@@ -27,7 +31,7 @@ use_globals(9)
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local now = clock(ARGV[2])
 local job_id = hget(KEYS[1], 'id')
-free_slot(KEYS[1], KEYS[8])
+if ARGV[5] == '1' then keep_slot(KEYS[1], KEYS[8], now) else free_slot(KEYS[1], KEYS[8]) end
 release(KEYS[1], KEYS[2], job_id)
 hset(KEYS[1], 'error_class', 'needs_review', 'error_reason', ARGV[4])
 redis.call('ZREM', KEYS[3], job_id)

@@ -115,8 +115,15 @@ class Reads:
 
     def watched(self) -> dict[str, dict[str, Any]]:
         """Job id -> {server, gen, op, attempt} of every prompt waiting at a server (the watch list)."""
+        return self.prompts()[0]
+
+    def prompts(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The watch list (``watched``) and, from the same read, the prompts reviews left at their servers
+        holding a slot: ``<job id>/<operation id>`` -> {server, since} (``k:``, lua/_slots.lua ``keep_slot``)."""
         raw = self.fleet_hash()
-        return {field[2:]: orjson.loads(value) for field, value in raw.items() if field.startswith("w:")}
+        found = {prefix: {field[2:]: orjson.loads(value) for field, value in raw.items() if field.startswith(prefix)}
+                 for prefix in ("w:", "k:")}
+        return found["w:"], found["k:"]
 
     def watch_entry(self, job_id: str) -> dict[str, Any] | None:
         """The job's entry in the watch list ({server, gen, op, attempt}), or None if it is not watched."""

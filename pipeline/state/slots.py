@@ -7,16 +7,19 @@ lua/slot-take.lua), then claims the job with that one server (the claim script t
 count too). The two steps are on two Cluster slots; each crash window between them is closed
 (docs/fleet.md "A server's cap across shards"):
 
-- taken, and the claim never ran (the worker died): the slot's lease lapses (``LEASE_MS``), and the
-  sweeper frees it sooner, ``GRACE_MS`` after the take, as no attempt holds it (``keep``);
+- taken, and the claim never ran (the worker died): the sweeper frees it ``GRACE_MS`` after the take, as
+  no attempt holds it (``keep``);
 - the claim found nothing to run, or parked the job: the worker gives its attempt's slot back;
 - claimed, the slot freed meanwhile (the worker stalled past the grace): the check before the send
   (``confirm``) finds it gone and the attempt goes back before anything is sent; a check that finds it
   renews it, raising its score, and ``keep`` frees a slot only if its score is the one it read.
 
-So no prompt is sent without its slot. A held slot is renewed by the sweeper while the job's record
-names its attempt (``keep``, every KEEP_EVERY_MS), and given back when the attempt gives back its shard
-slot (finish, retry, review: ``release``; the sweeper frees any a crash left behind).
+So no prompt is sent without its slot. A slot never lapses by its age: it lives while the job's record
+names its attempt, or while a review keeps it for a prompt that may still occupy the server (``k:`` in
+the shard's fleet hash, until the watcher hears the prompt is gone: ``let_go``), and only the sweeper
+frees one, after reading that nobody holds it (``keep``, every KEEP_EVERY_MS): a sweeper stalled for
+minutes leaves every slot taken, and never frees a held one. A slot is given back when the attempt
+gives back its shard slot (finish, retry, review: ``release``; the sweeper frees any a crash left behind).
 """
 
 from __future__ import annotations
@@ -34,12 +37,9 @@ from pipeline.state.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
-#: A slot's lease: renewed by every sweeper pass while its job holds it, so this only bounds how long a
-#: slot outlives every sweeper.
-LEASE_MS = 60_000
 #: How long a taken slot may wait for its claim before the sweeper frees it.
 GRACE_MS = 5_000
-#: How often the sweeper renews and frees slots (``keep``): well within a lease and about the grace.
+#: How often the sweeper renews and frees slots (``keep``): about the grace.
 KEEP_EVERY_MS = 5_000
 
 
@@ -56,12 +56,12 @@ class ServerSlots:
 
     def take(self, server: str, cap: int, member: str) -> int:
         """1: taken; 2: held already by this attempt (renewed); 0: full. ``member``: ``<job id>/<operation id>``."""
-        return int(self.scripts("slot-take", [keys.server_slots(server)], [cap, member, LEASE_MS])[1])
+        return int(self.scripts("slot-take", [keys.server_slots(server)], [cap, member])[1])
 
     def confirm(self, server: str, claim: Claim) -> bool:
         """Whether the attempt still holds its slot (renewed, so the sweeper's earlier read cannot free
         it): asked after the claim, before the send."""
-        reply = self.scripts("slot-keep", [keys.server_slots(server)], [LEASE_MS, GRACE_MS, member(claim), 1, ""])
+        reply = self.scripts("slot-keep", [keys.server_slots(server)], [GRACE_MS, member(claim), 1, ""])
         return reply[2] == 1
 
     def give(self, server: str, claim: Claim, *, quiet: bool = False) -> None:
@@ -115,8 +115,8 @@ class ServerSlots:
         return claim({name: 0 for name in servers})  # not queued: the script says why; else it parks
 
     def taken(self, servers: Mapping[str, int]) -> dict[str, int]:
-        """Server -> slots taken (a lapsed lease counts until the next take or keep removes it: an unpark
-        that reads this calls too few jobs, never too many)."""
+        """Server -> slots taken (one nobody holds counts until the sweeper frees it: an unpark that reads
+        this calls too few jobs, never too many)."""
         pipe = self.redis.pipeline(transaction=False)
         for name in servers:
             pipe.zcard(keys.server_slots(name))
@@ -128,23 +128,42 @@ class ServerSlots:
         return [item for name, cap in servers.items() for item in (name, cap, free.get(name, ""))]
 
     def keep(self, servers: Mapping[str, int]) -> int:
-        """The sweeper's step: renew each slot whose attempt holds it, free the others past the grace
-        (only if unchanged since read) and the lapsed; how many were freed."""
+        """The sweeper's step: renew each slot an attempt or a review holds, free the others past the grace
+        (only if unchanged since read); how many were freed. Never frees a slot by its age alone."""
         freed = 0
         for name in servers:
             held = self.redis.zrange(keys.server_slots(name), 0, -1, withscores=True)
-            pipe = self.redis.pipeline(transaction=False)
-            for slot, _ in held:
-                pipe.hmget(keys.JobKeys(slot.partition("/")[0]).record, ["server", "slot_held", "operation_id"])
-            args: list[Any] = []
-            for (slot, score), (server, on, operation) in zip(held, pipe.execute(), strict=True):
-                holds = server == name and on == "1" and slot == f"{slot.partition('/')[0]}/{operation}"
-                args += [slot, int(holds), int(score)]
-            reply = self.scripts("slot-keep", [keys.server_slots(name)], [LEASE_MS, GRACE_MS, *args])
+            holds = self._held(name, [slot for slot, _ in held])
+            args = [item for (slot, score), on in zip(held, holds, strict=True) for item in (slot, int(on), int(score))]
+            reply = self.scripts("slot-keep", [keys.server_slots(name)], [GRACE_MS, *args])
             if int(reply[1]):
                 log.info("server %s: %s slot(s) no attempt holds freed", name, reply[1])
             freed += int(reply[1])
         return freed
+
+    def _held(self, name: str, slots: list[str]) -> list[bool]:
+        """Whether each slot (``<job id>/<operation id>``) of server ``name`` is held: its job's record names
+        the attempt, or, read only for those it does not, a review keeps it (``k:`` in the fleet hash)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for slot in slots:
+            pipe.hmget(keys.JobKeys(slot.partition("/")[0]).record, ["server", "slot_held", "operation_id"])
+        holds = [server == name and on == "1" and slot.partition("/")[2] == operation
+                 for slot, (server, on, operation) in zip(slots, pipe.execute(), strict=True)]
+        loose = [slot for slot, on in zip(slots, holds, strict=True) if not on]
+        for slot in loose:
+            pipe.hexists(keys.JobKeys(slot.partition("/")[0]).shard.fleet, f"k:{slot}")
+        kept = {slot for slot, on in zip(loose, pipe.execute() if loose else [], strict=True) if on}
+        return [on or slot in kept for slot, on in zip(slots, holds, strict=True)]
+
+    def let_go(self, slot: str, server: str) -> bool:
+        """Give back the slot a review kept for a prompt that is gone now (``<job id>/<operation id>``, on
+        ``server``): its shard's count, then (with shards) its server's key; False if it was not kept (any
+        more: a second call changes nothing). One that dies between the two steps leaves the server's key
+        to the sweeper (nothing holds that slot any more: freed after the grace)."""
+        given = self.scripts("slot-let-go", [keys.JobKeys(slot.partition("/")[0]).shard.fleet], [slot])[1]
+        if self.on:
+            self.redis.zrem(keys.server_slots(server), slot)
+        return bool(given)
 
 
 def member(claim: Claim) -> str:

@@ -370,12 +370,14 @@ class Store(Controls):
         self._fenced("reconcile-later", j, [j.record, j.tenant.leases, j.tenant.reconcile, j.shard.wake],
                      [claim.generation, delay_ms, at(now_ms)])
 
-    def send_to_review(self, claim: Claim, *, expires_in_ms: int, reason: str, now_ms: int | None = None) -> None:
-        j = JobKeys(claim.job_id)
-        t = j.tenant
+    def send_to_review(self, claim: Claim, *, expires_in_ms: int, reason: str, keep_slot: bool = False,
+                       now_ms: int | None = None) -> None:
+        """``keep_slot``: the prompt may still occupy its server; its slot stays taken (slots.py ``let_go``)."""
+        j, t = JobKeys(claim.job_id), JobKeys(claim.job_id).tenant
         self._freeing("review", j, [j.record, t.leases, t.reconcile, t.review, j.events, t.counts, t.shard.wake,
                                     t.shard.fleet, *t.shard.globals, t.shard.parked],
-                      [claim.generation, at(now_ms), expires_in_ms, reason], held=claim)
+                      [claim.generation, at(now_ms), expires_in_ms, reason, int(keep_slot)],
+                      held=None if keep_slot else claim)
 
     def _fenced(self, verb: str, job: JobKeys, keys_: list[str], args: list[Any], *,
                 durable: bool = False) -> list[Any]:

@@ -60,7 +60,6 @@ EPOCH_READ_S = 5.0
 #: An attempt whose submit mark no replica confirmed waits this long (ms) before it is tried again.
 UNCONFIRMED_RETRY_MS = 1_000
 
-
 #: This host's name, looked up once.
 HOST = socket.gethostname()
 
@@ -379,8 +378,9 @@ class Executor:
             return self._review(rec.claim, "reconcile_timed_out")
         self.store.reconcile_later(rec.claim, delay_ms=int(self.settings.reconcile_interval_seconds * 1000))
 
-    def _review(self, claim: Claim, reason: str) -> None:
-        self.store.send_to_review(claim, expires_in_ms=self.settings.review_expiry_seconds * 1000, reason=reason)
+    def _review(self, claim: Claim, reason: str) -> None:  # timed out at a server still configured: it may run there
+        self.store.send_to_review(claim, expires_in_ms=self.settings.review_expiry_seconds * 1000, reason=reason,
+                                  keep_slot=reason == "reconcile_timed_out" and claim.server in self.fleet)
 
     def _unknowable(self, rec: Reconcile, epoch: str) -> None:
         """The provider has no record of the operation: proof of non-execution only if it

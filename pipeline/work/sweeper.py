@@ -195,7 +195,7 @@ class Sweeper:
         except Exception:  # only housekeeping: the next sweeper to start does it
             log.warning("could not drop the heartbeats of stopped sweepers", exc_info=True)
         while not stop.is_set():
-            try:  # first, and on its own: a lapsed slot lets a server take more than its cap
+            try:  # first, and on its own: slots nobody holds (a crash) are freed even if a pass fails
                 self.keep_slots()
             except Exception:
                 log.exception("keeping the servers' slots failed")

@@ -14,6 +14,10 @@ server then:
 - asks ``/history`` about one watched prompt per tick (at most once a second per server,
   not per job), round-robin: every tick while the websocket is down, and for each prompt
   every ``watch_recheck_seconds`` while it is up, so a lost message costs a delay, never a job;
+- asks the same way about each prompt a review left at the server with its slot kept (it may still
+  occupy the server: lua/_slots.lua ``keep_slot``), and gives the slot back once the server says the
+  prompt ended or has no record of it (``ServerSlots.let_go``); a kept slot of a server this process is
+  not configured with is given back at once (no claim is handed that server);
 - probes a server marked unreachable and clears the mark when it answers;
 - reads what the server can run (node classes, model files: pipeline/state/offers.py) when it
   connects (a restarted server is reconnected to), when a probe finds it back, and every
@@ -68,7 +72,9 @@ class ServerWatch:
         self.lock = store.redis.lock(keys.watcher_lock(name), timeout=settings.lease_seconds, blocking=False,
                                      thread_local=False)
         self.watched: dict[str, dict[str, Any]] = {}  # job id -> {server, gen, op, attempt}
-        self.checked: dict[str, float] = {}  # job id -> when /history was last asked (monotonic)
+        self.kept: dict[str, dict[str, Any]] = {}  # `<job id>/<operation id>` -> {server, since}: slots kept
+        self.configured = frozenset(fleet.servers)
+        self.checked: dict[str, float] = {}  # job id or kept slot -> when /history was last asked (monotonic)
         self.renewed: dict[str, float] = {}
         self.cancelling: dict[str, int] = {}  # job id -> generation whose cancel was passed on
         self.late: dict[str, int] = {}  # job id -> generation found past its deadline
@@ -156,10 +162,14 @@ class ServerWatch:
         return None
 
     def refresh(self) -> None:
-        self.watched = {job_id: entry for job_id, entry in self.store.watched().items()
-                        if entry["server"] == self.name}
+        watched, kept = self.store.prompts()
+        self.watched = {job_id: entry for job_id, entry in watched.items() if entry["server"] == self.name}
+        self.kept = {slot: entry for slot, entry in kept.items() if entry["server"] == self.name}
+        for slot, entry in kept.items():
+            if entry["server"] not in self.configured:  # removed from the fleet: no claim goes there
+                self._let_go(slot, entry["server"], "its server is not configured")
         for seen in (self.checked, self.renewed, self.cancelling, self.late):
-            for job_id in [j for j in seen if j not in self.watched]:
+            for job_id in [j for j in seen if j not in self.watched and j not in self.kept]:
                 del seen[job_id]
         self.progress.keep_only(self.watched)
 
@@ -212,23 +222,37 @@ class ServerWatch:
                 self.renewed.pop(job_id, None)
 
     def _check_one(self, now: float) -> None:
-        """Ask /history about the watched prompt asked about least recently, if it is due."""
+        """Ask /history about the watched or kept prompt asked about least recently, if it is due."""
         every = self.settings.watch_recheck_seconds if self.connected else 0.0
-        due = [job_id for job_id in self.watched if now - self.checked.get(job_id, 0.0) >= every]
+        due = [job_id for job_id in [*self.watched, *self.kept] if now - self.checked.get(job_id, 0.0) >= every]
         if not due:
             return
         job_id = min(due, key=lambda j: self.checked.get(j, 0.0))
         self.checked[job_id] = now
+        kept = job_id in self.kept
         try:
-            state = self.provider.status(self.watched[job_id]["op"]).state
+            state = self.provider.status(job_id.partition("/")[2] if kept else self.watched[job_id]["op"]).state
         except ProviderError as exc:
             log.info("watcher of %s: /history unanswered (%s)", self.name, exc.reason)
             if exc.error_class == "provider_unreachable":
                 self.store.block_provider(self.name, "provider_unreachable")
             return
         self.contact = self.clock()
-        if state not in ("pending", "running"):  # ended, or unknown: a worker asks and decides
+        if state in ("pending", "running"):
+            return
+        if kept:  # ended, or no record of it (a restart empties the queue): it no longer occupies the server
+            self._let_go(job_id, self.name, f"the server says {state}")
+        else:  # ended, or unknown: a worker asks and decides
             self._collect(job_id)
+
+    def _let_go(self, slot: str, server: str, why: str) -> None:
+        """Give back the slot a review kept for a prompt (``slot``: ``<job id>/<operation id>``) and call
+        the jobs parked for it."""
+        given = self.store.slots.let_go(slot, server)
+        self.kept.pop(slot, None)
+        if given:  # else another watcher, or an earlier check, gave it back
+            log.info("slot of %s on %s given back: %s", slot.partition("/")[0], server, why)
+            self._unpark()
 
     def _probe(self, now: float) -> None:
         if now < self._next_probe:
@@ -242,10 +266,13 @@ class ServerWatch:
         self._next_offers = 0.0  # back: perhaps restarted with other nodes or models
         if self.store.clear_provider(self.name, ["provider_unreachable"]):
             log.info("server %s answers again; dispatch resumes", self.name)
-            for shard in keys.shards():
-                for job_id in self.store.unpark(shard, self.caps,
-                                                batch_wait_ms=self.settings.batch_max_wait_seconds * 1000):
-                    self.publish(job_id, "unparked")
+            self._unpark()
+
+    def _unpark(self) -> None:
+        """Call the parked jobs of every shard that this server's free slots can take."""
+        for shard in keys.shards():
+            for job_id in self.store.unpark(shard, self.caps, batch_wait_ms=self.settings.batch_max_wait_seconds * 1000):
+                self.publish(job_id, "unparked")
 
     def read_offers(self, now: float) -> None:
         """Store what the server can run (its node classes and model files); asked again after a

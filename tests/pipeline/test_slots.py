@@ -8,9 +8,16 @@ from typing import Iterator
 import pytest
 
 from pipeline.errors import DispatchPaused
+from pipeline.fleet import Server
+from pipeline.providers.base import OperationStatus
+from pipeline.providers.fleet import Fleet
+from pipeline.settings import Settings
 from pipeline.state import keys, slots
+from pipeline.state.progress import record
 from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
 from pipeline.state.tenants import create_tenant
+from pipeline.work.watcher import ServerWatch
 from tests.pipeline.conftest import WORKFLOW
 
 CAPS = {"a": 1, "b": 2}
@@ -94,14 +101,14 @@ def test_unpark_calls_no_more_than_the_slots_free_across_shards(two: Store) -> N
     assert two.unpark(shard, CAPS) == parked[:1]
 
 
-def test_a_lapsed_lease_frees_its_slot_for_the_next_take(two: Store) -> None:
+def test_a_slot_is_never_freed_by_its_age_alone(two: Store) -> None:
     key = keys.server_slots("a")
-    assert two.scripts("slot-take", [key], [1, "acme.gone", 1]) == [0, 1]  # a 1 ms lease
-    assert two.scripts("slot-take", [key], [1, "acme.gone", 60_000]) == [0, 2]  # held: renewed, one slot
-    assert two.scripts("slot-take", [key], [1, "acme.next", 60_000]) == [0, 0]  # full
-    two.redis.zadd(key, {"acme.gone": 1})  # its lease lapsed long ago
-    assert two.scripts("slot-take", [key], [1, "acme.next", 60_000]) == [0, 1]
-    assert two.redis.zrange(key, 0, -1) == ["acme.next"]
+    assert two.scripts("slot-take", [key], [1, "acme.gone"]) == [0, 1]
+    assert two.scripts("slot-take", [key], [1, "acme.gone"]) == [0, 2]  # held: renewed, one slot
+    assert two.scripts("slot-take", [key], [1, "acme.next"]) == [0, 0]  # full
+    two.redis.zadd(key, {"acme.gone": 1})  # taken or renewed long ago: only the sweeper, reading, frees it
+    assert two.scripts("slot-take", [key], [1, "acme.next"]) == [0, 0]
+    assert two.redis.zrange(key, 0, -1) == ["acme.gone"]
 
 
 def test_a_stopped_server_is_not_tried_and_the_job_takes_another(two: Store) -> None:
@@ -194,3 +201,52 @@ def test_with_one_shard_the_sweeper_spends_nothing_on_server_slots(store: Store,
     monkeypatch.setattr(store.slots, "keep", lambda servers: pytest.fail("kept"))
     assert store.slots.on is False
     sweeper.keep_slots()
+
+
+class Rendering:
+    """Server ``a``: every prompt is still running (a watcher's /history check renews, collects nothing)."""
+
+    name, price_per_output, client_id = "a", 10, "reckon"
+
+    def status(self, operation_id: str) -> OperationStatus:
+        return OperationStatus("running")
+
+    def offers(self) -> None:
+        return None
+
+
+def stall(store: Store, server: str, slot: str, ms: int) -> None:
+    """``ms`` of Redis's clock pass for the slot without a sweeper: its score falls that far behind."""
+    store.redis.zincrby(keys.server_slots(server), -ms, slot)
+
+
+def test_a_sweeper_stalled_past_a_minute_leaves_a_watched_prompts_slot_taken(two: Store, settings: Settings) -> None:
+    """A runs on `a` (cap 1), handed to the watcher, which renews its job's lease; the sweeper is stopped
+    for 62 s (twice). Neither its first keep afterwards nor a claim from the other shard frees A's slot:
+    the claim parks, and `a` never holds two prompts (on d89904b the keep pruned A's lapsed slot first,
+    and a take pruned it too)."""
+    a, lease = admit(two, "k1"), int(settings.lease_seconds * 1000)  # the watcher's lease
+    running = two.claim(a, worker="w", lease_ms=lease, operation_id="op-a", servers={"a": 1})
+    two.mark_submit(running, epoch="e1", lease_ms=lease)
+    watched = two.await_provider(running, lease_ms=lease)
+    clock = [1000.0]  # the watcher's monotonic seconds
+    watch = ServerWatch("a", Fleet([Server("a", "http://a", 1)], lambda _: Rendering()), two,
+                        lambda *message: pytest.fail("nothing to publish"), settings, record, lambda: clock[0])
+    create_tenant(two.redis, OTHER, 10**6)
+    assert keys.TenantKeys(OTHER).shard != keys.TenantKeys("acme").shard
+    other = Admitter(two, lambda job_id, priority: None, settings)
+    for n, keep_first in enumerate((False, True)):
+        stall(two, "a", f"{a}/op-a", 62_000)
+        clock[0] += 62
+        watch.tick()  # the watcher asks /history ("running") and renews A's lease, as every third of it
+        assert watch.renewed == {a: clock[0]}  # renewed (a fenced-out renewal is dropped from it)
+        if keep_first:
+            assert two.slots.keep({"a": 1}) == 0  # the sweeper's first pass after its stall
+        z = other.submit(OTHER, f"z{n}", {"kind": "image", "workflow": WORKFLOW, "outputs": 1}).job_id
+        assert two.claim(z, worker="w2", lease_ms=30_000, operation_id=f"op-{z}", servers={"a": 1}) is None
+        assert two.job(z)["state"] == "queued" and two.redis.zscore(keys.JobKeys(z).shard.parked, z) is not None
+        assert two.slots.keep({"a": 1}) == 0
+        assert members(two, "a") == [f"{a}/op-a"]
+    assert two.job(a)["state"] == "running" and two.watch_entry(a)["gen"] == watched.generation
+    busy = [two.redis.hget(keys.ShardKeys(n).fleet, "busy:a") for n in range(2)]
+    assert busy[keys.TenantKeys("acme").shard.n] == "1" and busy[keys.TenantKeys(OTHER).shard.n] in (None, "0")
