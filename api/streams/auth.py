@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 #: Open streams' keys are looked up again at least this often (s), also when ``trust_seconds`` is 0
 #: (RECKON_AUTH_CACHE_SECONDS=0: every request looks its key up; an open stream cannot, every 0).
 MIN_RECHECK_SECONDS = 0.1
+#: Keys an MGET of the re-check reads at most (~0.35 ms of Redis CPU at 1,000: no one command holds Redis long).
+MGET_KEYS = 1_000
 
 
 class Grant:
@@ -68,7 +70,7 @@ class Grants:
         return self.trusted.keep(digest, tenant)
 
     def hold(self, digest: str, tenant: str, wake: Callable[[], None]) -> Grant:
-        """The key's grant for one more stream (``wake`` wakes it), the key's task started if it was not."""
+        """The key's grant for one more stream (``wake`` wakes it); the re-checking task started if it was not."""
         grant = self.held.setdefault(digest, Grant(digest, tenant))
         grant.wakes.append(wake)
         if self._task is None:
@@ -103,7 +105,7 @@ class Grants:
 
     async def check(self) -> None:
         """Each held key's tenant and each of their tenants' disabled mark: two MGETs in one round trip
-        (on a Cluster, one MGET a slot), however many streams and keys are open."""
+        (one more per ``MGET_KEYS`` more keys; on a Cluster, one MGET a slot), however many streams."""
         grants = list(self.held.values())
         tenants = sorted({grant.tenant for grant in grants})
         names = [keys.api_key(grant.digest) for grant in grants]
@@ -113,10 +115,13 @@ class Grants:
         if isinstance(self.redis, AsyncCluster):  # keys of many slots
             found, marked = await self.redis.mget_nonatomic(names), await self.redis.mget_nonatomic(marks)
         else:
+            batches = [names[at:at + MGET_KEYS] for at in range(0, len(names), MGET_KEYS)]
             pipe = self.redis.pipeline(transaction=False)
-            pipe.mget(names)
-            pipe.mget(marks)
-            found, marked = await pipe.execute()
+            for batch in [*batches, *(marks[at:at + MGET_KEYS] for at in range(0, len(marks), MGET_KEYS))]:
+                pipe.mget(batch)
+            replies = await pipe.execute()
+            found = [value for reply in replies[:len(batches)] for value in reply]
+            marked = [value for reply in replies[len(batches):] for value in reply]
         disabled = {tenant for tenant, mark in zip(tenants, marked) if mark is not None}
         for grant, tenant in zip(grants, found):
             why = REVOKED if tenant != grant.tenant else DISABLED if tenant in disabled else None
