@@ -59,7 +59,8 @@ def create_app(
         publish = Publisher(build_broker(settings))
     admitter = Admitter(store, publish, settings)
 
-    app = falcon.App(middleware=[Authenticate(store.redis, trust_seconds=settings.auth_cache_seconds)])
+    auth = Authenticate(store.redis, trust_seconds=settings.auth_cache_seconds)
+    app = falcon.App(middleware=[auth])
     json = falcon.media.JSONHandler(dumps=orjson.dumps, loads=orjson.loads)
     app.req_options.media_handlers[falcon.MEDIA_JSON] = json
     app.resp_options.media_handlers[falcon.MEDIA_JSON] = json
@@ -73,7 +74,8 @@ def create_app(
     app.add_route("/v1/jobs/{job_id}/attempts", resources.Attempts(store))
     app.add_route("/v1/jobs/{job_id}/events", resources.Events(store))
     app.add_route("/v1/jobs/{job_id}/events/stream", resources.EventStream(
-        store, max_seconds=settings.sse_max_seconds, slots=sse.StreamSlots(settings.sse_max_streams)))
+        store, max_seconds=settings.sse_max_seconds, slots=sse.StreamSlots(settings.sse_max_streams),
+        refusal=auth.refusal))
     app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, open_blobs(settings)))
     app.add_route("/v1/usage", resources.Usage(store))
     webhooks.add_routes(app, Endpoints(store), Deliveries(store), settings)

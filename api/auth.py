@@ -3,6 +3,8 @@
 A key found valid is trusted for ``RECKON_AUTH_CACHE_SECONDS`` (1 s) in this process, so a client's
 requests cost no Redis read for it; a revoked key or a disabled tenant is refused within that
 time. A key found unknown is looked up again on the next request (a key just made works at once).
+An open event stream asks again (``Authenticate.refusal``) before it sends what it read, and ends once
+its key is refused (docs/api.md "Authentication and errors").
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import redis
 
 from api.problems import Problem
 from pipeline.settings import DEFAULT_AUTH_CACHE_SECONDS
-from pipeline.state.tenants import hash_key, tenant_for_key
+from pipeline.state.tenants import hash_key, is_disabled, tenant_for_hash
 
 #: Keys trusted at once, at most (all are forgotten when it is reached: a burst of many keys is
 #: looked up again, never kept past its time).
 MAX_TRUSTED = 10_000
+#: Why an open stream's key is refused: the ``detail`` of the stream's final ``end`` event.
+REVOKED = "the API key of this stream was revoked"
+DISABLED = "the tenant of this stream is disabled"
 
 
 class Trusted:
@@ -66,12 +71,20 @@ class Authenticate:
         if resource is None or getattr(resource, "public", False):
             return
         api_key = bearer(req)
-        tenant = self.tenant(api_key) if api_key else None
+        digest = hash_key(api_key) if api_key else ""
+        tenant = self.tenant(digest) if api_key else None
         if not tenant:
             raise unauthorized()
-        req.context.tenant = tenant
+        req.context.tenant, req.context.key_hash = tenant, digest
 
-    def tenant(self, api_key: str) -> str | None:
-        """The key's tenant: trusted from an earlier lookup for ``trust_seconds``, else looked up."""
-        digest = hash_key(api_key)
-        return self.trusted.get(digest) or self.trusted.keep(digest, tenant_for_key(self.redis, api_key))
+    def tenant(self, digest: str) -> str | None:
+        """The tenant of the key with this sha256: trusted from an earlier lookup for ``trust_seconds``,
+        else looked up."""
+        return self.trusted.get(digest) or self.trusted.keep(digest, tenant_for_hash(self.redis, digest))
+
+    def refusal(self, digest: str, tenant: str) -> str | None:
+        """None while the key with this sha256 still authenticates ``tenant`` (trusted, else looked up),
+        else why not (``REVOKED``, ``DISABLED``): what an open event stream asks before it sends."""
+        if self.tenant(digest) == tenant:
+            return None
+        return DISABLED if is_disabled(self.redis, tenant) else REVOKED

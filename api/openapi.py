@@ -237,17 +237,23 @@ SPEC: dict[str, Any] = {
         "/v1/jobs/{job_id}/events/stream": {"get": {
             "summary": "The job's events as Server-Sent Events, until it is terminal; resumable",
             "description": "Each message: `id` the event's seq, `event` its type, `data` the event as in "
-                           "/events. A stream ends after RECKON_SSE_MAX_SECONDS; reconnect with Last-Event-ID.",
+                           "/events. A stream ends after RECKON_SSE_MAX_SECONDS; reconnect with Last-Event-ID. "
+                           "Once its key is revoked or its tenant disabled it ends with `event: end` (no id), "
+                           "`data` the 401 problem saying why.",
             "parameters": [_JOB_ID, _AFTER, {
                 "name": "Last-Event-ID", "in": "header", "description": "resume after this seq (over after)",
                 "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}}],
             "responses": {"200": {"description": "the event stream; the schema describes one message",
-                                  "content": {"text/event-stream": {"schema": {
+                                  "content": {"text/event-stream": {"schema": {"oneOf": [{
                                       "type": "object", "required": ["id", "event", "data"], "properties": {
                                           "id": {"type": "string", "pattern": "^[0-9]+$"},
                                           "event": {"enum": ["state", "progress"]},
                                           "data": {"type": "string", "contentMediaType": "application/json",
-                                                   "contentSchema": {"$ref": "#/components/schemas/Event"}}}}}}},
+                                                   "contentSchema": {"$ref": "#/components/schemas/Event"}}}}, {
+                                      "type": "object", "required": ["event", "data"], "properties": {
+                                          "event": {"const": "end"},
+                                          "data": {"type": "string", "contentMediaType": "application/json",
+                                                   "contentSchema": {"$ref": "#/components/schemas/Problem"}}}}]}}}},
                           "204": {"description": "the job is terminal and no event is left after the given seq"},
                           "400": _problem("after or Last-Event-ID is not 0..10^18-1 (invalid-parameter)"),
                           **_AUTH_ERRORS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from typing import Any
+from typing import Any, Callable
 
 import falcon
 import orjson
@@ -163,13 +163,16 @@ class Events:
 
 class EventStream:
     """The job's events as Server-Sent Events from ``Last-Event-ID`` (else ``?after=``), bounded in
-    time and in number per process; 204 once the job is terminal and nothing is left to send."""
+    time and in number per process; 204 once the job is terminal and nothing is left to send; a final
+    ``end`` event once ``refusal(key sha256, tenant)`` says why the stream's key is refused."""
 
-    def __init__(self, store: Store, *, max_seconds: float, slots: sse.StreamSlots) -> None:
-        self.store, self.max_seconds, self.slots = store, max_seconds, slots
+    def __init__(self, store: Store, *, max_seconds: float, slots: sse.StreamSlots,
+                 refusal: Callable[[str, str], str | None] = lambda digest, tenant: None) -> None:
+        self.store, self.max_seconds, self.slots, self.refusal = store, max_seconds, slots, refusal
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
         owned_job(self.store, req.context.tenant, job_id)
+        refusal = functools.partial(self.refusal, req.context.key_hash, req.context.tenant)
         after = resume_after(req)
         read = functools.partial(progress.snapshot, self.store.redis, job_id)
         state, events = read(after)
@@ -178,7 +181,7 @@ class EventStream:
         if state in progress.TERMINAL and not events:
             resp.status = falcon.HTTP_204  # an EventSource does not reconnect after a 204
             return
-        body = self.slots.open(sse.stream(read, after, max_seconds=self.max_seconds))
+        body = self.slots.open(sse.stream(read, after, max_seconds=self.max_seconds, refusal=refusal))
         if body is None:
             raise Problem(503, "too-many-streams", "Too many event streams",
                           "every event stream of this server is taken; retry, or poll the events with ?after=",

@@ -2,7 +2,9 @@
 
 A stream holds one of gunicorn's threads while it is open, so it ends after ``max_seconds``
 (``retry: 1000`` asks the client to come back a second later with the last id it saw), and one
-process serves at most ``StreamSlots`` of them at once. See "Progress events" in docs/api.md.
+process serves at most ``StreamSlots`` of them at once. Before it sends what it read, a stream asks
+whether its key still authenticates its tenant; once refused it sends a final ``end`` event and ends.
+See "Progress events" in docs/api.md.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Callable, Iterator
 import orjson
 import redis
 
+from api.problems import PROBLEM_BASE
 from pipeline.state.jobs import iso
 from pipeline.state.progress import TERMINAL
 
@@ -26,6 +29,8 @@ DEFAULT_POLL_SECONDS = 0.5
 DEFAULT_PING_SECONDS = 5.0
 #: What the client waits before it reconnects (ms), sent first on every stream.
 RETRY_MS = 1000
+#: The name of a stream's final event when its key is refused (revoked, or its tenant disabled).
+END_EVENT = "end"
 
 #: Reads (state, events after seq): ``pipeline.state.progress.snapshot`` bound to a client and a job.
 Read = Callable[[int], tuple[str | None, list[dict[str, Any]]]]
@@ -41,20 +46,31 @@ def frame(event: dict[str, Any]) -> bytes:
     return b"id: %d\nevent: %s\ndata: %s\n\n" % (event["seq"], event["type"].encode(), orjson.dumps(public(event)))
 
 
+def end_data(why: str) -> bytes:
+    """The data of a stream's final ``end`` event: the 401 problem its next request gets, saying why."""
+    return orjson.dumps({"type": PROBLEM_BASE + "unauthorized", "title": "Authentication refused", "status": 401,
+                         "detail": why})
+
+
 def stream(
-    read: Read, after: int, *, max_seconds: float, poll_seconds: float = DEFAULT_POLL_SECONDS,
-    ping_seconds: float = DEFAULT_PING_SECONDS, clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    read: Read, after: int, *, max_seconds: float, refusal: Callable[[], str | None] = lambda: None,
+    poll_seconds: float = DEFAULT_POLL_SECONDS, ping_seconds: float = DEFAULT_PING_SECONDS,
+    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[bytes]:
     """Events with seq above ``after`` as they come, until the job is terminal (its last events
-    sent first: they come from the same snapshot as its state), gone, or ``max_seconds`` pass."""
+    sent first: they come from the same snapshot as its state), gone, or ``max_seconds`` pass; or
+    until ``refusal()`` (asked after each read, before its events go out) says why the key is refused."""
     started = quiet_since = clock()
     yield b"retry: %d\n\n" % RETRY_MS
     while True:
         try:
             state, events = read(after)
+            why = refusal()
         except redis.RedisError:
             log.warning("event stream stopped: Redis unavailable")
+            return
+        if why is not None:
+            yield b"event: %s\ndata: %s\n\n" % (END_EVENT.encode(), end_data(why))
             return
         for event in events:
             yield frame(event)

@@ -14,7 +14,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from api.problems import Problem, serialize
-from api.streams.auth import Authenticate
+from api.streams.auth import Authenticate, Grants
 from api.streams.hub import DEFAULT_BLOCK_MS, Hub
 from api.streams.resources import JobStream, Slots, TenantStream
 from pipeline.errors import WrongShards
@@ -34,24 +34,25 @@ def create_app(settings: Settings | None = None, *, block_ms: int = DEFAULT_BLOC
     reader = async_client(settings, socket_timeout=block_ms / 1000 + 10, connections=settings.shards + 1)
     hub = Hub(client, reader, block_ms=block_ms)
     slots = Slots(settings.streams_max_streams)
+    grants = Grants(client, trust_seconds=settings.auth_cache_seconds)
 
-    app = falcon.asgi.App(middleware=[Authenticate(client, trust_seconds=settings.auth_cache_seconds),
-                                      _Lifespan(hub, settings.shards, client, reader)])
+    app = falcon.asgi.App(middleware=[Authenticate(grants), _Lifespan(hub, grants, settings.shards, client, reader)])
     app.set_error_serializer(serialize)
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(redis.RedisError, _unavailable)
     app.add_error_handler(RedisClusterException, _unavailable)
-    app.add_route("/v1/jobs/{job_id}/events/stream", JobStream(hub, slots, settings.streams_ping_seconds))
-    app.add_route("/v1/events/stream", TenantStream(hub, slots, settings.streams_ping_seconds))
+    app.add_route("/v1/jobs/{job_id}/events/stream", JobStream(hub, slots, settings.streams_ping_seconds, grants))
+    app.add_route("/v1/events/stream", TenantStream(hub, slots, settings.streams_ping_seconds, grants))
     app.add_route("/healthz", _Health())
     return app
 
 
 class _Lifespan:
-    """Starts a reader per shard when the worker starts; stops them and closes the clients when it stops."""
+    """Starts a reader per shard when the worker starts; stops them and the key checks, and closes the
+    clients, when it stops."""
 
-    def __init__(self, hub: Hub, shards: int, *clients: Any) -> None:
-        self.hub, self.shards, self.clients = hub, shards, clients
+    def __init__(self, hub: Hub, grants: Grants, shards: int, *clients: Any) -> None:
+        self.hub, self.grants, self.shards, self.clients = hub, grants, shards, clients
 
     async def process_startup(self, scope: dict, event: dict) -> None:
         await check_shards(self.hub.redis)
@@ -60,6 +61,7 @@ class _Lifespan:
 
     async def process_shutdown(self, scope: dict, event: dict) -> None:
         await self.hub.close()
+        await self.grants.close()
         for client in self.clients:
             await client.aclose()
 

@@ -3,7 +3,8 @@
 A job's stream sends the job's events (state and progress) with their ``seq`` as ids, read from the
 job's own lists when its room is woken, exactly as ``GET /v1/jobs/{id}/events/stream`` of the web
 process does. A tenant's stream sends the entries of its shard's stream of changes that are its
-jobs', with the entry id as the event id. See docs/api.md "Event streams".
+jobs', with the entry id as the event id. Each holds its key's grant (``auth``): once the key is
+refused, it sends a final ``end`` event and no other, and ends. See docs/api.md "Event streams".
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from falcon.asgi import Request, Response, SSEvent
 
 from api.problems import Problem
 from api.resources import resume_after
-from api.sse import RETRY_MS, public
+from api.sse import END_EVENT, RETRY_MS, end_data, public
+from api.streams.auth import Grant, Grants
 from api.streams.hub import RETRY_SECONDS, Change, EntryId, Hub, Room, Trimmed, entry_id, entry_text
 from pipeline.state.keys import ShardKeys, shard_of, tenant_of
 from pipeline.state.progress import TERMINAL
@@ -62,10 +64,11 @@ def _open(resp: Response, events: AsyncIterator[SSEvent | None]) -> None:
 
 class JobStream:
     """``GET /v1/jobs/{job_id}/events/stream``: from ``Last-Event-ID`` (else ``?after=``), until the job
-    is terminal; 204 when it is and nothing is left to send; 404 for a job of another tenant or none."""
+    is terminal or the key refused; 204 when it is terminal and nothing is left to send; 404 for a job of
+    another tenant or none."""
 
-    def __init__(self, hub: Hub, slots: Slots, ping_seconds: float) -> None:
-        self.hub, self.slots, self.ping_seconds = hub, slots, ping_seconds
+    def __init__(self, hub: Hub, slots: Slots, ping_seconds: float, grants: Grants) -> None:
+        self.hub, self.slots, self.ping_seconds, self.grants = hub, slots, ping_seconds, grants
 
     async def on_get(self, req: Request, resp: Response, job_id: str) -> None:
         try:
@@ -95,13 +98,14 @@ class JobStream:
             give_back()
             resp.status = falcon.HTTP_204  # an EventSource does not reconnect after a 204
             return
-        _open(resp, self._events(room, seen, job_id, after, give_back))
+        grant = self.grants.hold(req.context.key_hash, owner, room.wake)
+        _open(resp, self._events(room, seen, job_id, after, grant, give_back))
 
-    async def _events(self, room: Room, seen: int, job_id: str, after: int,
+    async def _events(self, room: Room, seen: int, job_id: str, after: int, grant: Grant,
                       give_back: Callable[[], None]) -> AsyncIterator[SSEvent | None]:
         try:
             yield SSEvent(retry=RETRY_MS)
-            while True:
+            while not grant.refused:
                 try:
                     state, events = await self.hub.snapshot(room, seen, job_id)
                 except redis.RedisError as exc:
@@ -110,15 +114,20 @@ class JobStream:
                     seen = room.version
                     continue
                 for event in events:
+                    if grant.refused:  # refused while the last one was going out: nothing more
+                        break
                     if event["seq"] > after:
                         yield SSEvent(data=orjson.dumps(public(event)), event=event["type"], event_id=str(event["seq"]))
                         after = event["seq"]
-                if state is None or state in TERMINAL:
-                    return
+                if grant.refused or state is None or state in TERMINAL:
+                    break
                 while not await room.wait(seen, self.ping_seconds):
                     yield None  # a comment line: proxies keep the connection, and a client gone is found
                 seen = room.version
+            if grant.refused:
+                yield _end(grant.refused)
         finally:
+            self.grants.release(grant, room.wake)
             self.hub.leave(self.hub.jobs, job_id)
             give_back()
 
@@ -138,10 +147,11 @@ def tenant_cursor(req: Request) -> EntryId | None:
 
 class TenantStream:
     """``GET /v1/events/stream``: the events of every job of the tenant, in the order its shard added them,
-    each with its entry id; a cursor older than what the shard keeps gets a ``resync`` event first."""
+    each with its entry id, until the key is refused; a cursor older than what the shard keeps gets a
+    ``resync`` event first."""
 
-    def __init__(self, hub: Hub, slots: Slots, ping_seconds: float) -> None:
-        self.hub, self.slots, self.ping_seconds = hub, slots, ping_seconds
+    def __init__(self, hub: Hub, slots: Slots, ping_seconds: float, grants: Grants) -> None:
+        self.hub, self.slots, self.ping_seconds, self.grants = hub, slots, ping_seconds, grants
 
     async def on_get(self, req: Request, resp: Response) -> None:
         tenant = req.context.tenant
@@ -160,13 +170,14 @@ class TenantStream:
             self.hub.leave(self.hub.tenants, tenant)
             give_back()
             raise
-        _open(resp, self._events(room, tenant, shard, cursor, give_back))
+        grant = self.grants.hold(req.context.key_hash, tenant, room.wake)
+        _open(resp, self._events(room, tenant, shard, cursor, grant, give_back))
 
-    async def _events(self, room: Room, tenant: str, shard: int, cursor: EntryId,
+    async def _events(self, room: Room, tenant: str, shard: int, cursor: EntryId, grant: Grant,
                       give_back: Callable[[], None]) -> AsyncIterator[SSEvent | None]:
         try:
             yield SSEvent(retry=RETRY_MS)
-            while True:
+            while not grant.refused:
                 seen = room.version
                 try:
                     changes = await self.hub.changes_after(shard, cursor)
@@ -180,14 +191,19 @@ class TenantStream:
                                    "(GET /v1/jobs), this stream goes on from here"}))
                     continue
                 for change in changes:
+                    if grant.refused:  # refused while the last one was going out: nothing more
+                        break
                     cursor = change.id
                     if change.tenant == tenant:
                         yield _tenant_event(change)
-                if changes:
+                if changes or grant.refused:
                     continue  # more may be there
                 while not await room.wait(seen, self.ping_seconds):
                     yield None
+            if grant.refused:
+                yield _end(grant.refused)
         finally:
+            self.grants.release(grant, room.wake)
             self.hub.leave(self.hub.tenants, tenant)
             give_back()
 
@@ -198,6 +214,12 @@ async def _unavailable(name: str, exc: Exception) -> None:
     reconnect into a 503, which it takes as final."""
     log.debug("event stream of %s waits: Redis unavailable (%s)", name, exc)
     await asyncio.sleep(RETRY_SECONDS)
+
+
+def _end(why: str) -> SSEvent:
+    """The final event of a stream whose key was refused: no id, so a client's resume point stays the last
+    event it got; its reconnect is then 401, which an ``EventSource`` takes as final."""
+    return SSEvent(event=END_EVENT, data=end_data(why))
 
 
 def _tenant_event(change: Change) -> SSEvent:

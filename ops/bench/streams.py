@@ -3,7 +3,9 @@ process included) and ``--streams`` tenant streams held open by this process (as
 spread over ``--tenants`` tenants).
 
 It reports the streams process's RSS before and after they open (per stream), the Redis commands per
-second of the idle stack with and without them (``INFO commandstats`` delta over ``--hold`` seconds),
+second of the idle stack with and without them (``INFO commandstats`` delta over ``--hold`` seconds) and
+what the streams process's re-check of their ``--keys`` API keys costs in them (its MGETs: calls and
+microseconds of Redis CPU a second),
 event latency (an event's ``at`` to its receipt here) while admissions and cancels of ``--rate`` jobs a
 second run through the scripts directly (two events a job, each to every stream of its tenant), and
 ``POST /v1/jobs`` latency (p50, p99 of ``--posts`` sequential posts, from a process of their own so the
@@ -27,8 +29,10 @@ from datetime import datetime
 from pathlib import Path
 
 import orjson
+import redis
 
 from ops.bench.deployed import Deployed, completed, total_calls, workflow
+from pipeline.state.tenants import create_key
 
 BODY = orjson.dumps({"kind": "image", "workflow": workflow(1024), "outputs": 1})
 
@@ -57,6 +61,13 @@ def post_latencies(port: int, api_key: str, n: int, tag: str) -> list[float]:
         assert resp.status == 202, resp.status
     conn.close()
     return took
+
+
+def mget_stats(client: redis.Redis) -> tuple[int, int]:
+    """MGET calls and microseconds of Redis CPU so far (the streams process's key re-check; nothing else of
+    the idle stack sends one)."""
+    stats = client.info("commandstats").get("cmdstat_mget", {})
+    return stats.get("calls", 0), stats.get("usec", 0)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -131,6 +142,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--tenants", type=int, default=100)
+    parser.add_argument("--keys", type=int, default=0, help="API keys the streams use, spread over the tenants"
+                        " (default: one a tenant)")
     parser.add_argument("--hold", type=float, default=60.0, help="seconds the idle streams are held")
     parser.add_argument("--rate", type=int, default=100, help="jobs a second driven through the scripts")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long they are driven")
@@ -142,6 +155,7 @@ def main() -> None:
             stack.up()
             names = [f"t{i}" for i in range(args.tenants)]
             keys = [stack.tenant(name) for name in names]
+            keys += [create_key(stack.client, names[i % args.tenants]) for i in range(args.tenants, args.keys)]
             post_latencies(stack.web_port, keys[0], 20, "warm")
             time.sleep(3)
             without = posts_apart(stack.web_port, keys[0], args.posts, "without")
@@ -155,9 +169,10 @@ def main() -> None:
             watchers = Watchers(stack.streams_port, keys, args.streams)
             while watchers.open < args.streams:
                 time.sleep(0.1)
-            calls0, t0 = total_calls(stack.client), time.perf_counter()
+            calls0, t0, mget0 = total_calls(stack.client), time.perf_counter(), mget_stats(stack.client)
             time.sleep(args.hold)
-            idle_with = (total_calls(stack.client) - calls0 - 1) / (time.perf_counter() - t0)
+            mget1, held = mget_stats(stack.client), time.perf_counter() - t0
+            idle_with = (total_calls(stack.client) - calls0 - 1) / held
             rss1 = rss_kb(stack.procs["streams"].pid)
             with_streams = posts_apart(stack.web_port, keys[0], args.posts, "with")
             watchers.recording = True
@@ -169,6 +184,8 @@ def main() -> None:
             print(f"streams process RSS {rss0 / 1024:.1f} MB -> {rss1 / 1024:.1f} MB:"
                   f" {(rss1 - rss0) / args.streams:.1f} kB a stream")
             print(f"idle Redis commands/s: {idle_without:.2f} without streams, {idle_with:.2f} with")
+            print(f"re-check of the streams' {len(keys)} keys: {(mget1[0] - mget0[0]) / held:.2f} MGET/s,"
+                  f" {(mget1[1] - mget0[1]) / held:.0f} us/s of Redis CPU")
             print(f"driven {jobs} jobs in {args.seconds:.0f} s ({jobs / args.seconds:.0f}/s),"
                   f" {len(lat)} events received: latency p50 {pct(lat, 50):.1f} ms p99 {pct(lat, 99):.1f} ms"
                   f" max {max(lat or [0]):.1f} ms")

@@ -119,7 +119,12 @@ def is_disabled(client: redis.Redis, tenant: str) -> bool:
 
 def tenant_for_key(client: redis.Redis, api_key: str) -> str | None:
     """The tenant an API key authenticates, or None (unknown or revoked key, disabled tenant)."""
-    tenant = client.get(keys.api_key(hash_key(api_key)))
+    return tenant_for_hash(client, hash_key(api_key))
+
+
+def tenant_for_hash(client: redis.Redis, key_hash: str) -> str | None:
+    """The tenant the API key with this sha256 authenticates, or None (as ``tenant_for_key``)."""
+    tenant = client.get(keys.api_key(key_hash))
     if tenant is None or is_disabled(client, _text(tenant)):
         return None
     return _text(tenant)

@@ -18,13 +18,13 @@ from pipeline.state import progress
 from pipeline.state.keys import ShardKeys
 from pipeline.state.store import Store
 
-from .conftest import Streams, auth
+from .conftest import Streams, Web, auth
 
 
 class Reader:
     """One open event stream: its messages as (id, event, data), read as they come."""
 
-    def __init__(self, streams: Streams, path: str, headers: dict[str, str]) -> None:
+    def __init__(self, streams: Web, path: str, headers: dict[str, str]) -> None:
         self.conn = http.client.HTTPConnection("127.0.0.1", streams.port, timeout=10)
         self.conn.request("GET", path, headers=headers)
         self.resp = self.conn.getresponse()
@@ -32,7 +32,8 @@ class Reader:
         assert self.resp.getheader("Content-Type") == "text/event-stream"
 
     def next(self) -> tuple[str, str, dict[str, Any]] | None:
-        """The next message with an id (comments and the retry field skipped); None when the stream ends."""
+        """The next message with an id or an event name (comments and the retry field skipped; a message
+        without an id, as the final ``end``, has the id ""); None when the stream ends."""
         fields: dict[str, str] = {}
         while True:
             line = self.resp.readline().decode()
@@ -40,8 +41,8 @@ class Reader:
                 return None
             line = line.rstrip("\n")
             if line == "":
-                if "id" in fields:
-                    return fields["id"], fields.get("event", ""), orjson.loads(fields.get("data", "null"))
+                if "id" in fields or "event" in fields:
+                    return fields.get("id", ""), fields.get("event", ""), orjson.loads(fields.get("data", "null"))
                 fields = {}
             elif not line.startswith(":"):
                 name, _, value = line.partition(": ")

@@ -1,12 +1,17 @@
 """``Client.events`` over the real stack through a proxy that cuts the first event stream in the
 middle of an event: the client reopens it from the last id it was given and misses nothing; and from
-the streams process, when the client is given its URL."""
+the streams process, when the client is given its URL; and a key revoked while its stream is open raises
+``Unauthorized``."""
 
 from __future__ import annotations
 
-import orjson
-from reckon.client import Client
+import threading
+from typing import Any
 
+import orjson
+from reckon.client import Client, Unauthorized
+
+from pipeline.state.tenants import create_key, create_tenant, revoke_key
 from tests.api.conftest import Streams
 from tests.client.conftest import job_body, whole_stack
 
@@ -48,3 +53,34 @@ def test_events_come_from_the_streams_process_when_it_is_named(stack_with, redis
     assert seqs == sorted(set(seqs)) and seqs[0] == 1
     states = [(e["from"], e["to"]) for e in seen if e["type"] == "state"]
     assert states == [(None, "queued"), ("queued", "running"), ("running", "completed")]
+
+
+def test_a_key_revoked_while_its_stream_is_open_raises_unauthorized(web, store, redis_client, tmp_path) -> None:
+    create_tenant(redis_client, "acme", 1_000)
+    api_key = create_key(redis_client, "acme")
+    (tmp_path / "streams").mkdir()
+    streams = Streams(tmp_path / "streams", RECKON_AUTH_CACHE_SECONDS="1")
+    streams.start()
+    try:
+        client = Client(web.url, api_key, streams_url=streams.url, deadline=10)
+        job = client.submit("watched-3", job_body())
+        assert store.claim(job["id"], worker="w1", lease_ms=30_000, operation_id="op-1", servers={"s1": 4})
+        events = client.events(job["id"])
+        assert [next(events)["seq"], next(events)["seq"]] == [1, 2]  # queued, running: the stream is open
+        revoke_key(redis_client, api_key)
+        raised: list[Any] = []
+        reader = threading.Thread(target=lambda: raised.append(_raised(lambda: next(events))), daemon=True)
+        reader.start()
+        reader.join(15)  # the refusal shows within RECKON_AUTH_CACHE_SECONDS (1 s); the bound is generous
+    finally:
+        streams.stop()
+    assert len(raised) == 1 and isinstance(raised[0], Unauthorized), raised
+    assert (raised[0].status, raised[0].detail) == (401, "the API key of this stream was revoked")
+
+
+def _raised(call: Any) -> Any:
+    """What ``call()`` raised, or what it returned."""
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 (the test asserts which)
+        return exc

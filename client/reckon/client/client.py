@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from reckon.client import sse
-from reckon.client.errors import DeadlineExceeded, IntegrityError, OutputNotFound, ProtocolError, ReckonError
+from reckon.client.errors import (
+    DeadlineExceeded,
+    IntegrityError,
+    OutputNotFound,
+    ProtocolError,
+    ReckonError,
+    from_problem,
+)
 from reckon.client.retry import Backoff
 from reckon.client.transport import TRANSPORT_ERRORS, Connect, Deadline, Transport, connect, failure, json_object
 
@@ -249,13 +256,17 @@ def _job_path(job_id: str, *rest: str) -> str:
 
 
 def _event(message: sse.Message) -> dict[str, Any] | None:
-    """The event a message carries (None for a message that only sets ``retry``)."""
+    """The event a message carries (None for a message that only sets ``retry``); a final ``end`` (the key
+    was refused while the stream was open) raises its problem's exception (``Unauthorized``)."""
     if message.data is None:
         return None
     try:
         event = json.loads(message.data)
     except ValueError:
         raise ProtocolError(f"event {message.id} is not JSON") from None
+    if message.event == "end" and isinstance(event, dict):
+        status = event.get("status")
+        raise from_problem(status if isinstance(status, int) else 401, event)
     if not isinstance(event, dict) or not isinstance(event.get("seq"), int):
         raise ProtocolError(f"event {message.id} has no seq")
     return event
