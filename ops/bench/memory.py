@@ -4,7 +4,8 @@
 Run: ``.venv/bin/python ops/bench/memory.py --jobs 5000 --workflow-bytes 10240``.
 Starts a private redis-server (ops/redis.conf, AOF off: memory is what is measured) on a
 free loopback port, admits the jobs through the real admission path, runs each through the
-real scripts (claim, mark-submit, charge, store-output, finish) with ``--outputs`` outputs (2), and prints
+real scripts (claim, mark-submit, one progress point, charge, store-output, finish) with ``--outputs`` outputs
+(2), as a deployed stack with ``--delay 0`` servers runs them (about one progress point a job), and prints
 ``used_memory`` per job: after admission (workflow held), once finished (within retention,
 idempotency records included), and after the sweeper purged them past their retention. One job runs
 the whole path first, uncounted: Redis's first stream entry, first sorted set and the like cost a
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from ops.bench.benchlib import free_port, wait_for  # noqa: E402
 from pipeline.settings import Settings
+from pipeline.state import progress
 from pipeline.state.redisconn import connect_url
 from pipeline.state.store import Store
 from pipeline.state.submit import Admitter
@@ -45,6 +47,7 @@ def run_all(store: Store, job_ids: list[str], outputs: int, first: int = 0) -> N
                             servers={"sim": 1000})
         assert claim is not None
         store.mark_submit(claim, epoch="boot", lease_ms=30_000)
+        assert progress.record(store.scripts, job_id, claim.attempt, claim.operation_id, "9", 1, 4)
         store.charge(claim, 10)
         for index in range(outputs):
             store.store_output(claim, index, {"sha256": f"{n * 8 + index:064x}", "bytes": 1234,

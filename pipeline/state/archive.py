@@ -3,11 +3,13 @@
 A job that ends completed or cancelled keeps only its record hash: ``state``, and ``z``, which holds
 its other fields, attempts, state events and outputs (``pack_finished`` in lua/_lib.lua writes it,
 lua/_codec.lua defines it; a test keeps the key lists below in step with the Lua ones). ``z`` is JSON
-``[1, created_at, [record values], {other fields}, [attempts], [events], [outputs]]``: record values in
-``RECORD_FIELDS`` order (null: no such field; true: ``id`` or ``tenant``, named by the job id), an
-object of any other fields, then items as arrays of their values when their keys were stored in
-the order of ``ATTEMPT_KEYS``, ``EVENT_KEYS`` or ``OUTPUT_KEYS`` (else as their stored object),
-integers as numbers, moments counted from ``created_at``. Progress points and the
+``[2, created_at, [record values], {other fields}, [attempts], [events], [outputs]]``: record values in
+``RECORD_FIELDS`` order (null: no such field, the nulls at the end left out; true: ``id`` or ``tenant``,
+named by the job id), an object of any other fields, then items as arrays of their values when their
+keys were stored in the order of ``ATTEMPT_KEYS``, ``EVENT_KEYS`` or ``OUTPUT_KEYS`` (else as their
+stored object), integers as numbers, moments counted from ``created_at``; an event of 4 values left out
+its ``from``, the ``to`` of the event before it (null for the first); an output's sha256 that starts with
+``=`` is 64 hex digits written short (``_digest``). Version 1 has neither. Progress points and the
 workflow go when the job is packed. A failed job (a dead letter) keeps its keys until it is replayed
 or purged.
 
@@ -60,12 +62,32 @@ def values(job_id: str, names: Sequence[str], reply: Sequence[str | None]) -> li
     return [value if value is not None else packed.get(name) for name, value in zip(names, plain, strict=True)]
 
 
+#: The characters of a short digest (``digest_text`` in lua/_codec.lua): each pair is three hex digits.
+DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
 def outputs(live: dict[str, str], raw: str | None) -> dict[int, dict[str, Any]]:
     """Output index -> {sha256, bytes, content_type}, from the job's outputs hash or its packed value."""
     if raw is not None:
-        return {item[0]: _item(item[1] if isinstance(item[1], dict) else item[1:], OUTPUT_KEYS, 0)
-                for item in orjson.loads(raw)[6]}
+        z = orjson.loads(raw)
+        return {item[0]: item[1] if isinstance(item[1], dict) else _output(item[1:], z[0]) for item in z[6]}
     return {int(index): orjson.loads(value) for index, value in sorted(live.items(), key=lambda kv: int(kv[0]))}
+
+
+def _output(values: list[Any], version: int) -> dict[str, Any]:
+    output = _item(values, OUTPUT_KEYS, 0)
+    if version >= 2:
+        output["sha256"] = _digest(output["sha256"])
+    return output
+
+
+def _digest(text: Any) -> Any:
+    """64 hex digits from their short form (``=`` and 43 characters); anything else as it is."""
+    if not (isinstance(text, str) and len(text) == 44 and text[0] == "="):
+        return text
+    values = [DIGITS.index(c) for c in text[1:]]
+    pairs = "".join(f"{values[i] * 64 + values[i + 1]:03x}" for i in range(0, 42, 2))
+    return pairs + f"{values[42]:x}"
 
 
 def attempts(live: dict[str, str], raw: str | None) -> list[dict[str, Any]]:
@@ -76,10 +98,15 @@ def attempts(live: dict[str, str], raw: str | None) -> list[dict[str, Any]]:
 
 
 def events(live: list[str], raw: str | None) -> list[dict[str, Any]]:
-    if raw is not None:
-        z = orjson.loads(raw)
-        return [_item(item, EVENT_KEYS, _base(z)) for item in z[5]]
-    return [orjson.loads(item) for item in live]
+    if raw is None:
+        return [orjson.loads(item) for item in live]
+    z = orjson.loads(raw)
+    found: list[dict[str, Any]] = []
+    for item in z[5]:
+        if isinstance(item, list) and len(item) == 4:  # its `from` is the `to` before it
+            item = [item[0], item[1], found[-1].get("to") if found else None, item[2], item[3]]
+        found.append(_item(item, EVENT_KEYS, _base(z)))
+    return found
 
 
 def _base(z: list[Any]) -> int:
