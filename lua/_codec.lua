@@ -9,10 +9,12 @@
 -- outputs are arrays of their values, when the item's keys are ATTEMPT_KEYS, EVENT_KEYS or OUTPUT_KEYS
 -- in that order (how the scripts write them); any other item is kept as the object it was stored as,
 -- keys in their order. An integer is a JSON number; a moment (the *_TIMES) counts from created_at, so
--- most are a few digits; a string is written with its slashes as they are (cjson writes `\/`). An
--- event whose `from` is the `to` of the event before it (null for the first) leaves it out (4
--- values); an output's sha256 of 64 hex digits is `=` and 43 characters (`digest_text`). Version 1
--- (every null, every `from`, digests in hex, `\/`) is read as it was written.
+-- most are a few digits (the deadline from created_at + deadline_s seconds: `record_number`); a string
+-- is written with its slashes as they are (cjson writes `\/`). An event whose `from` is the `to` of the
+-- event before it (null for the first) leaves it out (4 values), and then its `reason` too when that is
+-- its `to` (3); an output of the content type of the output before it leaves it out (3 values after its
+-- index); an output's sha256 of 64 hex digits is `=` and 43 characters (`digest_text`). Version 1
+-- (every null, every `from` and type, digests in hex, `\/`) is read as it was written.
 -- About a third of the bytes of the record with its parts as JSON objects (docs/operations.md "Bounded memory and retention").
 
 local PACKED, PACK_VERSION = 'z', 2
@@ -120,19 +122,31 @@ local function encode_items(items, names, base)
   return '[' .. table.concat(out, ',') .. ']'
 end
 
--- Events, each without its `from` when that is the `to` of the one before (a string; null for the first).
+-- Events, each without its `from` when that is the `to` of the one before (a string; null for the first),
+-- and then without its `reason` too when that is its `to` (a string).
 local function encode_events(events, base)
   local out, before = {}, cjson.null
   for i, raw in ipairs(events) do
     local text, item = encode_item(raw, EVENT_KEYS, base)
     if item and item.from == before and (before == cjson.null or type(before) == 'string') then
+      local reason = ''
+      if not (type(item.to) == 'string' and item.reason == item.to) then reason = ',' .. encode_value(item.reason, base) end
       text = '[' .. encode_value(item.at, base, true) .. ',' .. encode_value(item.to, base) .. ','
-        .. encode_value(item.seq, base) .. ',' .. encode_value(item.reason, base) .. ']'
+        .. encode_value(item.seq, base) .. reason .. ']'
     end
     out[i] = text
     before = item and item.to or false  -- false: never a `from`
   end
   return '[' .. table.concat(out, ',') .. ']'
+end
+
+-- A record value that is an integer, as packed: a moment counted from `base` (created_at), the deadline
+-- from `base` + deadline_s seconds when deadline_s is an integer below 10^9 (0 for most jobs; a larger one
+-- would pass 2^53 in milliseconds).
+local function record_number(name, n, base, fields)
+  local window = name == 'deadline' and integer_text(fields.deadline_s or '')
+  if window and math.abs(window) < 1e9 then return n - base - window * 1000 end
+  return RECORD_TIMES[name] and n - base or n
 end
 
 -- `z` for the job `job_id` with record `fields` (field -> Redis string; `state` and LIVE fields
@@ -150,7 +164,7 @@ local function pack_value(job_id, fields, attempts, events, outputs)
       values[i] = 'true'
     else
       local n = integer_text(text)
-      values[i] = n and string.format('%d', RECORD_TIMES[name] and n - base or n) or json_text(text)
+      values[i] = n and string.format('%d', record_number(name, n, base, fields)) or json_text(text)
     end
   end
   while values[#values] == 'null' do values[#values] = nil end
@@ -161,9 +175,15 @@ local function pack_value(job_id, fields, attempts, events, outputs)
   table.sort(rest)
   local created = fields.created_at
   created = (created == nil and 'null') or (integer_text(created) and created) or json_text(created)
-  local o = {}
+  local o, before = {}, false  -- before: the content type of the output before, when it was an array
   for i, output in ipairs(outputs) do
-    local index, encoded = string.format('%d', output.index), encode_item(output.raw, OUTPUT_KEYS, base)
+    local index = string.format('%d', output.index)
+    local encoded, item = encode_item(output.raw, OUTPUT_KEYS, base)
+    local kind = item and item.content_type
+    if type(kind) == 'string' and kind == before then  -- the same content type: left out
+      encoded = string.sub(encoded, 1, #encoded - #json_text(kind) - 2) .. ']'
+    end
+    before = type(kind) == 'string' and kind
     if string.sub(encoded, 1, 1) == '[' then
       o[i] = '[' .. index .. ',' .. string.sub(encoded, 2)
     else  -- kept as its object
@@ -182,11 +202,18 @@ packed_fields = function(key, raw)
   local created = z[2]
   local base = is_integer(created) and created or 0
   local fields = {created_at = created ~= cjson.null and redis_text(created) or nil}
+  local window = 0  -- what the deadline is counted from, past created_at (version 2)
+  for i, name in ipairs(RECORD_FIELDS) do
+    if z[1] >= 2 and name == 'deadline_s' and is_integer(z[3][i]) and math.abs(z[3][i]) < 1e9 then
+      window = z[3][i] * 1000
+    end
+  end
   for i, name in ipairs(RECORD_FIELDS) do
     local value = z[3][i]
     if value == true then
       fields[name] = name == 'id' and job_id or tenant_of(job_id)
     elseif value ~= cjson.null and value ~= nil then
+      if name == 'deadline' and is_integer(value) then value = value + window end
       fields[name] = redis_text(RECORD_TIMES[name] and is_integer(value) and value + base or value)
     end
   end

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import orjson
@@ -34,6 +35,7 @@ from pipeline.state.redisconn import connect_url
 from pipeline.state.store import Store
 from pipeline.state.submit import Admitter
 from pipeline.state.tenants import create_tenant
+from pipeline.work.executor import worker_name
 from pipeline.work.sweeper import Sweeper
 
 
@@ -43,8 +45,8 @@ def used(store: Store) -> int:
 
 def run_all(store: Store, job_ids: list[str], outputs: int, first: int = 0) -> None:
     for n, job_id in enumerate(job_ids, start=first):
-        claim = store.claim(job_id, worker="memory/1", lease_ms=30_000, operation_id=f"op-{n:08d}",
-                            servers={"sim": 1000})
+        claim = store.claim(job_id, worker=worker_name(), lease_ms=30_000, operation_id=str(uuid.uuid4()),
+                            servers={"sim": 1000})  # the worker's name and operation id as a worker makes them
         assert claim is not None
         store.mark_submit(claim, epoch="boot", lease_ms=30_000)
         assert progress.record(store.scripts, job_id, claim.attempt, claim.operation_id, "9", 1, 4)

@@ -95,18 +95,23 @@ SHA = "5ea6256345e1f585d47691390902a50dfc02a9fe9e6c894d3608fc06423be652"
 
 def test_version_2_writes_digests_short_and_leaves_out_a_from_that_follows(store: Store) -> None:
     """A digest of 64 hex digits takes 44 characters, an event whose `from` is the `to` before it 4
-    values, the nulls at the end of the record none, a slash one character: what every reader gets back
-    is unchanged, byte for byte. A sha256 that would read as a short digest keeps its output an object."""
+    values (3 when its reason is its `to`), an output of the content type before it 3, the deadline 0 when
+    it is deadline_s after created_at, the nulls at the end of the record none, a slash one character: what
+    every reader gets back is unchanged, byte for byte. A sha256 that would read as a short digest keeps
+    its output an object."""
     j = JobKeys(JOB_ID)
     store.redis.hset(j.record, mapping={"state": "completed", "id": JOB_ID, "tenant": "acme", "created_at": "1000",
-                                        "kind": "image/x", "error_class": "", "obsolete": "0"})
+                                        "kind": "image/x", "error_class": "", "obsolete": "0",
+                                        "deadline_s": "60", "deadline": "61000"})
     events = [{"at": 1000, "to": "queued", "from": None, "seq": 1, "reason": "admitted"},
               {"at": 1010, "to": "running", "from": "queued", "seq": 2, "reason": "claimed"},
               {"at": 1020, "to": "retry_wait", "from": "queued", "seq": 3, "reason": "a/b"},
               {"at": 1030, "to": "completed", "from": "retry_wait", "seq": 4, "reason": "completed"}]
     store.redis.rpush(j.events, *(orjson.dumps(e) for e in events))
     outputs = [{"sha256": SHA, "bytes": 74, "content_type": "image/png"},
-               {"sha256": "=" + "A" * 43, "bytes": 1, "content_type": "image/png"}]
+               {"sha256": SHA, "bytes": 75, "content_type": "image/png"},
+               {"sha256": "=" + "A" * 43, "bytes": 1, "content_type": "image/png"},
+               {"sha256": SHA, "bytes": 76, "content_type": "image/png"}]
     store.redis.hset(j.outputs, mapping={str(n): orjson.dumps(o) for n, o in enumerate(outputs)})
     before = (store.job(JOB_ID), store.events(JOB_ID), store.outputs(JOB_ID))
     parts = [j.attempts, j.events, j.outputs, j.progress, j.progress_seen]
@@ -114,8 +119,10 @@ def test_version_2_writes_digests_short_and_leaves_out_a_from_that_follows(store
     z = store.redis.hget(j.record, "z")
     packed = orjson.loads(z)
     assert (packed[0], len(packed[2]), "\\/" in z) == (2, archive.RECORD_FIELDS.index("obsolete") + 1, False)
-    assert [len(event) for event in packed[5]] == [4, 4, 5, 4]
-    assert packed[6] == [[0, "=XqYlY0Xh9YXUdpE5CQKlDfwCqf6ebIlNNgj8BkI75lC", 74, "image/png"], [1, outputs[1]]]
+    assert [len(event) for event in packed[5]] == [4, 4, 5, 3]
+    short = "=XqYlY0Xh9YXUdpE5CQKlDfwCqf6ebIlNNgj8BkI75lC"
+    assert packed[6] == [[0, short, 74, "image/png"], [1, short, 75], [2, outputs[2]], [3, short, 76, "image/png"]]
+    assert packed[2][archive.RECORD_FIELDS.index("deadline")] == 0
     assert (store.job(JOB_ID), store.events(JOB_ID), store.outputs(JOB_ID)) == before
     assert store.outputs(JOB_ID)[0]["sha256"] == SHA
 
