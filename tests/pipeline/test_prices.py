@@ -162,6 +162,30 @@ def test_a_charge_beyond_what_the_job_holds_is_booked_in_full_counted_and_logged
     assert store.redis.hget(STATS, "charge_overruns_total") == "1"
 
 
+def test_an_unknown_run_beyond_what_the_job_holds_is_held_in_full(store, settings) -> None:
+    """A job reserved at 10 (one output, max_cost 10) runs on a server at 12 that joined since: its outcome
+    unknown, the whole run (12) is held, 2 of it beyond its reservation (the tenant's available units go
+    down by them), and settled in full when it is taken as charged."""
+    create_tenant(store.redis, "acme", ALLOWANCE)
+    job_id = submit(Admitter(store, lambda job_id, priority: None, settings), "k1", 1, max_cost=10)
+    claim = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op-1", servers={"dear": 1},
+                        prices={"dear": 12})
+    assert claim is not None
+    store.mark_submit(claim, epoch="e1", lease_ms=60_000)
+    assert store.begin_reconcile(job_id, reason="unknown_outcome", claim=claim)
+    job = store.job(job_id)
+    assert (job["state"], job["reserved"], job["uncertain"]) == ("reconciling", "0", "12")
+    assert balanced(store) == {"allowance": ALLOWANCE, "reserved": 0, "uncertain": 12, "settled": 0,
+                               "available": ALLOWANCE - 12}
+    rec = store.claim_reconcile(job_id, worker="r", lease_ms=60_000)
+    assert rec is not None
+    assert store.resolve_uncertain(rec.claim, executed=True) == 12
+    store.finish(rec.claim, "failed", error_class="possible_duplicate")
+    assert (store.job(job_id)["state"], store.job(job_id)["settled"]) == ("failed", "12")
+    assert balanced(store) == {"allowance": ALLOWANCE, "reserved": 0, "uncertain": 0, "settled": 12,
+                               "available": ALLOWANCE - 12}
+
+
 def test_a_retry_is_affordable_only_at_the_price_of_the_dearest_server_it_may_run_on(store, settings) -> None:
     """A job reserved at 10 (two attempts, 21 units) before server b, at 12, joined: its first run on a
     is charged 10 and fails, leaving 11. Another attempt may land on b, which 11 does not pay for: it
