@@ -2,17 +2,22 @@
 -- and every script look at first). pipeline/state/archive.py reads the same form; the key lists below are
 -- in step with its own (a test compares them). `z` is JSON:
 --
---   [1, created_at, [record values], {other fields}, [attempts], [events], [outputs]]
+--   [2, created_at, [record values], {other fields}, [attempts], [events], [outputs]]
 --
--- Record values come in RECORD_FIELDS order: null where the record has no such field, true for
--- `id` and `tenant` when the key names them already. Attempts, events and outputs are arrays of
--- their values, when the item's keys are ATTEMPT_KEYS, EVENT_KEYS or OUTPUT_KEYS in that order (how
--- the scripts write them); any other item is kept as the object it was stored as, keys in their
--- order. An integer is a JSON number; a moment (the *_TIMES) counts from created_at, so most are a
--- few digits.
+-- Record values come in RECORD_FIELDS order: null where the record has no such field (the nulls at
+-- the end left out), true for `id` and `tenant` when the key names them already. Attempts, events and
+-- outputs are arrays of their values, when the item's keys are ATTEMPT_KEYS, EVENT_KEYS or OUTPUT_KEYS
+-- in that order (how the scripts write them); any other item is kept as the object it was stored as,
+-- keys in their order. An integer is a JSON number; a moment (the *_TIMES) counts from created_at, so
+-- most are a few digits (the deadline from created_at + deadline_s seconds: `record_number`); a string
+-- is written with its slashes as they are (cjson writes `\/`). An event whose `from` is the `to` of the
+-- event before it (null for the first) leaves it out (4 values), and then its `reason` too when that is
+-- its `to` (3); an output of the content type of the output before it leaves it out (3 values after its
+-- index); an output's sha256 of 64 hex digits is `=` and 43 characters (`digest_text`). Version 1
+-- (every null, every `from` and type, digests in hex, `\/`) is read as it was written.
 -- About a third of the bytes of the record with its parts as JSON objects (docs/operations.md "Bounded memory and retention").
 
-local PACKED, PACK_VERSION = 'z', 1
+local PACKED, PACK_VERSION = 'z', 2
 local RECORD_FIELDS = {'id', 'tenant', 'idem_key', 'kind', 'priority', 'outputs_requested', 'price', 'per_attempt',
   'ceiling', 'attempts_allowed', 'attempt_count', 'attempts_not_sent', 'reserved', 'charged', 'uncertain', 'settled',
   'seq', 'supersedes', 'event_seq', 'submitted', 'lease_gen', 'deadline_s', 'deadline', 'updated_at', 'settled_at',
@@ -41,12 +46,33 @@ local function integer_text(text)
   return #text <= 15 and (string.match(text, '^-?[1-9]%d*$') or text == '0') and tonumber(text) or nil
 end
 
+-- A value as cjson writes it, its slashes unescaped (cjson writes `\/`; a `\` in its text always
+-- opens a two-character escape, so the `\/` it finds are its escaped slashes).
+local function json_text(value)
+  return (string.gsub(cjson.encode(value), '\\/', '/'))
+end
+
 -- One decoded JSON value, as compact JSON (a moment relative to `base`).
 local function encode_value(value, base, moment)
   if value == cjson.null then return 'null' end
   if is_integer(value) then return string.format('%d', moment and value - base or value) end
   if type(value) == 'number' then return string.format('%.17g', value) end
-  return cjson.encode(value)
+  return json_text(value)
+end
+
+-- 64 hex digits as `=` and 43 characters of DIGITS, each pair the value of three hex digits, the last
+-- the value of the last one (pipeline/state/archive.py `_digest` reads it).
+local DIGITS = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_'
+local function digest_text(hex)
+  local out = {'='}
+  for i = 1, 61, 3 do
+    local v = tonumber(string.sub(hex, i, i + 2), 16)
+    local high, low = math.floor(v / 64) + 1, v % 64 + 1
+    out[#out + 1] = string.sub(DIGITS, high, high) .. string.sub(DIGITS, low, low)
+  end
+  local last = tonumber(string.sub(hex, 64, 64), 16) + 1
+  out[#out + 1] = string.sub(DIGITS, last, last)
+  return table.concat(out)
 end
 
 -- The keys of a flat JSON object, in the order its text has them (a key inside a string value is
@@ -67,6 +93,7 @@ end
 -- One stored JSON object (its text) as the array of its values, when its keys are `names` in that
 -- order and its values are strings, null, booleans or integers below 2^53; else its text as it is
 -- (an object: a reader gets its keys and values as they were).
+-- Also answers the decoded item when it became an array (nil when it is kept as its text).
 local function encode_item(raw, names, base)
   local order = key_order(raw)
   if #order ~= #names or odd_numbers(raw) then return raw end
@@ -75,16 +102,51 @@ local function encode_item(raw, names, base)
   end
   local item, out = cjson.decode(raw), {}
   for i, name in ipairs(names) do
-    if type(item[name]) == 'table' then return raw end  -- an array or object: [] would come back as {}
-    out[i] = encode_value(item[name], base, ITEM_TIMES[name])
+    local value = item[name]
+    if type(value) == 'table' then return raw end  -- an array or object: [] would come back as {}
+    if name == 'sha256' and type(value) == 'string' then
+      if string.match(value, '^' .. string.rep('[0-9a-f]', 64) .. '$') then
+        out[i] = '"' .. digest_text(value) .. '"'
+      elseif string.sub(value, 1, 1) == '=' then
+        return raw  -- it would read as a digest
+      end
+    end
+    out[i] = out[i] or encode_value(value, base, ITEM_TIMES[name])
   end
-  return '[' .. table.concat(out, ',') .. ']'
+  return '[' .. table.concat(out, ',') .. ']', item
 end
 
 local function encode_items(items, names, base)
   local out = {}
   for i, raw in ipairs(items) do out[i] = encode_item(raw, names, base) end
   return '[' .. table.concat(out, ',') .. ']'
+end
+
+-- Events, each without its `from` when that is the `to` of the one before (a string; null for the first),
+-- and then without its `reason` too when that is its `to` (a string).
+local function encode_events(events, base)
+  local out, before = {}, cjson.null
+  for i, raw in ipairs(events) do
+    local text, item = encode_item(raw, EVENT_KEYS, base)
+    if item and item.from == before and (before == cjson.null or type(before) == 'string') then
+      local reason = ''
+      if not (type(item.to) == 'string' and item.reason == item.to) then reason = ',' .. encode_value(item.reason, base) end
+      text = '[' .. encode_value(item.at, base, true) .. ',' .. encode_value(item.to, base) .. ','
+        .. encode_value(item.seq, base) .. reason .. ']'
+    end
+    out[i] = text
+    before = item and item.to or false  -- false: never a `from`
+  end
+  return '[' .. table.concat(out, ',') .. ']'
+end
+
+-- A record value that is an integer, as packed: a moment counted from `base` (created_at), the deadline
+-- from `base` + deadline_s seconds when deadline_s is an integer below 10^9 (0 for most jobs; a larger one
+-- would pass 2^53 in milliseconds).
+local function record_number(name, n, base, fields)
+  local window = name == 'deadline' and integer_text(fields.deadline_s or '')
+  if window and math.abs(window) < 1e9 then return n - base - window * 1000 end
+  return RECORD_TIMES[name] and n - base or n
 end
 
 -- `z` for the job `job_id` with record `fields` (field -> Redis string; `state` and LIVE fields
@@ -102,19 +164,26 @@ local function pack_value(job_id, fields, attempts, events, outputs)
       values[i] = 'true'
     else
       local n = integer_text(text)
-      values[i] = n and string.format('%d', RECORD_TIMES[name] and n - base or n) or cjson.encode(text)
+      values[i] = n and string.format('%d', record_number(name, n, base, fields)) or json_text(text)
     end
   end
+  while values[#values] == 'null' do values[#values] = nil end
   local rest = {}
   for name, text in pairs(fields) do
-    if not listed[name] and not NOT_PACKED[name] then rest[#rest + 1] = cjson.encode(name) .. ':' .. cjson.encode(text) end
+    if not listed[name] and not NOT_PACKED[name] then rest[#rest + 1] = json_text(name) .. ':' .. json_text(text) end
   end
   table.sort(rest)
   local created = fields.created_at
-  created = (created == nil and 'null') or (integer_text(created) and created) or cjson.encode(created)
-  local o = {}
+  created = (created == nil and 'null') or (integer_text(created) and created) or json_text(created)
+  local o, before = {}, false  -- before: the content type of the output before, when it was an array
   for i, output in ipairs(outputs) do
-    local index, encoded = string.format('%d', output.index), encode_item(output.raw, OUTPUT_KEYS, base)
+    local index = string.format('%d', output.index)
+    local encoded, item = encode_item(output.raw, OUTPUT_KEYS, base)
+    local kind = item and item.content_type
+    if type(kind) == 'string' and kind == before then  -- the same content type: left out
+      encoded = string.sub(encoded, 1, #encoded - #json_text(kind) - 2) .. ']'
+    end
+    before = type(kind) == 'string' and kind
     if string.sub(encoded, 1, 1) == '[' then
       o[i] = '[' .. index .. ',' .. string.sub(encoded, 2)
     else  -- kept as its object
@@ -122,7 +191,7 @@ local function pack_value(job_id, fields, attempts, events, outputs)
     end
   end
   return '[' .. PACK_VERSION .. ',' .. created .. ',[' .. table.concat(values, ',') .. '],{' .. table.concat(rest, ',')
-    .. '},' .. encode_items(attempts, ATTEMPT_KEYS, base) .. ',' .. encode_items(events, EVENT_KEYS, base) .. ',['
+    .. '},' .. encode_items(attempts, ATTEMPT_KEYS, base) .. ',' .. encode_events(events, base) .. ',['
     .. table.concat(o, ',') .. ']]'
 end
 
@@ -133,11 +202,18 @@ packed_fields = function(key, raw)
   local created = z[2]
   local base = is_integer(created) and created or 0
   local fields = {created_at = created ~= cjson.null and redis_text(created) or nil}
+  local window = 0  -- what the deadline is counted from, past created_at (version 2)
+  for i, name in ipairs(RECORD_FIELDS) do
+    if z[1] >= 2 and name == 'deadline_s' and is_integer(z[3][i]) and math.abs(z[3][i]) < 1e9 then
+      window = z[3][i] * 1000
+    end
+  end
   for i, name in ipairs(RECORD_FIELDS) do
     local value = z[3][i]
     if value == true then
       fields[name] = name == 'id' and job_id or tenant_of(job_id)
     elseif value ~= cjson.null and value ~= nil then
+      if name == 'deadline' and is_integer(value) then value = value + window end
       fields[name] = redis_text(RECORD_TIMES[name] and is_integer(value) and value + base or value)
     end
   end

@@ -28,18 +28,6 @@ local EVENTS = {}
 -- key every call is passed last: pipeline/state/scripts.py) when the call ends: the state change
 -- and its webhook event are one step (docs/webhooks.md).
 local HOOKS, OUTBOX = {}, nil
--- The job events of this call, each added to the shard's stream of changes (CHANGES, the key every call
--- is passed after OUTBOX) by one XADD when the call ends, beside the job's own lists: what wakes the
--- event streams (api/streams/, docs/api.md "Event streams"). An entry is `job`, `tenant` and `event`
--- (the event's JSON as its list holds it: a state event has no `type`). About CHANGES_KEPT entries
--- are kept (MAXLEN ~: Redis trims whole nodes, so a few more).
-local CHANGED, CHANGES = {}, nil
-local CHANGES_KEPT = 100000
-
--- Queues the change entry of one event (its JSON) of `job`.
-local function changed(job, raw)
-  CHANGED[#CHANGED + 1] = {hget(job, 'id'), hget(job, 'tenant'), raw}
-end
 -- The webhook event type of each state a job may enter; no other state makes one.
 local HOOK_TYPES = {completed = 'job.completed', failed = 'job.failed', cancelled = 'job.cancelled',
   needs_review = 'job.needs_review'}
@@ -65,7 +53,7 @@ local function append_event(job, events, now, from, to, reason)
   end
   local event = {seq = seq, at = tonumber(now), from = (from ~= '' and from) or cjson.null, to = to, reason = reason}
   pending[#pending + 1] = cjson.encode(event)
-  changed(job, pending[#pending])
+  changed(job, event)
   if HOOK_TYPES[to] then hook_event(job, HOOK_TYPES[to], event) end
 end
 
@@ -74,32 +62,10 @@ end
 local function push_events()
   for events, pending in pairs(EVENTS) do redis.call('RPUSH', events, unpack(pending)) end
   EVENTS = {}
-  for _, c in ipairs(CHANGED) do
-    redis.call('XADD', CHANGES, 'MAXLEN', '~', CHANGES_KEPT, '*', 'job', c[1], 'tenant', c[2], 'event', c[3])
-  end
+  for _, c in ipairs(CHANGED) do add_change(c) end
   CHANGED = {}
   if #HOOKS > 0 then redis.call('RPUSH', OUTBOX, unpack(HOOKS)) end
   HOOKS = {}
-end
-
--- An idempotency record is one string, `<state> <first response status> <fingerprint> <job id>`
--- (state `pending` until the job's message is in the broker, then `done`), written with its expiry
--- in one SET. `idem_read` answers {fingerprint, job id, state, status, hash}, or nil when there is
--- none; a record an earlier version wrote as a hash (fields of those names) is read as it is until it
--- expires (`hash` true).
-local function idem_read(key)
-  local raw = redis.pcall('GET', key)
-  if type(raw) == 'table' and raw.err then
-    local f = redis.call('HMGET', key, 'fingerprint', 'job_id', 'state', 'status')
-    return f[1] and {f[1], f[2], f[3], f[4], true} or nil
-  end
-  if not raw then return nil end
-  local state, status, fingerprint, job_id = string.match(raw, '^(%S+) (%S+) (%S+) (.+)$')
-  return {fingerprint, job_id, state, status, false}
-end
-
-local function idem_text(state, status, fingerprint, job_id)
-  return state .. ' ' .. status .. ' ' .. fingerprint .. ' ' .. job_id
 end
 
 -- Figures over all tenants of the shard (a script's keys are all in one shard, `{s<n>}`), kept in

@@ -123,7 +123,7 @@ end
 
 local seen = idem_read(KEYS[1])
 if seen then
-  if seen[1] ~= fingerprint then return {4, seen[2]} end
+  if not idem_matches(seen, fingerprint) then return {4, seen[2]} end
   if seen[3] ~= 'done' then return {3, seen[2]} end
   return {2, seen[2], tonumber(seen[4])}
 end

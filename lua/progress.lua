@@ -39,7 +39,7 @@ local point = {seq = seq, at = clock(ARGV[7]), type = 'progress', attempt = tonu
   node = ARGV[3], value = value, max = tonumber(ARGV[5])}
 local raw = cjson.encode(point)
 local kept = redis.call('RPUSH', KEYS[2], raw)
-changed(KEYS[1], raw)  -- the stream of changes, when the call ends
+changed(KEYS[1], point)  -- the stream of changes, when the call ends
 hook_event(KEYS[1], 'job.progress', point)  -- when the tenant asked for progress webhooks
 if kept > tonumber(ARGV[6]) then redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1) end
 return {1, seq}

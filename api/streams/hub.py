@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import orjson
 import redis
 
 from pipeline.state import progress
@@ -48,6 +49,13 @@ def entry_text(entry: EntryId) -> str:
     return f"{entry[0]}-{entry[1]}"
 
 
+#: An entry's event values, in order, for each kind of event: ``CHANGE_KEYS`` in lua/_lib.lua, the order
+#: in which the job's lists hold their keys (a state event's list holds no ``type``); by their count, with
+#: ``at`` first or without it (then ``at`` is the entry id's moment).
+STATE_KEYS, PROGRESS_KEYS = ("at", "to", "from", "seq", "reason"), ("at", "type", "max", "attempt", "value", "seq", "node")
+CHANGE_KEYS = {5: STATE_KEYS, 7: PROGRESS_KEYS, 4: STATE_KEYS[1:], 6: PROGRESS_KEYS[1:]}
+
+
 @dataclass(frozen=True)
 class Change:
     """One entry of a stream of changes: a job event (its JSON as the job's list holds it)."""
@@ -59,7 +67,16 @@ class Change:
 
     @classmethod
     def of(cls, entry: str, fields: dict[str, str]) -> Change:
-        return cls(entry_id(entry), fields.get("job", ""), fields.get("tenant", ""), fields.get("event", "{}"))
+        """An entry holds the job and its event's values (an entry an earlier version wrote: the
+        event's JSON object and the tenant); the tenant is the one the job id names (`<tenant>.<hex>`)."""
+        job, raw, at = fields.get("job", ""), fields.get("event", "{}"), entry_id(entry)
+        if raw.startswith("["):
+            values = orjson.loads(raw)
+            names = CHANGE_KEYS.get(len(values), ())
+            if names and names[0] != "at":
+                names, values = ("at", *names), [at[0], *values]
+            raw = orjson.dumps(dict(zip(names, values, strict=True))).decode() if names else "{}"
+        return cls(at, job, fields.get("tenant") or job.rpartition(".")[0], raw)
 
 
 class Trimmed(Exception):

@@ -152,7 +152,7 @@ class Scripts:
         #: ``ack_timeout_ms``.
         self.replicas, self.ack_timeout_ms = replicas, ack_timeout_ms
         self.client = client
-        prelude = "".join(path.read_text() for path in sorted(lua_dir.glob("_*.lua")))  # _cache, _lib
+        prelude = "".join(path.read_text() for path in sorted(lua_dir.glob("_*.lua")))  # lua/_*.lua
         self._variable: set[str] = set()  # verbs of scripts that take N or more keys
         bodies: dict[str, tuple[int, str]] = {}
         for path in sorted(lua_dir.glob("*.lua")):

@@ -340,7 +340,7 @@ class Store(Controls):
         t = j.tenant
         reply = self.scripts(
             "reconcile-begin",
-            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, j.outputs, t.shard.wake,
+            [j.record, t.ledger, t.leases, j.attempts, j.events, t.counts, t.reconcile, t.shard.wake,
              t.shard.fleet, *t.shard.globals],
             [claim.generation if claim else "", at(now_ms), delay_ms, reason],
         )

@@ -149,8 +149,8 @@ def test_a_job_under_review_shows_its_record_attempts_timeline_and_commands(sett
         "deadline": iso(t + 3_600_000), "created_at": iso(t), "updated_at": iso(t + 5_000), "settled_at": None,
         "error": {"class": "needs_review", "reason": "no_record"},
         "next": {"what": "review_expires", "at": iso(t + 5_000 + WEEK_MS)}, "parked": False,
-        # 3 attempts of 2 outputs at 10; the submitted attempt's missing output is uncertain
-        "cost": {"price": 10, "per_attempt": 20, "ceiling": 60, "reserved": 50, "charged": 0, "uncertain": 10,
+        # 3 attempts of 2 outputs at 10; the submitted attempt's whole run is uncertain (docs/costs.md)
+        "cost": {"price": 10, "per_attempt": 20, "ceiling": 60, "reserved": 40, "charged": 0, "uncertain": 20,
                  "settled": 0},
         "outputs": [{"index": 0, "bytes": 2048, "content_type": "image/png"}],
         "attempts": [{"number": 1, "state": "unknown", "server": "sim", "provider": "comfyui", "worker": "w-1",
@@ -238,8 +238,8 @@ def test_the_page_shows_a_job_follows_it_and_opens_the_listed_ones(web, chromium
             "acme", "needs_review", f"review expires {iso(t + 5_000 + WEEK_MS)}", "no", "interactive", "image",
             "1 of 1", "1 of 3 allowed", "needs_review (no_record)", "no", "no", "\u2014", "\u2014",
             iso(record["deadline"]), iso(record["created_at"]), iso(t + 5_000), "\u2014"]
-        # 3 attempts of 1 output at 10: the submitted attempt's output is stored, nothing is uncertain
-        assert cells(page, "#cost td") == ["10", "10", "30", "30", "0", "0", "0"]
+        # 3 attempts of 1 output at 10: the submitted attempt's whole run is uncertain (its charge unbooked)
+        assert cells(page, "#cost td") == ["10", "10", "30", "20", "0", "10", "0"]
         assert cells(page, '#attempts tr[data-attempt="1"] td') == [
             "1", "unknown", "comfyui", "comfyui", "w-1", "1", "10", "op-review", iso(t + 1_000), iso(t + 2_000),
             iso(t + 3_000), "unknown_outcome"]

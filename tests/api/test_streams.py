@@ -13,9 +13,10 @@ from typing import Any
 import orjson
 import pytest
 
+from api.streams.hub import Change
 from pipeline.claims import Claim
 from pipeline.state import progress
-from pipeline.state.keys import ShardKeys
+from pipeline.state.keys import JobKeys, ShardKeys
 from pipeline.state.store import Store
 
 from .conftest import Streams, Web, auth
@@ -213,3 +214,27 @@ def test_one_process_serves_250_streams_of_one_job_and_each_gets_its_completion(
         return await asyncio.gather(*tasks)
 
     assert asyncio.run(asyncio.wait_for(main(), 60)) == [["1", "2", "3"]] * count
+
+
+def test_an_entry_holds_the_job_and_its_events_values_and_reads_as_the_jobs_lists_hold_it(
+        running, store: Store) -> None:
+    """A stream of changes entry is the job id and the event's values, its id the event's moment (no
+    tenant, no key names, no `at`: about 60 bytes an entry less); an event whose moment is behind the
+    stream's newest id (a given clock) takes the next id and keeps its `at`. Read back, each is the JSON
+    its job's list holds, byte for byte, and the tenant the job id names. An entry an earlier version
+    wrote (event object, tenant) reads as it was."""
+    held, _ = running("acme")
+    report(store, held, 1, 2)
+    store.finish(held, "failed", error_class="invalid_input", now_ms=1_000)  # a dead letter keeps its lists
+    job = JobKeys(held.job_id)
+    entries = store.redis.xrange(job.shard.changes)
+    assert [sorted(fields) for _, fields in entries] == [["event", "job"]] * 5
+    assert [len(orjson.loads(fields["event"])) for _, fields in entries] == [4, 4, 6, 6, 5]  # the last: `at` kept
+    changes = [Change.of(entry, fields) for entry, fields in entries]
+    listed = {orjson.loads(raw)["seq"]: raw for raw in store.redis.lrange(job.events, 0, -1)
+              + store.redis.lrange(job.progress, 0, -1)}
+    assert [(c.job, c.tenant, c.raw) for c in changes] == [(held.job_id, "acme", listed[seq]) for seq in range(1, 6)]
+    assert [orjson.loads(c.raw)["at"] == c.id[0] for c in changes] == [True] * 4 + [False]
+    raw = listed[1]
+    earlier = Change.of("1-0", {"job": held.job_id, "tenant": "acme", "event": raw})
+    assert (earlier.id, earlier.job, earlier.tenant, earlier.raw) == ((1, 0), held.job_id, "acme", raw)

@@ -88,3 +88,56 @@ def test_a_packed_job_reads_back_as_its_keys_held_it(store: Store, fields, extra
     after = (store.job(job_id), store.attempts(job_id), store.events(job_id), store.outputs(job_id))
     assert after[0] == before[0]  # a record's fields: views pick them by name
     assert orjson.dumps(after[1:], option=orjson.OPT_NON_STR_KEYS) == orjson.dumps(before[1:], option=orjson.OPT_NON_STR_KEYS)  # items byte for byte: their keys' order too
+
+
+SHA = "5ea6256345e1f585d47691390902a50dfc02a9fe9e6c894d3608fc06423be652"
+
+
+def test_version_2_writes_digests_short_and_leaves_out_a_from_that_follows(store: Store) -> None:
+    """A digest of 64 hex digits takes 44 characters, an event whose `from` is the `to` before it 4
+    values (3 when its reason is its `to`), an output of the content type before it 3, the deadline 0 when
+    it is deadline_s after created_at, the nulls at the end of the record none, a slash one character: what
+    every reader gets back is unchanged, byte for byte. A sha256 that would read as a short digest keeps
+    its output an object."""
+    j = JobKeys(JOB_ID)
+    store.redis.hset(j.record, mapping={"state": "completed", "id": JOB_ID, "tenant": "acme", "created_at": "1000",
+                                        "kind": "image/x", "error_class": "", "obsolete": "0",
+                                        "deadline_s": "60", "deadline": "61000"})
+    events = [{"at": 1000, "to": "queued", "from": None, "seq": 1, "reason": "admitted"},
+              {"at": 1010, "to": "running", "from": "queued", "seq": 2, "reason": "claimed"},
+              {"at": 1020, "to": "retry_wait", "from": "queued", "seq": 3, "reason": "a/b"},
+              {"at": 1030, "to": "completed", "from": "retry_wait", "seq": 4, "reason": "completed"}]
+    store.redis.rpush(j.events, *(orjson.dumps(e) for e in events))
+    outputs = [{"sha256": SHA, "bytes": 74, "content_type": "image/png"},
+               {"sha256": SHA, "bytes": 75, "content_type": "image/png"},
+               {"sha256": "=" + "A" * 43, "bytes": 1, "content_type": "image/png"},
+               {"sha256": SHA, "bytes": 76, "content_type": "image/png"}]
+    store.redis.hset(j.outputs, mapping={str(n): orjson.dumps(o) for n, o in enumerate(outputs)})
+    before = (store.job(JOB_ID), store.events(JOB_ID), store.outputs(JOB_ID))
+    parts = [j.attempts, j.events, j.outputs, j.progress, j.progress_seen]
+    assert store.scripts("pack", [j.record, *parts, j.workflow], []) == [0, 1]
+    z = store.redis.hget(j.record, "z")
+    packed = orjson.loads(z)
+    assert (packed[0], len(packed[2]), "\\/" in z) == (2, archive.RECORD_FIELDS.index("obsolete") + 1, False)
+    assert [len(event) for event in packed[5]] == [4, 4, 5, 3]
+    short = "=XqYlY0Xh9YXUdpE5CQKlDfwCqf6ebIlNNgj8BkI75lC"
+    assert packed[6] == [[0, short, 74, "image/png"], [1, short, 75], [2, outputs[2]], [3, short, 76, "image/png"]]
+    assert packed[2][archive.RECORD_FIELDS.index("deadline")] == 0
+    assert (store.job(JOB_ID), store.events(JOB_ID), store.outputs(JOB_ID)) == before
+    assert store.outputs(JOB_ID)[0]["sha256"] == SHA
+
+
+def test_a_record_packed_by_version_1_reads_as_it_did(store: Store) -> None:
+    """Version 1: every null, every `from`, digests in hex, slashes escaped."""
+    z = ('[1,1000,[true,true,"k1","image","interactive",1,10,10,30,3,1,null,0,0,0,10,1,"",3,1,2,60,60000,20,20,"",'
+         '"completed","",null,null,null],{},[[1,12,10,"vm\\/1","completed",null,11,1,"comfyui",20,"op-1","sim"]],'
+         '[[0,"queued",null,1,"admitted"],[11,"running","queued",2,"claimed"],[20,"completed","running",3,"completed"]],'
+         f'[[0,"{SHA}",74,"image\\/png"]]]')
+    store.redis.hset(JobKeys(JOB_ID).record, mapping={"state": "completed", "z": z})
+    assert store.outputs(JOB_ID) == {0: {"sha256": SHA, "bytes": 74, "content_type": "image/png"}}
+    assert [(e["at"], e["from"], e["to"]) for e in store.events(JOB_ID)] == [
+        (1000, None, "queued"), (1011, "queued", "running"), (1020, "running", "completed")]
+    assert store.attempts(JOB_ID)[0]["worker"] == "vm/1"
+    job = store.job(JOB_ID)
+    assert (job["id"], job["tenant"], job["idem_key"], job["deadline"], job["settled"], job.get("obsolete")) == (
+        JOB_ID, "acme", "k1", "61000", "10", None)

@@ -85,8 +85,8 @@ def test_admit_reserves_and_creates_then_replays(acme: Store) -> None:
     acme.confirm_published(first.job_id, "k1")
     replay = admit(acme, job_id="acme.00000000000000000002")
     assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
-    # one string, its expiry set; no body (a replay rebuilds it)
-    assert acme.redis.get(TenantKeys("acme").idempotency("k1")) == f"done 202 fp {first.job_id}"
+    # one string, its expiry set; no body (a replay rebuilds it); the job id past its tenant
+    assert acme.redis.get(TenantKeys("acme").idempotency("k1")) == f"d202 fp {first.job_id.split('.')[1]}"
     assert 0 < acme.redis.ttl(TenantKeys("acme").idempotency("k1")) <= 60
     assert admit(acme, fingerprint="other").code is Code.FINGERPRINT_MISMATCH
     assert acme.ledger("acme")["reserved"] == 30
@@ -105,6 +105,30 @@ def test_an_idempotency_record_an_earlier_version_wrote_as_a_hash_still_answers(
     replay = admit(acme, job_id="acme.00000000000000000002")
     assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
     assert admit(acme, fingerprint="other").code is Code.FINGERPRINT_MISMATCH
+    assert acme.redis.zcard(TenantKeys("acme").jobs) == 1
+
+
+def test_an_idempotency_record_keeps_64_bits_of_the_fingerprint_and_reads_the_spelt_out_form(acme: Store) -> None:
+    """A record keeps the first 16 hex digits of the fingerprint: the full one matches it, a body whose
+    fingerprint differs only past them matches too (a chance in 2^64), any other differs; a record an
+    earlier version spelt out (`done 202 <fingerprint> <job id>`) still answers until it expires."""
+    full = "0123456789abcdef" + "f" * 48
+    first = admit(acme, fingerprint=full)
+    key = TenantKeys("acme").idempotency("k1")
+    assert acme.redis.get(key) == f"p202 0123456789abcdef {first.job_id.split('.')[1]}"
+    acme.confirm_published(first.job_id, "k1")
+    replay = admit(acme, job_id="acme.00000000000000000002", fingerprint=full)
+    assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
+    assert admit(acme, fingerprint="0123456789abcdee" + "f" * 48).code is Code.FINGERPRINT_MISMATCH
+    acme.redis.set(key, f"pending 202 {full} {first.job_id}", ex=60)
+    assert admit(acme, job_id="acme.00000000000000000002", fingerprint=full).code is Code.IN_PROGRESS
+    acme.confirm_published(first.job_id, "k1")
+    assert acme.redis.get(key) == f"d202 0123456789abcdef {first.job_id.split('.')[1]}"
+    assert 0 < acme.redis.ttl(key) <= 60
+    acme.redis.set(key, f"done 202 {full} {first.job_id}", ex=60)
+    replay = admit(acme, job_id="acme.00000000000000000002", fingerprint=full)
+    assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
+    assert admit(acme, fingerprint="0123456789abcdef" + "e" * 48).code is Code.FINGERPRINT_MISMATCH
     assert acme.redis.zcard(TenantKeys("acme").jobs) == 1
 
 

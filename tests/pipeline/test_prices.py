@@ -15,6 +15,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from pipeline.blobs.local import BlobStore
+from pipeline.operate import cli
 from pipeline.errors import AttemptFailed, InvalidRequest, OperationFailed, UnknownOutcome
 from pipeline.providers import sim as simulated
 from pipeline.providers.base import OperationStatus, OutputRef
@@ -30,7 +31,7 @@ from pipeline.state.tenants import create_tenant
 from pipeline.work.executor import Executor
 from pipeline.work.routing import Router
 from tests.conftest import wait_until
-from tests.pipeline.test_failures import inject
+from tests.pipeline.test_failures import inject, units
 
 WORKFLOW = {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}
 ALLOWANCE = 10_000
@@ -161,6 +162,30 @@ def test_a_charge_beyond_what_the_job_holds_is_booked_in_full_counted_and_logged
     assert store.redis.hget(STATS, "charge_overruns_total") == "1"
 
 
+def test_an_unknown_run_beyond_what_the_job_holds_is_held_in_full(store, settings) -> None:
+    """A job reserved at 10 (one output, max_cost 10) runs on a server at 12 that joined since: its outcome
+    unknown, the whole run (12) is held, 2 of it beyond its reservation (the tenant's available units go
+    down by them), and settled in full when it is taken as charged."""
+    create_tenant(store.redis, "acme", ALLOWANCE)
+    job_id = submit(Admitter(store, lambda job_id, priority: None, settings), "k1", 1, max_cost=10)
+    claim = store.claim(job_id, worker="w", lease_ms=60_000, operation_id="op-1", servers={"dear": 1},
+                        prices={"dear": 12})
+    assert claim is not None
+    store.mark_submit(claim, epoch="e1", lease_ms=60_000)
+    assert store.begin_reconcile(job_id, reason="unknown_outcome", claim=claim)
+    job = store.job(job_id)
+    assert (job["state"], job["reserved"], job["uncertain"]) == ("reconciling", "0", "12")
+    assert balanced(store) == {"allowance": ALLOWANCE, "reserved": 0, "uncertain": 12, "settled": 0,
+                               "available": ALLOWANCE - 12}
+    rec = store.claim_reconcile(job_id, worker="r", lease_ms=60_000)
+    assert rec is not None
+    assert store.resolve_uncertain(rec.claim, executed=True) == 12
+    store.finish(rec.claim, "failed", error_class="possible_duplicate")
+    assert (store.job(job_id)["state"], store.job(job_id)["settled"]) == ("failed", "12")
+    assert balanced(store) == {"allowance": ALLOWANCE, "reserved": 0, "uncertain": 0, "settled": 12,
+                               "available": ALLOWANCE - 12}
+
+
 def test_a_retry_is_affordable_only_at_the_price_of_the_dearest_server_it_may_run_on(store, settings) -> None:
     """A job reserved at 10 (two attempts, 21 units) before server b, at 12, joined: its first run on a
     is charged 10 and fails, leaving 11. Another attempt may land on b, which 11 does not pay for: it
@@ -178,6 +203,47 @@ def test_a_retry_is_affordable_only_at_the_price_of_the_dearest_server_it_may_ru
     job = store.job(job_id)
     assert (job["state"], job["error_class"], job["settled"]) == ("failed", "reservation_exhausted", "10")
     assert balanced(store)["settled"] == 10
+
+
+def test_an_unknowable_run_is_held_whole_as_the_provider_bills_it(store, admit, make_executor, make_router,
+                                                                  capsys) -> None:
+    """ComfyUI runs the whole graph for every prompt, whichever outputs reckon still lacks (the simulated
+    server with graph_outputs=3 does the same): a retry for the two outputs a partial run left missing is
+    billed all three. Its answer lost and the server restarted, its outcome is unknowable: the hold is the
+    whole run (30 units), not the two missing outputs (20), so the tenant is settled what the server
+    charged (40), never less; the ledger balances after every step."""
+    server = simulated.start(graph_outputs=3)
+    try:
+        job_id = admit(outputs=3)
+        executor, router = make_executor(server), make_router(retry_base_seconds=0.0)
+        inject(server, {"kind": "partial", "produce": 1})
+        assert attempt(executor, router, job_id) == "retry"
+        assert (sorted(store.outputs(job_id)), units(server)) == ([0], [10])
+        assert balanced(store) == {"allowance": ALLOWANCE, "reserved": 90, "uncertain": 0, "settled": 0,
+                                   "available": ALLOWANCE - 90}
+        store.promote(job_id)
+        inject(server, {"kind": "drop"})
+        assert attempt(executor, router, job_id) == "reconcile"
+        job = store.job(job_id)
+        assert (job["state"], job["reserved"], job["charged"], job["uncertain"]) == ("reconciling", "50", "10", "30")
+        assert balanced(store) == {"allowance": ALLOWANCE, "reserved": 60, "uncertain": 30, "settled": 0,
+                                   "available": ALLOWANCE - 90}
+        wait_until(lambda: units(server) == [10, 30])  # the retry asked for [1, 2]; the graph made three
+        server.sim.restart()
+        assert reconcile(executor, router, job_id) == "reconciled"
+        job = store.job(job_id)
+        assert (job["state"], job["error_reason"], job["uncertain"]) == ("needs_review", "outcome_unknowable", "30")
+        assert balanced(store)["uncertain"] == 30
+        assert cli.main(["review", "resolve", job_id, "--failed"], store=store) == 0
+        capsys.readouterr()
+    finally:
+        server.close()
+    job = store.job(job_id)
+    assert (job["state"], job["reserved"], job["charged"], job["uncertain"], job["settled"]) == (
+        "failed", "0", "0", "0", "40")
+    assert sum(units(server)) == 40
+    assert balanced(store) == {"allowance": ALLOWANCE, "reserved": 0, "uncertain": 0, "settled": 40,
+                               "available": ALLOWANCE - 40}
 
 
 # -- the property: mixed prices, mixed outcomes ----------------------------------------------
@@ -233,7 +299,7 @@ def test_every_job_is_settled_what_its_servers_charged_whatever_the_prices(
         store, settings, default, prices, jobs, placement) -> None:
     """Servers at any prices (the global price anywhere among them), jobs of any size and max_cost, runs
     that complete, fail after one output, or lose their answer: each job is reserved at the dearest
-    server's price, holds an unknown run at its server's price, is settled exactly what the servers
+    server's price, holds an unknown run whole at its server's price, is settled exactly what the servers
     charged it, and never overruns; the tenant is settled the servers' total."""
     store.redis.flushall()
     names = tuple(f"s{i}" for i in range(len(prices)))
@@ -263,10 +329,9 @@ def test_every_job_is_settled_what_its_servers_charged_whatever_the_prices(
             server = names[next(turn, 0) % len(names)]
             only(store, server, names)
             scripts[names.index(server)][:] = [outcome]
-            missing = outputs - len(store.outputs(job_id))
             action = attempt(executor, router, job_id)
-            if action == "reconcile":
-                assert int(store.job(job_id)["uncertain"]) == missing * providers[server].price_per_output
+            if action == "reconcile":  # a whole run held, whatever was missing: the graph runs whole
+                assert int(store.job(job_id)["uncertain"]) == outputs * providers[server].price_per_output
                 assert reconcile(executor, router, job_id) == "reconciled"
             if store.job(job_id)["state"] == "retry_wait":
                 store.promote(job_id)

@@ -39,13 +39,17 @@ class SimComfy:
 
     def __init__(self, *, delay: float = 0.0, price_per_output: int = DEFAULT_PRICE_PER_OUTPUT,
                  nodes: list[str] | None = None, models: dict[str, list[str]] | None = None,
-                 load_seconds: float = 0.0) -> None:
+                 load_seconds: float = 0.0, graph_outputs: int | None = None) -> None:
         """``nodes``, ``models``: what it offers (``/object_info``, ``/models/<folder>``), and refuses a
         prompt naming anything else as ComfyUI does (400); None: no ``/object_info`` (404), runs
-        anything. ``load_seconds``: what loading another checkpoint than the last one costs."""
+        anything. ``load_seconds``: what loading another checkpoint than the last one costs.
+        ``graph_outputs``: every prompt makes (and is charged) this many images whatever its
+        ``reckon_outputs`` ask for, as ComfyUI does: it runs the whole graph each time; None: only
+        the indices asked for."""
         self.delay = delay
         self.price_per_output = price_per_output
         self.nodes, self.models, self.load_seconds = nodes, models, load_seconds
+        self.graph_outputs = graph_outputs
         #: The checkpoint in memory, and how many times one was loaded.
         self.loaded, self.loads = "", 0
         self.cond = threading.Condition()
@@ -195,6 +199,8 @@ class SimComfy:
                 "status_str": "error", "completed": False, "messages": [["execution_interrupted", stop]]}}
             return
         indices = extra.get("reckon_outputs") or [0]
+        if self.graph_outputs is not None:  # ComfyUI: the whole graph, whatever was asked for
+            indices = list(range(self.graph_outputs))
         produce = extra.get("_sim_produce")
         failed = produce is not None and produce < len(indices)
         indices = indices[:produce] if failed else indices
