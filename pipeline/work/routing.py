@@ -48,7 +48,8 @@ class Router:
     def __init__(self, store: Store, settings: Settings, budget: str = "comfyui", *,
                  rng: Callable[[], float] = random.random) -> None:
         self.store, self.settings, self.budget, self.rng = store, settings, budget, rng
-        #: A retry may run on any server of the fleet: it is affordable at the dearest one's price.
+        #: A retry may run on any server of the fleet and is billed a whole run there: it is affordable
+        #: at every output of the job times the dearest one's price.
         self.servers = settings.servers()
 
     def route(self, failure: AttemptFailed, *, base: float | None = None, cap: float | None = None) -> str:
@@ -56,7 +57,9 @@ class Router:
         if isinstance(cause, UnknownOutcome):
             self.store.begin_reconcile(claim.job_id, reason=cause.error_class, claim=claim)
             return "reconcile"
-        [(job, stored)] = self.store.jobs_with_outputs([claim.job_id])
+        job = self.store.job(claim.job_id)
+        if job is None:  # purged under a live lease: nothing to route (the guard fails the message)
+            raise LookupError(f"job {claim.job_id} not found")
         if job.get("cancel_requested") == "1":
             self.store.finish(claim, "cancelled", reason="cancelled")
             return "cancelled"
@@ -69,7 +72,7 @@ class Router:
         delay = backoff(int(job.get("attempt_count", 1)), retry_after=cause.retry_after, rng=self.rng,
                         base=self.settings.retry_base_seconds if base is None else base,
                         cap=self.settings.retry_cap_seconds if cap is None else cap)
-        blocker = self._blocker(job, len(stored), self.store.server_ms(keys.JobKeys(claim.job_id).shard), delay)
+        blocker = self._blocker(job, self.store.server_ms(keys.JobKeys(claim.job_id).shard), delay)
         if blocker is None and not self.store.budget(
             self.budget, "take", self.settings.retry_cost_tokens, self.settings.retry_budget_tokens
         ):
@@ -79,12 +82,15 @@ class Router:
         self.store.retry(claim, delay_ms=int(delay * 1000), error_class=cause.error_class)
         return "retry"
 
-    def _blocker(self, job: dict[str, str], stored: int, now: int, delay: float) -> str | None:
-        """Why another attempt may not be made, or None."""
+    def _blocker(self, job: dict[str, str], now: int, delay: float) -> str | None:
+        """Why another attempt may not be made, or None. Its cost is what the provider bills for it:
+        ComfyUI runs the whole graph for a prompt, so a retry asking only for the missing outputs
+        (stored ones are kept, not made again for the job) is billed every output of the job
+        (docs/costs.md, "What a retry is afforded at"): the job's remaining reservation must hold
+        that run at the dearest price it may run at, else it could be booked past what is reserved."""
         if int(job["attempt_count"]) >= int(job["attempts_allowed"]):
             return "attempts_exhausted"
-        missing = int(job["outputs_requested"]) - stored
-        if missing * self._dearest(job) > int(job["reserved"]):
+        if int(job["outputs_requested"]) * self._dearest(job) > int(job["reserved"]):
             return "reservation_exhausted"
         if now + (delay + self.settings.min_attempt_seconds) * 1000 >= int(job["deadline"]):
             return "deadline_exceeded"

@@ -89,7 +89,7 @@ def test_a_listing_shows_the_outputs_of_a_job_that_completes_while_it_is_read(ac
 
 
 def test_the_store_s_jobs_with_outputs_sees_no_half_finished_job(acme: Store) -> None:
-    """The same order in ``Reads.jobs_with_outputs`` (the CLI's ``reckon jobs`` and the router read it):
+    """The same order in ``Reads.jobs_with_outputs`` (the CLI's ``reckon jobs`` reads it):
     the record's HGETALL, then the outputs hash."""
     job_id, held = _running_with_two_outputs(acme)
 
