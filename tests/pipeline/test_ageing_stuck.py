@@ -102,3 +102,16 @@ def test_what_ageing_costs_an_unpark_with_jobs_that_cannot_run(store: Store) -> 
     store.redis.hset(SHARD.fleet, "dispatch_paused:x", _now_ms(store))
     assert _commands(store) == 5 + 7
     assert _commands(store) == 5 + 7
+
+
+def test_a_job_moved_by_an_older_version_goes_back_to_the_batch_end_when_its_servers_stop(store: Store) -> None:
+    """A job moved by a version before tags were kept (scored by when it was queued, less 1e13) that only paused
+    x can run goes back to when it was queued plus 1e13, after every batch job; "old" is moved."""
+    _park(store, 0)
+    queued = _now_ms(store) - 800_000
+    store.redis.hset(SHARD.fleet, mapping={"p:legacy": "x|", "dispatch_paused:x": _now_ms(store)})
+    store.redis.zadd(SHARD.parked, {"legacy": queued - keys.BATCH_RANK})
+    store.redis.zadd(SHARD.queue, {"legacy": keys.BATCH_RANK + queued})
+    assert _unpark(store) == []
+    assert store.redis.zrange(SHARD.parked, 0, -1) == ["old", "i", "legacy"]
+    assert store.redis.zscore(SHARD.parked, "legacy") == queued + keys.BATCH_RANK
