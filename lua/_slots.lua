@@ -155,30 +155,109 @@ local function advance_virtual_time(fleet, class, tag)
   if tonumber(tag) > tonumber(hget(fleet, field) or '0') then hset(fleet, field, tag) end
 end
 
+-- A parked job that only some servers can run, or that names a checkpoint, has `p:<job id>` ->
+-- '<servers>|<ckpt>' in the fleet hash while it waits (claim.lua writes it when the job parks and
+-- removes it when the job leaves): what unpark needs to match it to a free slot.
+local function placement(fleet, job_id)
+  local value = hget(fleet, 'p:' .. job_id)
+  if not value then return nil, nil end
+  local named, ckpt = string.match(value, '^([^|]*)|(.*)$')
+  return (named ~= '' and named or nil), (ckpt ~= '' and ckpt or nil)
+end
+
 -- No starvation of batch behind interactive, without first come, first served among batch: while a
--- batch job queued longer than `bound` ms waits parked in its own place, the parked batch jobs next
--- in fair order (lowest tags) are moved ahead of every other parked job, up to AGED moved at a time
--- (score: less twice BATCH_RANK, so the tag less 1e13: below every interactive score, in tag order).
--- So batch goes before interactive, fairly among its tenants, until each job past the bound has been
--- moved (one that waits moved, say for a stopped server, moves no others). `queue` is the shard's
--- queue (G.queue: class rank + when queued): the oldest batch jobs are found in O(log n), no scan. A
--- job already moved keeps its (lower) score: ZADD's XX LT.
-local AGED = 16
-local function age_batch(parked, queue, now, bound)
+-- batch job queued longer than `bound` ms waits parked in its own place and some usable server (not
+-- stopped: full is usable) can run it, the parked batch jobs next in fair order (lowest tags) that a
+-- usable server can run are moved ahead of every other parked job, up to AGED moved at a time (score:
+-- less twice BATCH_RANK, so the tag less 1e13: below every interactive score, in tag order). So batch
+-- goes before interactive, fairly among its tenants, until each such job past the bound has been moved.
+-- A job no usable server can run neither moves others nor is moved, and a moved one whose servers have
+-- all stopped goes back to its tag: it holds none of the AGED places while it cannot run. `queue` is the
+-- shard's queue (G.queue: class rank + when queued): the oldest batch jobs are found in O(log n), no
+-- scan. Jobs that cannot run are looked past in the queue and in tag order up to AGED_LOOK each. A job
+-- already moved keeps its (lower) score: ZADD's XX LT. `servers` are unpark's ({name, cap} pairs).
+local AGED, AGED_LOOK = 16, 256
+
+-- Whether some usable server of `servers` can run the parked job `id` (its `placement` read already).
+-- `stopped` is false while no server is stopped: any job can, and no placement need be read; else a
+-- table of the answers by placement so far (jobs share a few).
+local function runnable(fleet, servers, stopped, id)
+  if not stopped then return true end
+  local named = placement(fleet, id) or ''
+  if stopped[named] == nil then
+    stopped[named] = false
+    for _, server in ipairs(able_servers(servers, named)) do
+      if server_busy(fleet, server[1]) then stopped[named] = true break end
+    end
+  end
+  return stopped[named]
+end
+
+-- Reads the `placement` of the jobs `ids` (id, score, ... when `scored`) at once, while a server is
+-- stopped: one HMGET, none if all are known.
+local function read_placements(fleet, stopped, ids, scored)
+  local fields, step = {}, scored and 2 or 1
+  for i = 1, #ids, step do fields[#fields + 1] = 'p:' .. ids[i] end
+  if stopped and #fields > 0 then preload(fleet, fields) end
+end
+
+-- Moves the moved jobs (at most AGED: `age_batch` keeps no more) that no usable server can run back to
+-- their tags; returns how many stay moved.
+local function moved_runnable(fleet, servers, stopped, parked)
+  local band = redis.call('ZRANGEBYSCORE', parked, '-inf', '(0', 'WITHSCORES', 'LIMIT', 0, AGED)
+  read_placements(fleet, stopped, band, true)
+  local back, kept = {}, 0
+  for i = 1, #band, 2 do
+    if runnable(fleet, servers, stopped, band[i]) then kept = kept + 1
+    else back[#back + 1], back[#back + 2] = tonumber(band[i + 1]) + 2 * tonumber(BATCH_RANK), band[i] end
+  end
+  if #back > 0 then redis.call('ZADD', parked, 'XX', unpack(back)) end
+  return kept
+end
+
+-- Whether one of the batch jobs queued before `cutoff` (a queue score) waits parked unmoved and can run:
+-- `ids`, the oldest AGED of them, then (past jobs moved, not parked or that cannot run) up to AGED_LOOK.
+local function overdue_waits(fleet, servers, stopped, parked, queue, cutoff, ids)
+  local rank, offset = tonumber(BATCH_RANK), 0
+  while true do
+    local waiting = {}
+    for i, score in ipairs(redis.call('ZMSCORE', parked, unpack(ids))) do
+      if score and tonumber(score) >= rank then waiting[#waiting + 1] = ids[i] end
+    end
+    read_placements(fleet, stopped, waiting)
+    for _, id in ipairs(waiting) do
+      if runnable(fleet, servers, stopped, id) then return true end
+    end
+    offset = offset + #ids
+    if #ids < AGED or offset >= AGED_LOOK then return false end
+    ids = redis.call('ZRANGEBYSCORE', queue, rank, cutoff, 'LIMIT', offset, AGED_LOOK - offset)
+    if #ids == 0 then return false end
+  end
+end
+
+local function age_batch(fleet, servers, parked, queue, now, bound)
   local rank = tonumber(BATCH_RANK)
   local overdue = redis.call('ZRANGEBYSCORE', queue, rank, rank + now - bound, 'LIMIT', 0, AGED)
   if #overdue == 0 then return end
-  local unmoved = false  -- one of them waits parked, not moved yet
-  for _, score in ipairs(redis.call('ZMSCORE', parked, unpack(overdue))) do
-    if score and tonumber(score) >= rank then unmoved = true break end
+  local stopped = false
+  for _, server in ipairs(servers) do
+    if not server_busy(fleet, server[1]) then stopped = {} end
   end
-  if not unmoved then return end
-  local room = AGED - redis.call('ZCOUNT', parked, '-inf', '(0')
-  if room <= 0 then return end
-  local fairest = redis.call('ZRANGEBYSCORE', parked, BATCH_RANK, '+inf', 'WITHSCORES', 'LIMIT', 0, room)
-  local moves = {}  -- one ZADD for all of them
-  for i = 1, #fairest, 2 do moves[#moves + 1], moves[#moves + 2] = tonumber(fairest[i + 1]) - 2 * rank, fairest[i] end
-  redis.call('ZADD', parked, 'XX', 'LT', unpack(moves))
+  local room = AGED - moved_runnable(fleet, servers, stopped, parked)
+  if room <= 0 or not overdue_waits(fleet, servers, stopped, parked, queue, rank + now - bound, overdue) then return end
+  local moves, offset, count = {}, 0, room + AGED  -- one ZADD for all of them
+  while room > 0 and offset < AGED_LOOK do
+    local fairest = redis.call('ZRANGEBYSCORE', parked, BATCH_RANK, '+inf', 'WITHSCORES', 'LIMIT', offset, count)
+    read_placements(fleet, stopped, fairest, true)
+    for i = 1, #fairest, 2 do
+      if room > 0 and runnable(fleet, servers, stopped, fairest[i]) then
+        moves[#moves + 1], moves[#moves + 2], room = tonumber(fairest[i + 1]) - 2 * rank, fairest[i], room - 1
+      end
+    end
+    if #fairest / 2 < count then break end
+    offset, count = offset + count, AGED_LOOK - offset - count
+  end
+  if #moves > 0 then redis.call('ZADD', parked, 'XX', 'LT', unpack(moves)) end
 end
 
 -- A job's place among the parked: its class rank plus its finish tag, or the lower place it was
@@ -189,16 +268,6 @@ local function parked_rank(parked, job_id, class, tag, waiting)
   local moved = tonumber(redis.call('ZSCORE', parked, job_id) or '')
   if moved and moved < 0 then return moved end
   return rank
-end
-
--- A parked job that only some servers can run, or that names a checkpoint, has `p:<job id>` ->
--- '<servers>|<ckpt>' in the fleet hash while it waits (claim.lua writes it when the job parks and
--- removes it when the job leaves): what unpark needs to match it to a free slot.
-local function placement(fleet, job_id)
-  local value = hget(fleet, 'p:' .. job_id)
-  if not value then return nil, nil end
-  local named, ckpt = string.match(value, '^([^|]*)|(.*)$')
-  return (named ~= '' and named or nil), (ckpt ~= '' and ckpt or nil)
 end
 
 -- How far a batch job whose checkpoint a free server has loaded may go before batch jobs that would

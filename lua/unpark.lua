@@ -7,12 +7,14 @@
 -- polled. A called job stays in the parked set, in its place, until it claims: if its
 -- call lapses, a later unpark calls it again first.
 --
--- No starvation: while a batch job queued longer than the bound (ARGV[3]) waits parked, batch is
--- served before interactive, in fair order among its tenants: each unpark moves the batch jobs of
--- lowest tag ahead of every other, up to AGED moved at a time (`age_batch` in _slots.lua; score:
--- the tag less 1e13), so a small tenant's job is not behind a big tenant's aged backlog. The jobs
--- past the bound are found in O(log n) in the shard's queue (scored by class and time queued). A
--- batch job still in the broker's queue, not parked, moves nothing until its claim parks it.
+-- No starvation: while a batch job queued longer than the bound (ARGV[3]) waits parked and a usable
+-- server (not stopped) can run it, batch is served before interactive, in fair order among its tenants:
+-- each unpark moves the batch jobs of lowest tag that a usable server can run ahead of every other, up
+-- to AGED moved at a time (`age_batch` in _slots.lua; score: the tag less 1e13), so a small tenant's job
+-- is not behind a big tenant's aged backlog. A moved job whose servers have all stopped goes back to its
+-- tag, so jobs that cannot run hold no moved place and move nothing. The jobs past the bound are found in
+-- O(log n) in the shard's queue (scored by class and time queued). A batch job still in the broker's
+-- queue, not parked, moves nothing until its claim parks it.
 --
 -- keys: 4
 -- KEYS[1] fleet (hash)
@@ -53,7 +55,7 @@ for _, server in ipairs(servers) do  -- with shards, no more free here than acro
 end
 local interactive_paused = paused_for(KEYS[1], 'interactive')
 local batch_paused = paused_for(KEYS[1], 'batch')
-if not batch_paused then age_batch(KEYS[2], KEYS[4], now, tonumber(ARGV[3])) end
+if not batch_paused then age_batch(KEYS[1], servers, KEYS[2], KEYS[4], now, tonumber(ARGV[3])) end
 local calls = promised(KEYS[3], KEYS[2], now)
 local open = free_slots(KEYS[1], servers) - #calls
 local reply = {0}
