@@ -86,7 +86,7 @@ def test_admit_reserves_and_creates_then_replays(acme: Store) -> None:
     replay = admit(acme, job_id="acme.00000000000000000002")
     assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
     # one string, its expiry set; no body (a replay rebuilds it); the job id past its tenant
-    assert acme.redis.get(TenantKeys("acme").idempotency("k1")) == f"d202 fp {first.job_id.split('.')[1]}"
+    assert acme.redis.get(TenantKeys("acme").idempotency("k1")) == f"d202 fp {first.job_id.split('.')[1]}"  # fp: no hex
     assert 0 < acme.redis.ttl(TenantKeys("acme").idempotency("k1")) <= 60
     assert admit(acme, fingerprint="other").code is Code.FINGERPRINT_MISMATCH
     assert acme.ledger("acme")["reserved"] == 30
@@ -108,28 +108,68 @@ def test_an_idempotency_record_an_earlier_version_wrote_as_a_hash_still_answers(
     assert acme.redis.zcard(TenantKeys("acme").jobs) == 1
 
 
-def test_an_idempotency_record_keeps_64_bits_of_the_fingerprint_and_reads_the_spelt_out_form(acme: Store) -> None:
-    """A record keeps the first 16 hex digits of the fingerprint: the full one matches it, a body whose
-    fingerprint differs only past them matches too (a chance in 2^64), any other differs; a record an
-    earlier version spelt out (`done 202 <fingerprint> <job id>`) still answers until it expires."""
+DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def idem_digits(hex_digits: str) -> str:
+    """What lua/_idem.lua's `idem_digits` writes, spelt out here to check it: two for three hex digits,
+    one for each of the one or two left over."""
+    whole = len(hex_digits) // 3 * 3
+    out = [DIGITS[int(hex_digits[i:i + 3], 16) // 64] + DIGITS[int(hex_digits[i:i + 3], 16) % 64]
+           for i in range(0, whole, 3)]
+    return "".join(out) + "".join(DIGITS[int(d, 16)] for d in hex_digits[whole:])
+
+
+def test_an_idempotency_record_keeps_60_bits_of_the_fingerprint_in_28_bytes_and_reads_earlier_forms(
+        acme: Store) -> None:
+    """A record keeps the first 15 hex digits of the fingerprint and the job id past its tenant, both as
+    IDEM_DIGITS: 28 bytes. The full fingerprint matches it, a body whose fingerprint differs only past
+    them matches too (a chance in 2^60), any other differs; the records earlier versions wrote
+    (`d202 <16 hex> <20 hex>`, `done 202 <fingerprint> <job id>`) still answer until they expire."""
     full = "0123456789abcdef" + "f" * 48
-    first = admit(acme, fingerprint=full)
+    first = admit(acme, fingerprint=full, job_id="acme.0123456789abcdef0123")
     key = TenantKeys("acme").idempotency("k1")
-    assert acme.redis.get(key) == f"p202 0123456789abcdef {first.job_id.split('.')[1]}"
+    compact = "p202" + idem_digits(full[:15]) + idem_digits("0123456789abcdef0123")
+    assert acme.redis.get(key) == compact == "p202ASNFZ4mrzeASNFZ4mrze8BCD"
+    compact_bytes = acme.redis.memory_usage(key)
+    assert admit(acme, job_id="acme.00000000000000000002", fingerprint=full).code is Code.IN_PROGRESS
     acme.confirm_published(first.job_id, "k1")
+    assert acme.redis.get(key) == "d" + compact[1:]
     replay = admit(acme, job_id="acme.00000000000000000002", fingerprint=full)
     assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
-    assert admit(acme, fingerprint="0123456789abcdee" + "f" * 48).code is Code.FINGERPRINT_MISMATCH
+    assert admit(acme, fingerprint="0123456789abcdee" + "f" * 48).code is Code.REPLAYED  # past 15 digits
+    assert admit(acme, fingerprint="0123456789abcdff" + "f" * 48).code is Code.FINGERPRINT_MISMATCH
+    acme.redis.set(key, f"p202 0123456789abcdef {first.job_id.split('.')[1]}", ex=60)  # the 42-byte form
+    assert acme.redis.memory_usage(key) - compact_bytes == 16  # one allocation with its header: 64 -> 48
+    assert admit(acme, job_id="acme.00000000000000000002", fingerprint=full).code is Code.IN_PROGRESS
+    assert admit(acme, fingerprint="0123456789abcdee" + "f" * 48).code is Code.FINGERPRINT_MISMATCH  # 16 kept
+    acme.confirm_published(first.job_id, "k1")
+    assert acme.redis.get(key) == "d" + compact[1:]
+    assert 0 < acme.redis.ttl(key) <= 60
     acme.redis.set(key, f"pending 202 {full} {first.job_id}", ex=60)
     assert admit(acme, job_id="acme.00000000000000000002", fingerprint=full).code is Code.IN_PROGRESS
     acme.confirm_published(first.job_id, "k1")
-    assert acme.redis.get(key) == f"d202 0123456789abcdef {first.job_id.split('.')[1]}"
-    assert 0 < acme.redis.ttl(key) <= 60
+    assert acme.redis.get(key) == "d" + compact[1:]
     acme.redis.set(key, f"done 202 {full} {first.job_id}", ex=60)
     replay = admit(acme, job_id="acme.00000000000000000002", fingerprint=full)
     assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
     assert admit(acme, fingerprint="0123456789abcdef" + "e" * 48).code is Code.FINGERPRINT_MISMATCH
     assert acme.redis.zcard(TenantKeys("acme").jobs) == 1
+
+
+def test_an_idempotency_record_of_other_digits_is_spelt_out(acme: Store) -> None:
+    """A fingerprint or job id not of lowercase hex (as no request makes them) is kept in the spaced form
+    and answers as the compact one does."""
+    first = admit(acme, fingerprint="fp", job_id="acme.00000000000000000001")
+    key = TenantKeys("acme").idempotency("k1")
+    assert acme.redis.get(key) == "p202 fp 00000000000000000001"
+    acme.confirm_published(first.job_id, "k1")
+    replay = admit(acme, job_id="acme.00000000000000000002", fingerprint="fp")
+    assert (replay.code, replay.job_id) == (Code.REPLAYED, first.job_id)
+    other = admit(acme, key="k2", fingerprint="AB" * 32, job_id="acme.00000000000000000002")
+    assert acme.redis.get(TenantKeys("acme").idempotency("k2")) == "p202 " + "AB" * 7 + "A 00000000000000000002"
+    again = admit(acme, key="k2", fingerprint="AB" * 32, job_id="acme.00000000000000000003")
+    assert (again.code, again.job_id) == (Code.IN_PROGRESS, other.job_id)
 
 
 def test_admit_refuses_over_allowance_and_writes_nothing(acme: Store) -> None:
