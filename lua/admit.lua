@@ -29,8 +29,8 @@
 -- from the job's fields that never change (id, kind, priority, outputs, ceiling,
 -- deadline_s, created_at), so a replay is the same bytes.
 --
--- keys: 26
--- KEYS[1] idempotency record (string)    KEYS[9]  superseded job's record (hash; the new
+-- keys: 30
+-- KEYS[1] old idempotency record         KEYS[9]  superseded job's record (hash; the new
 -- KEYS[2] tenant ledger (hash)                    job's own when nothing is superseded)
 -- KEYS[3] job record (hash)              KEYS[10] superseded job's event list (likewise)
 -- KEYS[4] tenant's job index (zset)      KEYS[11] tenant's retry index (zset)
@@ -43,6 +43,8 @@
 -- KEYS[20] admission settings (hash: queue_cap:<class>, target_s:interactive)
 -- KEYS[21] fleet (hash: pause_class:<class>, vt:<class>, p:<superseded job id>)
 -- KEYS[22] to KEYS[26] the superseded job's parts, packed if it ends here (`parts_at` in _lib.lua; likewise)
+-- KEYS[27] to KEYS[30] the tenant's idempotency windows around the caller's clock (hashes, `idem_windows`
+--   in _idem.lua), the first ARGV[18]; KEYS[1] is the key an earlier version wrote the record at (string)
 --
 -- KEYS[17] global stats (hash), KEYS[18] queue (zset), KEYS[19] due (zset):
 --   see use_globals in _lib.lua
@@ -58,6 +60,7 @@
 -- ARGV[15] shards the state is split into: a queue cap is fleet-wide, each shard keeps its share
 -- ARGV[16] retention (ms; '' = 0: see finalize in _lib.lua)
 -- ARGV[17] '1' when no configured server can run the workflow: a replay answers, anything else is refused
+-- ARGV[18] the window of KEYS[27] (s since the epoch // ARGV[5])   ARGV[19] the Idempotency-Key
 --
 -- Returns {1 CREATED, job_id, now (ms)} | {2 REPLAYED, job_id, status}
 --   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
@@ -121,7 +124,8 @@ local function over_fleet_limits(class, deadline_ms, leaving)
   return nil
 end
 
-local seen = idem_read(KEYS[1])
+local idem_at = {{KEYS[27], KEYS[28], KEYS[29], KEYS[30]}, ARGV[18], math.max(1, tonumber(ARGV[5])), now}
+local seen = idem_find(idem_at[1], idem_at[2], idem_at[3], now, ARGV[19], KEYS[1])
 if seen then
   if not idem_matches(seen, fingerprint) then return {4, seen[2]} end
   if seen[3] ~= 'done' then return {3, seen[2]} end
@@ -181,7 +185,7 @@ redis.call('ZADD', KEYS[5], now, job_id)
 redis.call('ZADD', KEYS[6], now + tonumber(ARGV[6]), job_id)
 wake(KEYS[15], KEYS[3], now + tonumber(ARGV[6]))
 move(KEYS[3], KEYS[8], KEYS[7], now, '', 'queued', 'admitted')
-redis.call('SET', KEYS[1], idem_text('pending', ARGV[8], fingerprint, job_id), 'EX', math.max(1, tonumber(ARGV[5])))
+idem_write(idem_at[1], idem_at[2], idem_at[3], now, ARGV[19], idem_text('pending', ARGV[8], fingerprint, job_id))
 
 if older == 'queued' or older == 'retry_wait' then
   if hget(KEYS[9], 'servers') or hget(KEYS[9], 'ckpt') then  -- parked: its `placement` goes (_slots.lua)

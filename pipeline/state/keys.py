@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 import zlib
 from dataclasses import dataclass
 
@@ -280,10 +281,23 @@ class TenantKeys:
         return self._k("webhooks")
 
     def idempotency(self, key: str) -> str:
-        """String ``<state> <status> <fingerprint> <job id>`` (state pending|done), set with its expiry in one
-        SET; no body (a replay rebuilds it). A hash of those fields, written by earlier versions, is read
-        until it expires."""
+        """String: the idempotency record of ``key`` as earlier versions wrote it (``idem_read`` in
+        lua/_idem.lua; a hash of its fields before that), read until it expires; records are now
+        fields of ``idempotency_window``."""
         return self._k(f"idem:{key}")
+
+    def idempotency_window(self, window: int) -> str:
+        """Hash: Idempotency-Key -> its record and when it expires (``idem_text`` in lua/_idem.lua), for
+        the requests admitted in ``window`` (seconds since the epoch // the idempotency TTL); the hash
+        expires two TTLs after its last write."""
+        return self._k(f"idems:{window}")
+
+    def idempotency_windows(self, now_ms: int | None, ttl_s: int) -> tuple[list[str], int]:
+        """The windows a script may find a record of a key in at ``now_ms`` (None: this host's clock), the
+        one two before it to the one after, and the first one's number (``idem_windows`` in lua/_idem.lua:
+        Redis's clock picks the current one and the one before)."""
+        window = (int(time.time() * 1000) if now_ms is None else now_ms) // 1000 // max(1, ttl_s)
+        return [self.idempotency_window(window + d) for d in (-2, -1, 0, 1)], window - 2
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pipeline.errors import (
     WrongShards,
 )
 from pipeline.settings import (
+    DEFAULT_IDEMPOTENCY_TTL_SECONDS,
     DEFAULT_BATCH_MAX_WAIT_SECONDS,
     DEFAULT_INTERACTIVE_TARGET_SECONDS,
     DEFAULT_PROVIDER_CAP,
@@ -57,7 +58,7 @@ def open_store(settings: Settings, *, check: bool = True, wait_s: float = STARTU
         try:
             client = redisconn.connect(settings)  # a RedisCluster asks its nodes for the slots right away
             store = Store(client, Scripts.of(client, settings), shards=settings.shards,
-                          retention_ms=settings.retention_seconds * 1000)
+                          retention_ms=settings.retention_seconds * 1000, idem_ttl_s=settings.idempotency_ttl_seconds)
             if check:
                 store.check_shards()
             return store
@@ -80,9 +81,8 @@ class Admission:
 
 @dataclass(frozen=True)
 class FleetLimits:
-    """Admission's fleet-wide figures: the dispatch slots that serve the queue, and the defaults
-    of the per-class queue caps and the interactive target wait (``reckon admission set``
-    overrides these two in Redis)."""
+    """Admission's fleet-wide figures: the dispatch slots that serve the queue, and the defaults of the
+    per-class queue caps and the interactive target wait (``reckon admission set`` overrides these two)."""
 
     slots: int = DEFAULT_PROVIDER_CAP
     queue_cap_interactive: int = DEFAULT_QUEUE_CAP_INTERACTIVE
@@ -105,12 +105,12 @@ class Store(Controls):
     """Every write is one Lua script; ``now_ms`` arguments default to Redis's own clock."""
 
     def __init__(self, client: redis.Redis, scripts: Scripts | None = None, *, shards: int | None = None,
-                 retention_ms: int | None = None) -> None:
+                 retention_ms: int | None = None, idem_ttl_s: int = DEFAULT_IDEMPOTENCY_TTL_SECONDS) -> None:
         """``shards``: the deployment's shard count (``RECKON_SHARDS``), set for the whole process;
         None leaves the count as it is (1 unless set). ``retention_ms``: how long a finished job is
         kept (``RECKON_RETENTION_SECONDS``): its tenant is woken for the sweeper's purge then, not
-        when it finishes (None: at once)."""
-        self.retention = "" if retention_ms is None else retention_ms
+        when it finishes (None: at once). ``idem_ttl_s``: ``RECKON_IDEMPOTENCY_TTL_SECONDS``."""
+        self.retention, self.idem_ttl_s = "" if retention_ms is None else retention_ms, idem_ttl_s
         #: Typed Any: the client decodes replies to str, which redis-py's stubs cannot express.
         self.redis: Any = client
         self.scripts = scripts or Scripts(client)
@@ -152,17 +152,17 @@ class Store(Controls):
         outbox_delay_ms: int, now_ms: int | None = None, supersedes: str = "",
         limits: FleetLimits = FleetLimits(), replay_only: bool = False,
     ) -> Admission:
-        t, j = TenantKeys(tenant), JobKeys(job_id)
-        older = JobKeys(supersedes) if supersedes else j
+        t, j, older = TenantKeys(tenant), JobKeys(job_id), JobKeys(supersedes or job_id)
+        windows, first = t.idempotency_windows(now_ms, idem_ttl_s)
         reply = self.scripts(
             "admit",
             [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
              older.record, older.events, t.retry, j.workflow, t.done, older.workflow, t.shard.wake, t.limits,
-             *t.shard.globals, t.shard.admission, t.shard.fleet, *older.parts],
+             *t.shard.globals, t.shard.admission, t.shard.fleet, *older.parts, *windows],
             [at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
              orjson.dumps(fields), status, supersedes, workflow, limits.slots, limits.queue_cap_interactive,
              limits.queue_cap_batch, limits.interactive_target_s, keys.shard_count(), self.retention,
-             int(replay_only)],
+             int(replay_only), first, idem_key],
             durable=True,
         )
         code = Code(reply[0])
@@ -187,9 +187,9 @@ class Store(Controls):
         out of the outbox (False: someone else did). ``late``: sent by the sweeper from the outbox,
         so a job still queued counts as sent now."""
         t = JobKeys(job_id).tenant
-        reply = self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key), t.queued],
-                             [job_id, at(now_ms), "1" if late else ""])
-        return bool(reply[1])
+        windows, first = t.idempotency_windows(now_ms, self.idem_ttl_s)
+        return bool(self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key), t.queued, *windows],
+                                 [job_id, at(now_ms), "1" if late else "", idem_key, first, self.idem_ttl_s])[1])
 
     def claim(
         self, job_id: str, *, worker: str, lease_ms: int, operation_id: str, servers: Mapping[str, int],

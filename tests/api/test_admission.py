@@ -94,7 +94,8 @@ def test_invalid_job_is_422_naming_the_field(submit, tenant, store: Store, body,
     assert resp.status_code == 422
     assert (resp.json["type"], resp.json["field"]) == (P + problem, field)
     assert store.ledger("acme")["reserved"] == 0
-    assert store.redis.exists(TenantKeys("acme").idempotency("intent-1")) == 0
+    windows, _ = TenantKeys("acme").idempotency_windows(None, 24 * 3600)
+    assert not any(store.redis.hexists(w, "intent-1") for w in windows)
 
 
 def test_unparseable_json_is_400_and_huge_body_is_413(client, tenant, store: Store) -> None:
@@ -118,7 +119,8 @@ def test_not_enough_allowance_is_402_and_creates_nothing(submit, tenant, store: 
     assert (resp.json["type"], resp.json["available"], resp.json["required"]) == (
         P + "insufficient-allowance", 29, 30)
     assert store.redis.zcard(TenantKeys("acme").jobs) == 0
-    assert store.redis.exists(TenantKeys("acme").idempotency("intent-1")) == 0
+    windows, _ = TenantKeys("acme").idempotency_windows(None, 24 * 3600)
+    assert not any(store.redis.hexists(w, "intent-1") for w in windows)
 
 
 def test_unauthenticated_requests_are_401(client) -> None:
@@ -171,10 +173,13 @@ def test_concurrent_admissions_never_reserve_beyond_the_allowance(submit, tenant
 def test_key_may_create_a_new_job_after_retention(client, submit, tenant, store: Store) -> None:
     key = tenant()
     first = submit(key).json
-    store.redis.delete(TenantKeys("acme").idempotency("intent-1"))  # what EXPIRE does after the retention
+    windows, _ = TenantKeys("acme").idempotency_windows(None, 24 * 3600)
+    for window in windows:
+        store.redis.hdel(window, "intent-1")  # what its expiry does after the retention
     second = submit(key).json
     assert second["id"] != first["id"]
-    assert store.redis.ttl(TenantKeys("acme").idempotency("intent-1")) == 24 * 3600
+    [record] = [r for w in windows if (r := store.redis.hget(w, "intent-1"))]
+    assert 0 <= int(record.split()[-1]) - int(store.redis.time()[0]) - 24 * 3600 <= 1  # expires in a day
 
 
 def test_listing_is_newest_first_with_a_cursor_and_a_state_filter(client, submit, tenant, store: Store) -> None:

@@ -43,7 +43,8 @@ def admit(settings: Settings, store: Store):
 def _nothing_written(store: Store, tenant: str, key: str, jobs: int, reserved: int) -> None:
     assert store.redis.zcard(TenantKeys(tenant).jobs) == jobs
     assert store.ledger(tenant)["reserved"] == reserved
-    assert not store.redis.exists(TenantKeys(tenant).idempotency(key))
+    windows, _ = TenantKeys(tenant).idempotency_windows(None, 24 * 3600)
+    assert not any(store.redis.hexists(w, key) for w in windows)
 
 
 def test_a_full_class_queue_answers_503_and_writes_nothing(admit, tenant, store, capsys) -> None:

@@ -23,7 +23,7 @@ def nested(depth: int) -> bytes:
 def assert_nothing_written(store: Store) -> None:
     assert store.redis.zcard(TenantKeys("acme").jobs) == 0
     assert store.ledger("acme")["reserved"] == 0
-    assert store.redis.keys("reckon:{s0}:t:acme:idem:*") == []
+    assert store.redis.keys("reckon:{s0}:t:acme:idem*") == []
 
 
 def post_raw(client, api_key: str, data: bytes, content_type: str | None = "application/json",

@@ -52,7 +52,8 @@ def test_jobs_go_to_the_real_comfyui_only_when_it_has_their_nodes(store, setting
         assert refused.value.models == ("checkpoints/sd15.safetensors",)
         assert [a["server"] for a in store.attempts(to_real)] == ["gpu"]
         assert [a["server"] for a in store.attempts(to_sim)] == ["sim"]
-        assert store.redis.get(keys.TenantKeys("acme").idempotency("n")) is None
+        windows, _ = keys.TenantKeys("acme").idempotency_windows(None, 24 * 3600)
+        assert not any(store.redis.hexists(w, "n") for w in windows)
         assert len(fake.sim.charges) == 1
     finally:
         fake.close()

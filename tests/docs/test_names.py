@@ -232,7 +232,8 @@ def built_keys() -> set[str]:
         built = {keys.SWEEPER, keys.HISTORY, keys.FAIRNESS, keys.watcher_lock("srv"), keys.server_offers("srv"),
                  keys.server_slots("srv"), ShardKeys(0).webhook_exhausted("whk"), ShardKeys(0).webhook_due("whk"),
                  keys.api_key("sha"),
-                 keys.tenant_disabled(tenant), keys.tenant_api_keys(tenant), TenantKeys(tenant).idempotency("idk")}
+                 keys.tenant_disabled(tenant), keys.tenant_api_keys(tenant), TenantKeys(tenant).idempotency("idk"),
+                 TenantKeys(tenant).idempotency_window(424242)}
         for holder in holders:
             for name, member in inspect.getmembers(type(holder)):
                 if isinstance(member, property) and isinstance(value := getattr(holder, name), str):
@@ -245,7 +246,7 @@ def built_keys() -> set[str]:
 def placeholders(key: str) -> str:
     for value, holder in (("{s0}", "{s<n>}"), ("tnt.0123456789abcdef0123", "<job id>"), ("tnt", "<tenant>"),
                           ("srv", "<server>"), ("prv", "<provider>"), ("sha", "<sha256>"), ("idk", "<key>"),
-                          ("whk", "<endpoint>")):
+                          ("whk", "<endpoint>"), ("424242", "<window>")):
         key = key.replace(value, holder)
     return key
 

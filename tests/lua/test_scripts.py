@@ -37,8 +37,14 @@ def claim(store: Store, job_id: str = "acme.00000000000000000001", now: int = NO
 
 @pytest.fixture
 def acme(store: Store) -> Store:
+    """The store, its idempotency records kept 60 s as `admit` asks."""
     create_tenant(store.redis, "acme", 100)
-    return store
+    return Store(store.redis, store.scripts, idem_ttl_s=60)
+
+
+def record_of(store: Store, key: str, now: int = NOW) -> str | None:
+    """The idempotency record of ``key`` in its window at ``now`` (its expiry after a space), else None."""
+    return store.redis.hget(TenantKeys("acme").idempotency_window(now // 1000 // 60), key)
 
 
 def test_every_script_declares_its_key_count_and_has_a_header() -> None:
@@ -82,12 +88,13 @@ def test_admit_reserves_and_creates_then_replays(acme: Store) -> None:
     assert acme.ledger("acme") == {"allowance": 100, "reserved": 30, "uncertain": 0, "settled": 0, "available": 70}
     replay = admit(acme, job_id="acme.00000000000000000002")
     assert replay.code is Code.IN_PROGRESS  # not yet confirmed published
-    acme.confirm_published(first.job_id, "k1")
+    acme.confirm_published(first.job_id, "k1", now_ms=NOW)
     replay = admit(acme, job_id="acme.00000000000000000002")
     assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
-    # one string, its expiry set; no body (a replay rebuilds it); the job id past its tenant
-    assert acme.redis.get(TenantKeys("acme").idempotency("k1")) == f"d202 fp {first.job_id.split('.')[1]}"
-    assert 0 < acme.redis.ttl(TenantKeys("acme").idempotency("k1")) <= 60
+    # a field of its window's hash, with its expiry (s); no body (a replay rebuilds it); the job id past its tenant
+    assert record_of(acme, "k1") == f"d202 fp {first.job_id.split('.')[1]} {NOW // 1000 + 60}"  # fp: no hex
+    assert acme.redis.exists(TenantKeys("acme").idempotency("k1")) == 0  # no key of its own
+    assert 0 < acme.redis.ttl(TenantKeys("acme").idempotency_window(NOW // 1000 // 60)) <= 120
     assert admit(acme, fingerprint="other").code is Code.FINGERPRINT_MISMATCH
     assert acme.ledger("acme")["reserved"] == 30
     assert acme.redis.zcard(TenantKeys("acme").jobs) == 1
@@ -97,10 +104,10 @@ def test_admit_reserves_and_creates_then_replays(acme: Store) -> None:
 def test_an_idempotency_record_an_earlier_version_wrote_as_a_hash_still_answers(acme: Store) -> None:
     first = admit(acme)
     key = TenantKeys("acme").idempotency("k1")
-    acme.redis.delete(key)
+    acme.redis.hdel(TenantKeys("acme").idempotency_window(NOW // 1000 // 60), "k1")
     acme.redis.hset(key, mapping={"fingerprint": "fp", "job_id": first.job_id, "state": "pending", "status": "202"})
     assert admit(acme, job_id="acme.00000000000000000002").code is Code.IN_PROGRESS
-    acme.confirm_published(first.job_id, "k1")
+    acme.confirm_published(first.job_id, "k1", now_ms=NOW)
     assert acme.redis.hget(key, "state") == "done"
     replay = admit(acme, job_id="acme.00000000000000000002")
     assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
@@ -108,23 +115,50 @@ def test_an_idempotency_record_an_earlier_version_wrote_as_a_hash_still_answers(
     assert acme.redis.zcard(TenantKeys("acme").jobs) == 1
 
 
-def test_an_idempotency_record_keeps_64_bits_of_the_fingerprint_and_reads_the_spelt_out_form(acme: Store) -> None:
-    """A record keeps the first 16 hex digits of the fingerprint: the full one matches it, a body whose
-    fingerprint differs only past them matches too (a chance in 2^64), any other differs; a record an
-    earlier version spelt out (`done 202 <fingerprint> <job id>`) still answers until it expires."""
+DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def idem_digits(hex_digits: str) -> str:
+    """What lua/_idem.lua's `idem_digits` writes, spelt out here to check it: two for three hex digits,
+    one for each of the one or two left over."""
+    whole = len(hex_digits) // 3 * 3
+    out = [DIGITS[int(hex_digits[i:i + 3], 16) // 64] + DIGITS[int(hex_digits[i:i + 3], 16) % 64]
+           for i in range(0, whole, 3)]
+    return "".join(out) + "".join(DIGITS[int(d, 16)] for d in hex_digits[whole:])
+
+
+def test_an_idempotency_record_keeps_60_bits_of_the_fingerprint_in_its_window_and_reads_earlier_forms(
+        acme: Store) -> None:
+    """A record keeps the first 15 hex digits of the fingerprint and the job id past its tenant, both as
+    IDEM_DIGITS (28 bytes), and its expiry, as a field of its window's hash. The full fingerprint matches
+    it, a body whose fingerprint differs only past them matches too (a chance in 2^60), any other differs;
+    the records earlier versions wrote as their own keys (`d202<24 digits>`, `d202 <16 hex> <20 hex>`, `done 202 <fingerprint> <job id>`)
+    still answer until they expire."""
     full = "0123456789abcdef" + "f" * 48
-    first = admit(acme, fingerprint=full)
-    key = TenantKeys("acme").idempotency("k1")
-    assert acme.redis.get(key) == f"p202 0123456789abcdef {first.job_id.split('.')[1]}"
-    acme.confirm_published(first.job_id, "k1")
+    first = admit(acme, fingerprint=full, job_id="acme.0123456789abcdef0123")
+    key, window = TenantKeys("acme").idempotency("k1"), TenantKeys("acme").idempotency_window(NOW // 1000 // 60)
+    compact = "p202" + idem_digits(full[:15]) + idem_digits("0123456789abcdef0123")
+    assert record_of(acme, "k1") == f"{compact} {NOW // 1000 + 60}" and compact == "p202ASNFZ4mrzeASNFZ4mrze8BCD"
+    assert admit(acme, job_id="acme.00000000000000000002", fingerprint=full).code is Code.IN_PROGRESS
+    acme.confirm_published(first.job_id, "k1", now_ms=NOW)
+    assert record_of(acme, "k1") == f"d{compact[1:]} {NOW // 1000 + 60}"
     replay = admit(acme, job_id="acme.00000000000000000002", fingerprint=full)
     assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
-    assert admit(acme, fingerprint="0123456789abcdee" + "f" * 48).code is Code.FINGERPRINT_MISMATCH
+    assert admit(acme, fingerprint="0123456789abcdee" + "f" * 48).code is Code.REPLAYED  # past 15 digits
+    assert admit(acme, fingerprint="0123456789abcdff" + "f" * 48).code is Code.FINGERPRINT_MISMATCH
+    acme.redis.delete(window)  # the records earlier versions wrote, each as its own key
+    for old in (f"p202 0123456789abcdef {first.job_id.split('.')[1]}", "p" + compact[1:]):
+        acme.redis.set(key, old, ex=60)
+        assert admit(acme, job_id="acme.00000000000000000002", fingerprint=full).code is Code.IN_PROGRESS
+        acme.confirm_published(first.job_id, "k1", now_ms=NOW)
+        assert acme.redis.get(key)[:1] == "d" and 0 < acme.redis.ttl(key) <= 60
+    assert admit(acme, fingerprint="0123456789abcdee" + "f" * 48).code is Code.REPLAYED
+    acme.redis.set(key, f"d202 0123456789abcdef {first.job_id.split('.')[1]}", ex=60)
+    assert admit(acme, fingerprint="0123456789abcdee" + "f" * 48).code is Code.FINGERPRINT_MISMATCH  # 16 kept
     acme.redis.set(key, f"pending 202 {full} {first.job_id}", ex=60)
     assert admit(acme, job_id="acme.00000000000000000002", fingerprint=full).code is Code.IN_PROGRESS
-    acme.confirm_published(first.job_id, "k1")
-    assert acme.redis.get(key) == f"d202 0123456789abcdef {first.job_id.split('.')[1]}"
-    assert 0 < acme.redis.ttl(key) <= 60
+    acme.confirm_published(first.job_id, "k1", now_ms=NOW)
+    assert acme.redis.get(key) == "d" + compact[1:]
     acme.redis.set(key, f"done 202 {full} {first.job_id}", ex=60)
     replay = admit(acme, job_id="acme.00000000000000000002", fingerprint=full)
     assert (replay.code, replay.job_id, replay.status) == (Code.REPLAYED, first.job_id, 202)
@@ -132,11 +166,51 @@ def test_an_idempotency_record_keeps_64_bits_of_the_fingerprint_and_reads_the_sp
     assert acme.redis.zcard(TenantKeys("acme").jobs) == 1
 
 
+def test_an_idempotency_record_answers_until_its_own_expiry_across_windows(acme: Store) -> None:
+    """A record answers until its expiry, also from the window before the current one; past it, the key
+    admits a new job, and the window it was written in expires two TTLs after its last write."""
+    start = (NOW // 60_000 + 1) * 60_000 - 1_000  # a second before a window ends
+    first = acme.admit("acme", "k1", "acme.00000000000000000001", fingerprint="fp", ceiling=30,
+                       fields={"id": "acme.00000000000000000001", "tenant": "acme", "state": "queued", "kind": "image",
+                               "priority": "batch", "outputs_requested": "1", "ceiling": "30", "price": "10",
+                               "deadline_s": "60", "idem_key": "k1"},
+                       workflow=b"{}", status=202, now_ms=start, idem_ttl_s=60, outbox_delay_ms=10_000)
+    assert first.code is Code.CREATED
+    acme.confirm_published(first.job_id, "k1", now_ms=start + 30_000)  # in the next window: found in the one before
+    assert record_of(acme, "k1", start) == f"d202 fp 00000000000000000001 {start // 1000 + 60}"
+    again = admit(acme, job_id="acme.00000000000000000002")
+    for now, code in ((start + 59_000, Code.REPLAYED), (start + 60_000, Code.CREATED)):
+        reply = acme.admit("acme", "k1", "acme.00000000000000000002", fingerprint="fp", ceiling=30,
+                           fields={"id": "acme.00000000000000000002", "tenant": "acme", "state": "queued",
+                                   "kind": "image", "priority": "batch", "outputs_requested": "1", "ceiling": "30",
+                                   "price": "10", "deadline_s": "60", "idem_key": "k1"},
+                           workflow=b"{}", status=202, now_ms=now, idem_ttl_s=60, outbox_delay_ms=10_000)
+        assert reply.code is code, now - start
+    assert again.code is Code.REPLAYED and reply.job_id == "acme.00000000000000000002"
+    assert record_of(acme, "k1", start + 60_000) == f"p202 fp 00000000000000000002 {(start + 60_000) // 1000 + 60}"
+    assert 60 < acme.redis.ttl(TenantKeys("acme").idempotency_window(start // 60_000)) <= 120
+
+
+def test_an_idempotency_record_of_other_digits_is_spelt_out(acme: Store) -> None:
+    """A fingerprint or job id not of lowercase hex (as no request makes them) is kept in the spaced form
+    and answers as the compact one does."""
+    first = admit(acme, fingerprint="fp", job_id="acme.00000000000000000001")
+    key = TenantKeys("acme").idempotency("k1")
+    assert record_of(acme, "k1") == f"p202 fp 00000000000000000001 {NOW // 1000 + 60}"
+    acme.confirm_published(first.job_id, "k1", now_ms=NOW)
+    replay = admit(acme, job_id="acme.00000000000000000002", fingerprint="fp")
+    assert (replay.code, replay.job_id) == (Code.REPLAYED, first.job_id)
+    other = admit(acme, key="k2", fingerprint="AB" * 32, job_id="acme.00000000000000000002")
+    assert record_of(acme, "k2") == "p202 " + "AB" * 7 + f"A 00000000000000000002 {NOW // 1000 + 60}"
+    again = admit(acme, key="k2", fingerprint="AB" * 32, job_id="acme.00000000000000000003")
+    assert (again.code, again.job_id) == (Code.IN_PROGRESS, other.job_id)
+
+
 def test_admit_refuses_over_allowance_and_writes_nothing(acme: Store) -> None:
     refused = admit(acme, ceiling=101)
     assert (refused.code, refused.available, refused.ceiling) == (Code.INSUFFICIENT_ALLOWANCE, 100, 101)
     assert acme.redis.exists(JobKeys("acme.00000000000000000001").record) == 0
-    assert acme.redis.exists(TenantKeys("acme").idempotency("k1")) == 0
+    assert record_of(acme, "k1") is None
     assert acme.ledger("acme")["reserved"] == 0
 
 
