@@ -29,15 +29,17 @@
 -- Jobs of a paused class (`pause_class:<class>` in the fleet hash) are not called; a batch job
 -- past the bound is a batch job for its class's pause.
 --
--- Returns {0 OK, job id, score, job id, score, ...}. The caller publishes them to the
--- `reckon-unparked` queue, which workers serve before their other queues, so a parked
--- job does not wait again behind the backlog that arrived after it.
+-- Returns {0 OK, jobs parked in the shard, job id, its promised server, job id, its promised server, ...}.
+-- The caller publishes them to the `reckon-unparked` queue, which workers serve before their other
+-- queues, so a parked job does not wait again behind the backlog that arrived after it; with shards
+-- it first reserves each one's slot on its server's key (pipeline/state/calls.py).
 
 -- Parked jobs read beyond the free slots at first, then a page at a time, up to LOOK_MAX in all, for jobs
 -- passed over because no server of theirs is free.
 local LOOKAHEAD, LOOK_PAGE, LOOK_MAX = 32, 256, 2048
 
-if redis.call('ZCARD', KEYS[2]) == 0 then return {0} end
+local parked = redis.call('ZCARD', KEYS[2])
+if parked == 0 then return {0, 0} end
 local now = clock(ARGV[1])
 local servers = {}
 local across = {}
@@ -55,7 +57,7 @@ local batch_paused = paused_for(KEYS[1], 'batch')
 if not batch_paused then age_batch(KEYS[2], KEYS[4], now, tonumber(ARGV[3])) end
 local calls = promised(KEYS[3], KEYS[2], now)
 local open = free_slots(KEYS[1], servers) - #calls
-local reply = {0}
+local reply = {0, parked}
 if open <= 0 or (interactive_paused and batch_paused) then return reply end
 -- The parked jobs in dispatch order from `offset` on (`count` of them), less those of a paused class.
 local moved = interactive_paused and redis.call('ZCOUNT', KEYS[2], '-inf', '(0') or 0
@@ -88,7 +90,7 @@ end
 -- whose servers has a slot free is passed over, not called, so it holds no slot another server could
 -- fill), with checkpoint affinity among batch jobs.
 for _, at in ipairs(match_calls(KEYS[1], servers, best, calls, open)) do
-  reply[#reply + 1], reply[#reply + 2] = best[at], best[at + 1]
+  reply[#reply + 1], reply[#reply + 2] = best[at], hget(KEYS[1], 'c:' .. best[at])
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), best[at])
 end
 return reply

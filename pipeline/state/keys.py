@@ -366,6 +366,14 @@ def server_slots(server: str) -> str:
     return f"{PREFIX}:{{server:{server}}}:slots"
 
 
+def server_waiting(server: str) -> str:
+    """Sorted set: shard number -> its turn (the count of calls to the server's slots when the shard was last
+    served one; 0 from when it began to wait): the shards with jobs parked for the server's slots, kept beside
+    ``server_slots`` when the state is split into shards, so a freed slot calls the shard served longest ago
+    first (pipeline/state/calls.py)."""
+    return f"{PREFIX}:{{server:{server}}}:waiting"
+
+
 def tenant_disabled(tenant: str) -> str:
     """String: exists while the tenant is disabled (value: since when, ms); its keys are refused."""
     return TenantKeys(tenant)._k("disabled")

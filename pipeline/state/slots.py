@@ -22,6 +22,7 @@ slot (finish, retry, review: ``release``; the sweeper frees any a crash left beh
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable, Mapping
 
 import redis
@@ -49,14 +50,23 @@ class ServerSlots:
     def __init__(self, client: Any, scripts: Scripts) -> None:
         self.redis, self.scripts = client, scripts
         self.turn = 0
+        #: Per thread: the server whose slot the last ``release`` gave back and the shards waiting for it
+        #: then, in turn order (``waited``).
+        self._waited = threading.local()
 
     @property
     def on(self) -> bool:
         return keys.shard_count() > 1
 
-    def take(self, server: str, cap: int, member: str) -> int:
-        """1: taken; 2: held already by this attempt (renewed); 0: full. ``member``: ``<job id>/<operation id>``."""
-        return int(self.scripts("slot-take", [keys.server_slots(server)], [cap, member, LEASE_MS])[1])
+    def take(self, server: str, cap: int, member: str, *, shard: int | None = None, reserved: str = "",
+             call: bool = False) -> int:
+        """1: taken; 2: held already by this attempt (renewed); 0: full. ``member``: ``<job id>/<operation id>``.
+        ``shard``: the taker's, recorded as waiting for the server when it is full; ``reserved``: the
+        reservation of the job's call (``<job id>/call``) to take over; ``call``: this take reserves a slot
+        for a call (its shard's turn goes behind the other waiting shards': lua/slot-take.lua)."""
+        reply = self.scripts("slot-take", [keys.server_slots(server), keys.server_waiting(server)],
+                             [cap, member, LEASE_MS, "" if shard is None else shard, reserved, "1" if call else ""])
+        return int(reply[1])
 
     def confirm(self, server: str, claim: Claim) -> bool:
         """Whether the attempt still holds its slot (renewed, so the sweeper's earlier read cannot free
@@ -64,21 +74,33 @@ class ServerSlots:
         reply = self.scripts("slot-keep", [keys.server_slots(server)], [LEASE_MS, GRACE_MS, member(claim), 1, ""])
         return reply[2] == 1
 
-    def give(self, server: str, claim: Claim, *, quiet: bool = False) -> None:
-        """Free the attempt's slot (only its own: another attempt of the job has another member);
+    def give(self, server: str, claim: Claim, *, quiet: bool = False) -> list[int]:
+        """Free the attempt's slot (only its own: another attempt of the job has another member); the
+        shards waiting for the server, lowest turn first, read in the same round trip (calls.py);
         ``quiet``: a Redis error is logged, not raised (the sweeper frees a slot no attempt holds)."""
+        pipe = self.redis.pipeline(transaction=False)  # one Cluster slot: the server's hash tag
+        pipe.zrem(keys.server_slots(server), member(claim))
+        pipe.zrange(keys.server_waiting(server), 0, -1)
         try:
-            self.redis.zrem(keys.server_slots(server), member(claim))
+            return [int(n) for n in pipe.execute()[1]]
         except redis.RedisError:
             if not quiet:
                 raise
             log.warning("slot of %s on %s not given back; the sweeper frees it", claim.job_id, server, exc_info=True)
+            return []
 
     def release(self, held: Claim | None) -> None:
         """After a step that gave the attempt's shard slot back: its server slot too (with shards; a
-        Redis error is logged, the sweeper frees it)."""
+        Redis error is logged, the sweeper frees it), and the shards then waiting for it (``waited``)."""
+        self._waited.last = None
         if held is not None and held.server and self.on:
-            self.give(held.server, held, quiet=True)
+            self._waited.last = (held.server, self.give(held.server, held, quiet=True))
+
+    def waited(self) -> tuple[str, list[int]] | None:
+        """The server whose slot this thread's last ``release`` gave back, and the shards that waited for
+        it (lowest turn first); None if it gave none back. Cleared by asking."""
+        last, self._waited.last = getattr(self._waited, "last", None), None
+        return last
 
     def claim(self, job_id: str, operation_id: str, servers: Mapping[str, int],
               claim: Callable[[Mapping[str, int]], Claim | None]) -> Claim | None:
@@ -95,6 +117,7 @@ class ServerSlots:
         pipe.hmget(job.record, ["state", "servers"])
         pipe.hmget(job.shard.fleet, [*stops, f"c:{job_id}"])
         (state, named), marks = pipe.execute()
+        shard = job.shard.n
         stopped = {field.partition(":")[2] for field, mark in zip(stops, marks[:-1], strict=True) if mark}
         usable = [name for name in able(servers, named) if name not in stopped]  # a stopped one's slot goes unused
         self.turn = (self.turn + 1) % max(1, len(usable))
@@ -102,7 +125,8 @@ class ServerSlots:
         tried = 0
         for name in order if state == "queued" else []:
             attempt = f"{job_id}/{operation_id}"
-            if not self.take(name, servers[name], attempt):
+            reserved = f"{job_id}/call" if name == marks[-1] else ""  # its call's reservation (calls.py)
+            if not self.take(name, servers[name], attempt, shard=shard, reserved=reserved):
                 continue
             faultpoints.reached("after_slot_taken")  # crash tests: the slot is taken, the job not claimed
             taken = claim({name: servers[name]})

@@ -35,14 +35,12 @@ from pipeline.state import keys, redisconn
 from pipeline.state.controls import Controls
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.scripts import Code, ReplicationTimeout, Scripts
+from pipeline.state.calls import CALL_MS, Calls
 from pipeline.state.slots import ServerSlots
 from pipeline.state.sweeps import at
 
 log = logging.getLogger(__name__)
 
-#: How long an unparked job's slot waits for its claim (ms): its message crosses the broker in
-#: milliseconds; past this it is taken for lost (the sweeper's redelivery sends the job again).
-CALL_MS = 10_000
 #: How long a process starting waits for Redis to answer (s) before it gives up.
 STARTUP_WAIT_S = 30.0
 
@@ -116,6 +114,7 @@ class Store(Controls):
         self.scripts = scripts or Scripts(client)
         #: A server's slots across shards (used only with more than one shard).
         self.slots = ServerSlots(client, self.scripts)
+        self.calls = Calls(client, self.scripts, self.slots)
         self._shards_checked = False
         #: Per thread: the parked jobs the last step that gave a dispatch slot back saw (``freed``).
         self._freed = threading.local()
@@ -254,12 +253,15 @@ class Store(Controls):
 
     def unpark(self, shard: keys.ShardKeys, servers: Mapping[str, int], *, call_ms: int = CALL_MS,
                batch_wait_ms: int = DEFAULT_BATCH_MAX_WAIT_SECONDS * 1000, now_ms: int | None = None) -> list[str]:
-        """The shard's best parked jobs, as many as its fleet has free slots not promised yet, each
-        promised a slot for ``call_ms``: to publish (route ``unparked``). A batch job queued longer
-        than ``batch_wait_ms`` goes before every interactive one (no starvation)."""
-        reply = self.scripts("unpark", [shard.fleet, shard.parked, shard.called, shard.queue],
-                             [at(now_ms), call_ms, batch_wait_ms, *self.slots.unpark_args(servers)])
-        return list(reply[1::2])
+        """The shard's best parked jobs, as many as its fleet has free slots not promised yet, each promised
+        a slot for ``call_ms`` (with shards, reserved on its server's key: calls.py): to publish (route
+        ``unparked``). A batch job queued over ``batch_wait_ms`` goes before every interactive one."""
+        return self.calls.unpark(shard, servers, call_ms=call_ms, batch_wait_ms=batch_wait_ms, now_ms=now_ms)[0]
+
+    def unpark_freed(self, shard: keys.ShardKeys, servers: Mapping[str, int], *, batch_wait_ms: int) -> list[str]:
+        """After this thread's finish, retry or review: the jobs called, from the shards waiting for its
+        server (in turn: calls.py) and from ``shard``."""
+        return self.calls.after_free(shard, self.freed(), servers, batch_wait_ms=batch_wait_ms)
 
     def heartbeat(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> int:
         j = JobKeys(claim.job_id)

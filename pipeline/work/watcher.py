@@ -242,10 +242,8 @@ class ServerWatch:
         self._next_offers = 0.0  # back: perhaps restarted with other nodes or models
         if self.store.clear_provider(self.name, ["provider_unreachable"]):
             log.info("server %s answers again; dispatch resumes", self.name)
-            for shard in keys.shards():
-                for job_id in self.store.unpark(shard, self.caps,
-                                                batch_wait_ms=self.settings.batch_max_wait_seconds * 1000):
-                    self.publish(job_id, "unparked")
+            for job_id in self.store.calls.sweep(self.caps, batch_wait_ms=self.settings.batch_max_wait_seconds * 1000):
+                self.publish(job_id, "unparked")
 
     def read_offers(self, now: float) -> None:
         """Store what the server can run (its node classes and model files); asked again after a

@@ -95,13 +95,14 @@ def test_unpark_calls_no_more_than_the_slots_free_across_shards(two: Store) -> N
 
 
 def test_a_lapsed_lease_frees_its_slot_for_the_next_take(two: Store) -> None:
-    key = keys.server_slots("a")
-    assert two.scripts("slot-take", [key], [1, "acme.gone", 1]) == [0, 1]  # a 1 ms lease
-    assert two.scripts("slot-take", [key], [1, "acme.gone", 60_000]) == [0, 2]  # held: renewed, one slot
-    assert two.scripts("slot-take", [key], [1, "acme.next", 60_000]) == [0, 0]  # full
-    two.redis.zadd(key, {"acme.gone": 1})  # its lease lapsed long ago
-    assert two.scripts("slot-take", [key], [1, "acme.next", 60_000]) == [0, 1]
-    assert two.redis.zrange(key, 0, -1) == ["acme.next"]
+    key = [keys.server_slots("a"), keys.server_waiting("a")]
+    take = lambda member, lease: two.scripts("slot-take", key, [1, member, lease, "", "", ""])  # noqa: E731
+    assert take("acme.gone", 1) == [0, 1]  # a 1 ms lease
+    assert take("acme.gone", 60_000) == [0, 2]  # held: renewed, one slot
+    assert take("acme.next", 60_000) == [0, 0]  # full
+    two.redis.zadd(key[0], {"acme.gone": 1})  # its lease lapsed long ago
+    assert take("acme.next", 60_000) == [0, 1]
+    assert two.redis.zrange(key[0], 0, -1) == ["acme.next"]
 
 
 def test_a_stopped_server_is_not_tried_and_the_job_takes_another(two: Store) -> None:
