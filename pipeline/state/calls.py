@@ -43,7 +43,8 @@ class Calls:
                now_ms: int | None = None) -> tuple[list[str], int]:
         """The jobs the shard's unpark called (with shards, only those whose slot was reserved), and how
         many jobs wait parked in the shard."""
-        reply = self.scripts("unpark", [shard.fleet, shard.parked, shard.called, shard.queue],
+        reply = self.scripts("unpark", [shard.fleet, shard.parked, shard.called, shard.queue, shard.parked_any,
+                                        *map(shard.parked_on, servers)],
                              [at(now_ms), call_ms, batch_wait_ms, *self.slots.unpark_args(servers)])
         calls = list(zip(reply[2::2], reply[3::2], strict=True))
         if not self.slots.on:

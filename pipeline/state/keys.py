@@ -108,6 +108,18 @@ class ShardKeys:
         return self._k("fleet:parked")
 
     @property
+    def parked_any(self) -> str:
+        """Sorted set: each parked job any server can run, scored as in ``parked`` when it parked: the index a
+        free slot's best job is found in, with ``parked_on`` (lua/_waiting.lua; entries of jobs that left the
+        parked set are dropped when an unpark meets them)."""
+        return self._k("fleet:parked-any")
+
+    def parked_on(self, server: str) -> str:
+        """Sorted set: each parked job only some servers can run, ``server`` among them (its record's
+        ``servers``), scored as in ``parked`` when it parked (lua/_waiting.lua)."""
+        return self._k(f"fleet:parked-on:{server}")
+
+    @property
     def called(self) -> str:
         """Sorted set: parked job id called to a free slot (published, not yet claimed) -> when the promise lapses."""
         return self._k("fleet:called")

@@ -129,7 +129,7 @@ class ServerSlots:
             if not self.take(name, servers[name], attempt, shard=shard, reserved=reserved):
                 continue
             faultpoints.reached("after_slot_taken")  # crash tests: the slot is taken, the job not claimed
-            taken = claim({name: servers[name]})
+            taken = claim({**dict.fromkeys(servers, 0), name: servers[name]})  # that server alone (all indexed)
             if taken is not None:
                 return taken
             self.redis.zrem(keys.server_slots(name), attempt)

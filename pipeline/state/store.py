@@ -215,7 +215,8 @@ class Store(Controls):
         reply = self.scripts(
             "claim",
             [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
-             j.workflow, t.shard.wake, t.shard.fleet, t.shard.parked, t.shard.called, *t.shard.globals, j.outputs],
+             j.workflow, t.shard.wake, t.shard.fleet, t.shard.parked, t.shard.called, *t.shard.globals, j.outputs,
+             t.shard.parked_any, *map(t.shard.parked_on, servers)],
             [at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms, job_id,
              *[item for name, cap in servers.items() for item in (name, cap, (prices or {}).get(name, ""))]],
         )
@@ -253,9 +254,8 @@ class Store(Controls):
 
     def unpark(self, shard: keys.ShardKeys, servers: Mapping[str, int], *, call_ms: int = CALL_MS,
                batch_wait_ms: int = DEFAULT_BATCH_MAX_WAIT_SECONDS * 1000, now_ms: int | None = None) -> list[str]:
-        """The shard's best parked jobs, as many as its fleet has free slots not promised yet, each promised
-        a slot for ``call_ms`` (with shards, reserved on its server's key: calls.py): to publish (route
-        ``unparked``). A batch job queued over ``batch_wait_ms`` goes before every interactive one."""
+        """The shard's best parked jobs, one per free slot not promised yet, each promised it for ``call_ms``
+        (with shards, reserved on its server's key: calls.py): to publish (route ``unparked``)."""
         return self.calls.unpark(shard, servers, call_ms=call_ms, batch_wait_ms=batch_wait_ms, now_ms=now_ms)[0]
 
     def unpark_freed(self, shard: keys.ShardKeys, servers: Mapping[str, int], *, batch_wait_ms: int) -> list[str]:

@@ -55,6 +55,8 @@ def test_every_script_declares_its_key_count_and_has_a_header() -> None:
             used |= set(range(int(first), int(first) + 3))
         for first in re.findall(r"parts_at\(([0-9]+)\)", code):  # a job's five parts, from KEYS[first]
             used |= set(range(int(first), int(first) + 5))
+        for first in re.findall(r"parked_indexes\(([0-9]+),", code):  # the parked indexes, from KEYS[first]
+            used.add(int(first))
         assert sorted(set(range(1, nkeys + 1)) ^ used) == [], path.name  # every key is used, none beyond
         assert "redis.call('KEYS'" not in text and "SCAN" not in text, path.name
 
