@@ -35,8 +35,10 @@ STEPS = {  # what the scripts of each step cost (FCALL included), per job
 #: adds per job (pipeline/state/slots.py), measured at 9.8 and 4.1: in "server slot", the attempt's take
 #: (5, FCALL included), its check before the send, which renews the slot so the sweeper cannot free it
 #: on an older read (4), and the sweeper's renewals every 5 s (about 1); in "worker", the job's state and
-#: its shard's stop marks and promise read before the take, and the slot's release (about 4).
-SHARDED_STEPS = {"server slot": 11, "worker": 5.5}
+#: its shard's stop marks and promise read before the take, and the slot's release (about 4), with the
+#: shards waiting for the server read in the release's round trip (1 more: fair dispatch across shards,
+#: docs/fleet.md; measured 5.12, server slot 9.75, 138.0 commands a job in all).
+SHARDED_STEPS = {"server slot": 11, "worker": 6.5}
 
 #: A job whose tenant has a webhook endpoint for ``job.completed`` (docs/webhooks.md "What a webhook costs"):
 #: "webhooks" is the event's fan-out (the taking list's read, the job's view, the fan-out script), its take
