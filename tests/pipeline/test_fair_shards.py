@@ -133,3 +133,22 @@ def test_a_tenant_alone_in_its_shard_waits_for_one_slot_not_for_the_other_shards
     assert dispatch.ahead_of_last("acme", "wayne") == 1  # the one running when wayne's came
     assert dispatch.served[1] == late[0]
     assert dispatch.sweeps == 0
+
+
+@pytest.mark.parametrize("sharded", [2], indirect=True)
+def test_a_called_jobs_slot_is_not_taken_by_a_newcomer_from_another_shard(sharded: Store, settings) -> None:
+    """A call reserves its slot on the server's key (``<job id>/call``): a job of another shard posted
+    between the call and the called job's claim parks; the called job takes its slot (before: the
+    newcomer took it, and the called job parked again until the sweeper's next pass)."""
+    dispatch = Dispatch(sharded, settings)
+    dispatch.submit("acme", 2)  # shard 0: one runs, one parks
+    dispatch.store.finish(dispatch.running, "cancelled", reason="cancelled")
+    dispatch.running = None
+    called = sharded.unpark(keys.TenantKeys("acme").shard, SERVERS)
+    assert len(called) == 1 and sharded.redis.zrange(keys.server_slots("gpu"), 0, -1) == [f"{called[0]}/call"]
+    newcomer = dispatch.submit("wayne", 1)[0]  # shard 1: nothing parked there, the server reserved
+    assert dispatch.running is None and sharded.redis.zscore(keys.TenantKeys("wayne").shard.parked, newcomer)
+    running = dispatch.claim(called[0], "called")
+    assert running is not None and running.server == "gpu"
+    assert sharded.redis.zrange(keys.server_slots("gpu"), 0, -1) == [f"{called[0]}/{called[0]}-called"]
+    assert sharded.redis.zrange(keys.server_waiting("gpu"), 0, -1) == ["1", "0"]  # wayne's shard next in turn
