@@ -6,12 +6,11 @@
 -- Redis clock: a slot whose lease lapsed (a worker died between this take and its claim) is free
 -- again. An attempt that holds one already keeps it (its lease renewed): a repeated take is one slot.
 --
--- Turns across shards (pipeline/state/calls.py): a take that finds the server full records its
--- shard as waiting for the server (KEYS[2]; a shard not waiting yet goes first, as a tenant that was
--- idle is served at the next turn, not after every backlog); an unpark's call reserves
--- its slot here at once (member `<job id>/call`, ARGV[6] = 1), which moves its shard's turn behind
--- every other waiting shard's; the called job's own take then takes that reservation over (ARGV[5]).
--- A freed slot calls the waiting shards lowest turn first, so shards with jobs parked take turns.
+-- Turns across shards (pipeline/state/calls.py): a shard whose job parked for want of a slot waits for
+-- the server (KEYS[2], lua/slot-wait.lua); an unpark's call reserves its slot here at once (member
+-- `<job id>/call`, ARGV[6] = 1), which moves its shard's turn behind every other waiting shard's; the
+-- called job's own take then takes that reservation over (ARGV[5]). A freed slot calls the waiting
+-- shards lowest turn first, so shards with jobs parked take turns.
 --
 -- keys: 2
 -- KEYS[1] the server's slots (zset: `<job id>/<operation id>`, or `<job id>/call` for a call's
@@ -21,7 +20,7 @@
 -- ARGV[1] the server's cap (prompts in flight)
 -- ARGV[2] the attempt: `<job id>/<operation id>` (a reservation: `<job id>/call`)
 -- ARGV[3] lease length (ms)
--- ARGV[4] the taker's shard number ('' = not recorded as waiting when full)
+-- ARGV[4] the taker's shard number (for a reservation's turn; else '')
 -- ARGV[5] the reservation of the job's call to take over, `<job id>/call` ('' = none)
 -- ARGV[6] 1 if this take reserves a slot for a call (its shard's turn goes last), else ''
 --
@@ -35,13 +34,7 @@ end
 local held = redis.call('ZSCORE', KEYS[1], ARGV[2])
 if not held and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then  -- full, unless some lapsed
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
-    if ARGV[4] ~= '' and not redis.call('ZSCORE', KEYS[2], ARGV[4]) then
-      local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-      redis.call('ZADD', KEYS[2], (tonumber(first[2]) or 1) - 1, ARGV[4])
-    end
-    return {0, 0}
-  end
+  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return {0, 0} end
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
 if ARGV[6] == '1' then  -- served: behind every other waiting shard

@@ -5,7 +5,8 @@ Within a shard, the unpark script calls the best parked jobs (class, then finish
 script sees every shard, so each server's key holds the order they take its slots in
 (``keys.server_waiting``: the shards with jobs parked for it, by turn):
 
-- a take that finds the server full records its shard as waiting (lua/slot-take.lua);
+- a job that parks for want of a slot records its shard as waiting (lua/slot-wait.lua: first, if it
+  was not waiting);
 - each call an unpark makes reserves its slot on its server's key at once (``<job id>/call``), which puts
   its shard's turn behind every other waiting shard's; a call whose slot another shard reserved first is
   taken back (its shard calls it again later), so a shard calls nobody for a slot it will not get;
@@ -92,9 +93,6 @@ class Calls:
         for shard in shards[self.start:] + shards[:self.start]:
             jobs, left = self.unpark(shard, servers, batch_wait_ms=batch_wait_ms)
             called += jobs
-            if left and self.slots.on:
-                pipe = self.redis.pipeline(transaction=False)
-                for name in servers:
-                    pipe.zadd(keys.server_waiting(name), {str(shard.n): 0}, nx=True)
-                pipe.execute()
+            for name in servers if left and self.slots.on else []:
+                self.slots.wait(name, shard.n)
         return called

@@ -122,11 +122,12 @@ class ServerSlots:
         usable = [name for name in able(servers, named) if name not in stopped]  # a stopped one's slot goes unused
         self.turn = (self.turn + 1) % max(1, len(usable))
         order = sorted(usable[self.turn:] + usable[:self.turn], key=lambda name: name != marks[-1])
-        tried = 0
+        tried, full = 0, []
         for name in order if state == "queued" else []:
             attempt = f"{job_id}/{operation_id}"
             reserved = f"{job_id}/call" if name == marks[-1] else ""  # its call's reservation (calls.py)
             if not self.take(name, servers[name], attempt, shard=shard, reserved=reserved):
+                full.append(name)
                 continue
             faultpoints.reached("after_slot_taken")  # crash tests: the slot is taken, the job not claimed
             taken = claim({**dict.fromkeys(servers, 0), name: servers[name]})  # that server alone (all indexed)
@@ -136,7 +137,16 @@ class ServerSlots:
             tried += 1
             if tried >= 2 or self.redis.hget(job.record, "state") != "queued":
                 return None  # not claimable, or parked again: the next unpark calls it
-        return claim({name: 0 for name in servers})  # not queued: the script says why; else it parks
+        parked = claim({name: 0 for name in servers})  # not queued: the script says why; else it parks
+        for name in full if parked is None else []:  # parked: its shard waits for them (calls.py)
+            self.wait(name, shard)
+        return parked
+
+    def wait(self, server: str, shard: int) -> None:
+        """Record ``shard`` as waiting for ``server``'s slots (first if it was not: lua/slot-wait.lua). After
+        a park, so an unpark that found the shard's parked set empty just before (and took it off the
+        list) does not leave the parked job out of the turns."""
+        self.scripts("slot-wait", [keys.server_waiting(server)], [shard])
 
     def taken(self, servers: Mapping[str, int]) -> dict[str, int]:
         """Server -> slots taken (a lapsed lease counts until the next take or keep removes it: an unpark
