@@ -85,8 +85,8 @@ class Calls:
     def sweep(self, servers: Mapping[str, int], *, batch_wait_ms: int) -> list[str]:
         """Every shard's unpark (the sweeper's pass, and a server back in contact), starting one shard
         further each time, so no shard comes first to every slot it finds free. With shards, a shard with
-        jobs parked is recorded as waiting for every server (if it was not): a job that parked while its
-        shard left a server's list is called in turn from the next freed slot on."""
+        jobs parked is recorded as waiting for every server (if it was not): a backstop for a job that
+        parked without a slot take failing (behind its own shard's parked jobs, or while its class was paused)."""
         shards = keys.shards()
         self.start = (self.start + 1) % len(shards)
         called: list[str] = []

@@ -61,9 +61,9 @@ class ServerSlots:
     def take(self, server: str, cap: int, member: str, *, shard: int | None = None, reserved: str = "",
              call: bool = False) -> int:
         """1: taken; 2: held already by this attempt (renewed); 0: full. ``member``: ``<job id>/<operation id>``.
-        ``shard``: the taker's, recorded as waiting for the server when it is full; ``reserved``: the
-        reservation of the job's call (``<job id>/call``) to take over; ``call``: this take reserves a slot
-        for a call (its shard's turn goes behind the other waiting shards': lua/slot-take.lua)."""
+        ``reserved``: the reservation of the job's call (``<job id>/call``) to take over; ``call``: this take
+        reserves a slot for a call of ``shard``'s, whose turn goes behind the other waiting shards'
+        (lua/slot-take.lua)."""
         reply = self.scripts("slot-take", [keys.server_slots(server), keys.server_waiting(server)],
                              [cap, member, LEASE_MS, "" if shard is None else shard, reserved, "1" if call else ""])
         return int(reply[1])
@@ -126,7 +126,7 @@ class ServerSlots:
         for name in order if state == "queued" else []:
             attempt = f"{job_id}/{operation_id}"
             reserved = f"{job_id}/call" if name == marks[-1] else ""  # its call's reservation (calls.py)
-            if not self.take(name, servers[name], attempt, shard=shard, reserved=reserved):
+            if not self.take(name, servers[name], attempt, reserved=reserved):
                 full.append(name)
                 continue
             faultpoints.reached("after_slot_taken")  # crash tests: the slot is taken, the job not claimed
