@@ -28,8 +28,9 @@ BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler"}}, "outputs
 def test_a_tenant_alone_in_its_shard_is_served_in_turn_with_another_shards_backlog(
         redis_client, tmp_path: Path, shards: int, big: str, small: str, count: int, pause: float) -> None:
     """Of the big tenant's jobs, those completed after the small tenant posted and before its last: the
-    one running then, then one before each of small's (the shards alternate), and at most one more (a
-    slot freed while small's first job was between its slot take and its park)."""
+    one running then, then one before each of small's (the shards alternate), and at most two more (one
+    that takes the slot while small's first post is admitted, and a slot freed while small's first job
+    was between its slot take and its park). 40 runs: 4 to 6 (4 shards), 0 to 3 (2 shards)."""
     keys.use_shards(shards)  # this process reads the jobs where the stack writes them
     stack = Stack(tmp_path, RECKON_SHARDS=str(shards))
     stack.env["RECKON_PROVIDERS"] = f"gpu=http://127.0.0.1:{stack.sim_port};cap=1"
@@ -67,7 +68,7 @@ def test_a_tenant_alone_in_its_shard_is_served_in_turn_with_another_shards_backl
         after_small = [job_id for job_id in ahead if int(jobs[job_id]["updated_at"]) > small_at]
         print(f"{shards} shards: {len(ahead)} of {big}'s jobs completed before {small}'s last, "
               f"{len(after_small)} of them after {small} posted")
-        assert len(after_small) <= smalls + 2, [owner[job_id] for job_id in order]
+        assert len(after_small) <= smalls + 3, [owner[job_id] for job_id in order]
     finally:
         stack.stop()
         keys.use_shards(1)
