@@ -7,7 +7,8 @@ script sees every shard, so each server's key holds the order they take its slot
 
 - a job that parks for want of a slot records its shard as waiting (lua/slot-wait.lua: first, if it
   was not waiting);
-- each call an unpark makes reserves its slot on its server's key at once (``<job id>/call``), which puts
+- each call an unpark makes reserves its slot on its server's key at once (``<job id>/call``, for the
+  call's ``call_ms``: unlike an attempt's slot a reservation lapses, lua/slot-take.lua), which puts
   its shard's turn behind every other waiting shard's; a call whose slot another shard reserved first is
   taken back (its shard calls it again later), so a shard calls nobody for a slot it will not get;
 - the step that gives a slot back reads that server's waiting shards (``ServerSlots.release``), and

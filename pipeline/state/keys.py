@@ -373,8 +373,9 @@ def server_offers(server: str) -> str:
 
 
 def server_slots(server: str) -> str:
-    """Sorted set: ``<job id>/<operation id>`` (an attempt) -> when its lease on one of the server's dispatch
-    slots lapses (ms, this key's clock); taken before a claim when the state is split into shards (slots.py)."""
+    """Sorted set: ``<job id>/<operation id>`` (an attempt) -> when it took one of the server's dispatch slots
+    or last renewed it (ms, this key's clock; it never lapses), and ``<job id>/call`` (a call's reservation)
+    -> when that lapses; taken before a claim when the state is split into shards (slots.py, calls.py)."""
     return f"{PREFIX}:{{server:{server}}}:slots"
 
 
