@@ -282,22 +282,6 @@ local function read_parked(fleet, best)
   if #fields > 0 then preload(fleet, fields) end
 end
 
--- How many of the parked jobs `best` some server of their own with a slot free could take.
-local function fits(fleet, servers, best)
-  read_parked(fleet, best)
-  local free, n = {}, 0
-  for _, server in ipairs(servers) do
-    local busy = server_busy(fleet, server[1])
-    free[server[1]] = busy and busy < server[2]
-  end
-  for i = 1, #best, 2 do
-    for _, server in ipairs(able_servers(servers, (placement(fleet, best[i])))) do
-      if free[server[1]] then n = n + 1 break end
-    end
-  end
-  return n
-end
-
 -- Matches parked jobs (`best`: id, score, id, score, ... in rank order) to the free slots of `servers`,
 -- at most `open` of them: each free slot takes the best job that can run on its server (`placement`),
 -- a batch job whose checkpoint the server has loaded (`ckpt:<server>`) before up to AFFINITY_WINDOW

@@ -25,8 +25,11 @@
 -- `price` on the attempt): what an unknown outcome of this attempt holds as uncertain.
 -- A claim hands back what the attempt needs (the workflow, the outputs still to make), read in
 -- the same step, before the submission is marked.
+-- A parked job is indexed by the servers it can run on (lua/_waiting.lua), so the parked jobs counted ahead
+-- of a claim are those that could take a free slot of one of its own servers: another server's backlog
+-- does not hold this job from a slot it could use.
 --
--- keys: 18
+-- keys: 19 or more
 -- KEYS[1] job record (hash)          KEYS[7]  tenant ledger (hash)
 -- KEYS[2] tenant's leases (zset)     KEYS[8]  tenant's dead letters (zset)
 -- KEYS[3] tenant's queued (zset)     KEYS[9]  tenant's done index (zset)
@@ -41,6 +44,8 @@
 -- KEYS[15] global stats (hash), KEYS[16] queue (zset), KEYS[17] due (zset):
 --   see use_globals in _lib.lua
 -- KEYS[18] job's outputs (hash: index -> record)
+-- KEYS[19] fleet's parked jobs any server can run (zset), then, for each server of ARGV[8] onwards in the
+--          same order, the parked jobs only some servers can run, that one among them (lua/_waiting.lua)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)   ARGV[4] provider operation id
 -- ARGV[2] worker id                      ARGV[5] provider kind (e.g. comfyui)
@@ -80,6 +85,7 @@ if now + tonumber(ARGV[6]) >= tonumber(f[3]) then
 end
 
 local job_id = f[2]
+local indexes = parked_indexes(19, 8, 3)
 local servers, prices = {}, {}
 for i = 8, #ARGV, 3 do
   servers[#servers + 1] = {ARGV[i], tonumber(ARGV[i + 1])}
@@ -93,6 +99,7 @@ fleet_view(KEYS[12], servers, {served, 'c:' .. job_id})
 local rank = parked_rank(KEYS[13], job_id, g[1], g[2], waiting)  -- interactive before batch, then the tag
 local function park()
   redis.call('ZADD', KEYS[13], rank, job_id)
+  index_parked(indexes, f[4], rank, job_id)
   if placed then hset(KEYS[12], 'p:' .. job_id, (f[4] or '') .. '|' .. (f[5] or '')) end
 end
 if paused_for(KEYS[12], class) then  -- `reckon pause --class`: it waits, parked
@@ -119,18 +126,7 @@ if waiting then
   end
 end
 if waiting and not called then  -- a called job takes its promised slot, whoever waits
-  -- parked jobs ahead of this one, less those of a paused class (they wait behind): interactive ones
-  -- while interactive is paused; while batch is, this job is interactive and only interactive ones count
-  local skip = rank >= 0 and paused_for(KEYS[12], 'interactive')
-  local only_interactive = paused_for(KEYS[12], 'batch')
-  local function ahead_of(r)
-    return r < rank and not (skip and r >= 0 and r < tonumber(BATCH_RANK)) and not (only_interactive and r < 0)
-  end
-  ahead = redis.call('ZCOUNT', KEYS[13], only_interactive and 0 or '-inf', '(' .. redis_text(rank))
-  if skip then ahead = ahead - redis.call('ZCOUNT', KEYS[13], 0, '(' .. BATCH_RANK) end
-  for _, id in ipairs(calls) do  -- a called job holds a promised slot: counted in `open`, not ahead
-    if ahead_of(tonumber(redis.call('ZSCORE', KEYS[13], id))) then ahead = ahead - 1 end
-  end
+  ahead = parked_ahead(KEYS[12], KEYS[13], indexes, mine, calls, rank)  -- less paused classes (_waiting.lua)
 end
 local open = free_slots(KEYS[12], mine) - (called and 0 or generic)  -- its servers' free slots
 if ahead < open then  -- else better jobs wait parked for the free slots
@@ -156,7 +152,10 @@ redis.call('ZADD', KEYS[2], expires, job_id)
 wake(KEYS[11], job, expires)
 redis.call('ZREM', KEYS[3], job_id)
 if waiting then redis.call('ZREM', KEYS[13], job_id) end
-if waiting then hdel(KEYS[12], 'p:' .. job_id, 'c:' .. job_id) end  -- its placement and promise, if any
+if waiting then
+  hdel(KEYS[12], 'p:' .. job_id, 'c:' .. job_id)  -- its placement and promise, if any
+  unindex_parked(indexes, f[4], job_id)
+end
 redis.call('HSET', KEYS[4], n, cjson.encode({
   number = n, worker = ARGV[2], generation = gen, provider = ARGV[5], server = server, price = price,
   operation_id = ARGV[4], state = 'running', started_at = now,

@@ -10,10 +10,13 @@
 -- the score, so a slot confirmed after the sweeper's read is never freed by it. A slot nobody holds is
 -- freed only once `grace` ms passed since it was taken or last renewed (a take is followed by its claim
 -- within that; a claim that comes later finds its slot gone when it confirms, and gives the attempt
--- back before anything is sent). A renewal never takes again a slot freed meanwhile.
+-- back before anything is sent). A renewal never takes again a slot freed meanwhile. A call's
+-- reservation (`<job id>/call`, lua/slot-take.lua) is held by no record: it is scored by when it lapses
+-- and freed once that passed (its called job's take took it over before, or never will).
 --
 -- keys: 1
--- KEYS[1] the server's slots (zset: `<job id>/<operation id>` -> when taken or last renewed, ms)
+-- KEYS[1] the server's slots (zset: `<job id>/<operation id>` -> when taken or last renewed, ms;
+--         `<job id>/call` -> when the reservation lapses, ms)
 --
 -- ARGV[1] grace (ms)
 -- ARGV[2], ARGV[3], ARGV[4], ... for each slot: its member, 1 if it is held (renew) | 0 if not
@@ -28,7 +31,8 @@ for i = 2, #ARGV, 3 do
   local score = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i]) or '')
   if score and ARGV[i + 1] == '1' then
     redis.call('ZADD', KEYS[1], math.max(score + 1, now), ARGV[i])
-  elseif score and tostring(score) == tostring(tonumber(ARGV[i + 2])) and score + grace <= now then
+  elseif score and tostring(score) == tostring(tonumber(ARGV[i + 2]))
+      and (string.sub(ARGV[i], -5) == '/call' and score or score + grace) <= now then
     redis.call('ZREM', KEYS[1], ARGV[i])
     freed, score = freed + 1, nil
   end

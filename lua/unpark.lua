@@ -16,12 +16,14 @@
 -- O(log n) in the shard's queue (scored by class and time queued). A batch job still in the broker's
 -- queue, not parked, moves nothing until its claim parks it.
 --
--- keys: 4
+-- keys: 5 or more
 -- KEYS[1] fleet (hash)
 -- KEYS[2] fleet's parked jobs (zset; score: 1e13 for batch, plus the job's finish tag; or, for
 --         a batch job moved past the bound, its tag less 1e13)
 -- KEYS[3] fleet's called jobs (zset; score: when the promise lapses, ms)
 -- KEYS[4] queue (zset: see use_globals in _lib.lua)
+-- KEYS[5] fleet's parked jobs any server can run (zset), then, for each server of ARGV[4] onwards in the
+--         same order, the parked jobs only some servers can run, that one among them (lua/_waiting.lua)
 --
 -- ARGV[1] now (ms; '' = Redis's clock)
 -- ARGV[2] how long a call holds its slot (ms)
@@ -32,16 +34,18 @@
 -- Jobs of a paused class (`pause_class:<class>` in the fleet hash) are not called; a batch job
 -- past the bound is a batch job for its class's pause.
 --
--- Returns {0 OK, job id, score, job id, score, ...}. The caller publishes them to the
--- `reckon-unparked` queue, which workers serve before their other queues, so a parked
--- job does not wait again behind the backlog that arrived after it.
+-- Returns {0 OK, jobs parked in the shard, job id, its promised server, job id, its promised server, ...}.
+-- The caller publishes them to the `reckon-unparked` queue, which workers serve before their other
+-- queues, so a parked job does not wait again behind the backlog that arrived after it; with shards
+-- it first reserves each one's slot on its server's key (pipeline/state/calls.py).
 
--- Parked jobs read beyond the free slots at first, then a page at a time, up to LOOK_MAX in all, for jobs
--- passed over because no server of theirs is free.
-local LOOKAHEAD, LOOK_PAGE, LOOK_MAX = 32, 256, 2048
+-- Parked jobs read from the head of the parked set beyond the free slots.
+local LOOKAHEAD = 32
 
-if redis.call('ZCARD', KEYS[2]) == 0 then return {0} end
+local parked = redis.call('ZCARD', KEYS[2])
+if parked == 0 then return {0, 0} end
 local now = clock(ARGV[1])
+local indexes = parked_indexes(5, 4, 3)
 local servers = {}
 local across = {}
 for i = 4, #ARGV, 3 do
@@ -58,7 +62,7 @@ local batch_paused = paused_for(KEYS[1], 'batch')
 if not batch_paused then age_batch(KEYS[1], servers, KEYS[2], KEYS[4], now, tonumber(ARGV[3])) end
 local calls = promised(KEYS[3], KEYS[2], now)
 local open = free_slots(KEYS[1], servers) - #calls
-local reply = {0}
+local reply = {0, parked}
 if open <= 0 or (interactive_paused and batch_paused) then return reply end
 -- The parked jobs in dispatch order from `offset` on (`count` of them), less those of a paused class.
 local moved = interactive_paused and redis.call('ZCOUNT', KEYS[2], '-inf', '(0') or 0
@@ -78,20 +82,26 @@ local function page(offset, count)
   end
   return redis.call('ZRANGE', KEYS[2], offset, offset + count - 1, 'WITHSCORES')
 end
--- Pages of parked jobs, until they hold a job for each free slot that a server of its own can take
--- (`fits`, _slots.lua), the set ends, or LOOK_MAX are read: jobs whose servers are full are looked past.
-local best, asked = {}, open + #calls + LOOKAHEAD
-while true do
-  local found = page(#best / 2, asked)
-  for _, item in ipairs(found) do best[#best + 1] = item end
-  if #found / 2 < asked or #best / 2 >= LOOK_MAX or fits(KEYS[1], servers, best) >= open + #calls then break end
-  asked = LOOK_PAGE
+-- The head of the parked set (jobs moved past the bound first, then by class and tag) and, for each
+-- server with a slot free, the best jobs it can run from the indexes (lua/_waiting.lua): a job that a
+-- free server can run is found however many parked jobs of full servers rank above it.
+local best = page(0, open + #calls + LOOKAHEAD)
+local lo, hi = '-inf', '+inf'
+if batch_paused then lo, hi = 0, '(' .. BATCH_RANK elseif interactive_paused then lo = BATCH_RANK end
+local more = index_head(KEYS[2], indexes[''], open + #calls + AFFINITY_WINDOW, lo, hi)
+for _, server in ipairs(servers) do
+  local busy = server_busy(KEYS[1], server[1])
+  if busy and busy < server[2] and indexes[server[1]] then
+    local count = server[2] - busy + #calls + AFFINITY_WINDOW
+    for _, item in ipairs(index_head(KEYS[2], indexes[server[1]], count, lo, hi)) do more[#more + 1] = item end
+  end
 end
+best = merge_ranked(best, more)
 -- Each call is matched to a free slot of a server that can run the job (`match_calls`: a job none of
 -- whose servers has a slot free is passed over, not called, so it holds no slot another server could
 -- fill), with checkpoint affinity among batch jobs.
 for _, at in ipairs(match_calls(KEYS[1], servers, best, calls, open)) do
-  reply[#reply + 1], reply[#reply + 2] = best[at], best[at + 1]
+  reply[#reply + 1], reply[#reply + 2] = best[at], hget(KEYS[1], 'c:' .. best[at])
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), best[at])
 end
 return reply

@@ -109,6 +109,18 @@ class ShardKeys:
         return self._k("fleet:parked")
 
     @property
+    def parked_any(self) -> str:
+        """Sorted set: each parked job any server can run, scored as in ``parked`` when it parked: the index a
+        free slot's best job is found in, with ``parked_on`` (lua/_waiting.lua; entries of jobs that left the
+        parked set are dropped when an unpark meets them)."""
+        return self._k("fleet:parked-any")
+
+    def parked_on(self, server: str) -> str:
+        """Sorted set: each parked job only some servers can run, ``server`` among them (its record's
+        ``servers``), scored as in ``parked`` when it parked (lua/_waiting.lua)."""
+        return self._k(f"fleet:parked-on:{server}")
+
+    @property
     def called(self) -> str:
         """Sorted set: parked job id called to a free slot (published, not yet claimed) -> when the promise lapses."""
         return self._k("fleet:called")
@@ -375,9 +387,18 @@ def server_offers(server: str) -> str:
 
 
 def server_slots(server: str) -> str:
-    """Sorted set: ``<job id>/<operation id>`` (an attempt) -> when its lease on one of the server's dispatch
-    slots lapses (ms, this key's clock); taken before a claim when the state is split into shards (slots.py)."""
+    """Sorted set: ``<job id>/<operation id>`` (an attempt) -> when it took one of the server's dispatch slots
+    or last renewed it (ms, this key's clock; it never lapses), and ``<job id>/call`` (a call's reservation)
+    -> when that lapses; taken before a claim when the state is split into shards (slots.py, calls.py)."""
     return f"{PREFIX}:{{server:{server}}}:slots"
+
+
+def server_waiting(server: str) -> str:
+    """Sorted set: shard number -> its turn (the count of calls to the server's slots when the shard was last
+    served one; 0 from when it began to wait): the shards with jobs parked for the server's slots, kept beside
+    ``server_slots`` when the state is split into shards, so a freed slot calls the shard served longest ago
+    first (pipeline/state/calls.py)."""
+    return f"{PREFIX}:{{server:{server}}}:waiting"
 
 
 def tenant_disabled(tenant: str) -> str:

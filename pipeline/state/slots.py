@@ -14,17 +14,21 @@ count too). The two steps are on two Cluster slots; each crash window between th
   (``confirm``) finds it gone and the attempt goes back before anything is sent; a check that finds it
   renews it, raising its score, and ``keep`` frees a slot only if its score is the one it read.
 
-So no prompt is sent without its slot. A slot never lapses by its age: it lives while the job's record
+So no prompt is sent without its slot. An attempt's slot never lapses by its age: it lives while the job's record
 names its attempt, or while a review keeps it for a prompt that may still occupy the server (``k:`` in
 the shard's fleet hash, until the watcher hears the prompt is gone: ``let_go``), and only the sweeper
 frees one, after reading that nobody holds it (``keep``, every KEEP_EVERY_MS): a sweeper stalled for
 minutes leaves every slot taken, and never frees a held one. A slot is given back when the attempt
 gives back its shard slot (finish, retry, review: ``release``; the sweeper frees any a crash left behind).
+A call's reservation (``<job id>/call``: calls.py) is the one slot that lapses: a promise for the call's
+length, taken over by the called job's take, removed once lapsed by a take that finds the server full or
+by ``keep``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable, Mapping
 
 import redis
@@ -49,14 +53,23 @@ class ServerSlots:
     def __init__(self, client: Any, scripts: Scripts) -> None:
         self.redis, self.scripts = client, scripts
         self.turn = 0
+        #: Per thread: the server whose slot the last ``release`` gave back and the shards waiting for it
+        #: then, in turn order (``waited``).
+        self._waited = threading.local()
 
     @property
     def on(self) -> bool:
         return keys.shard_count() > 1
 
-    def take(self, server: str, cap: int, member: str) -> int:
-        """1: taken; 2: held already by this attempt (renewed); 0: full. ``member``: ``<job id>/<operation id>``."""
-        return int(self.scripts("slot-take", [keys.server_slots(server)], [cap, member])[1])
+    def take(self, server: str, cap: int, member: str, *, shard: int | None = None, reserved: str = "",
+             call_ms: int | None = None) -> int:
+        """1: taken; 2: held already by this attempt (renewed); 0: full. ``member``: ``<job id>/<operation id>``.
+        ``reserved``: the reservation of the job's call (``<job id>/call``) to take over; ``call_ms``: this take
+        reserves a slot for a call of ``shard``'s for that long (it lapses then, unlike an attempt's slot),
+        and the shard's turn goes behind the other waiting shards' (lua/slot-take.lua)."""
+        reply = self.scripts("slot-take", [keys.server_slots(server), keys.server_waiting(server)],
+                             [cap, member, "" if shard is None else shard, reserved, "" if call_ms is None else call_ms])
+        return int(reply[1])
 
     def confirm(self, server: str, claim: Claim) -> bool:
         """Whether the attempt still holds its slot (renewed, so the sweeper's earlier read cannot free
@@ -64,21 +77,33 @@ class ServerSlots:
         reply = self.scripts("slot-keep", [keys.server_slots(server)], [GRACE_MS, member(claim), 1, ""])
         return reply[2] == 1
 
-    def give(self, server: str, claim: Claim, *, quiet: bool = False) -> None:
-        """Free the attempt's slot (only its own: another attempt of the job has another member);
+    def give(self, server: str, claim: Claim, *, quiet: bool = False) -> list[int]:
+        """Free the attempt's slot (only its own: another attempt of the job has another member); the
+        shards waiting for the server, lowest turn first, read in the same round trip (calls.py);
         ``quiet``: a Redis error is logged, not raised (the sweeper frees a slot no attempt holds)."""
+        pipe = self.redis.pipeline(transaction=False)  # one Cluster slot: the server's hash tag
+        pipe.zrem(keys.server_slots(server), member(claim))
+        pipe.zrange(keys.server_waiting(server), 0, -1)
         try:
-            self.redis.zrem(keys.server_slots(server), member(claim))
+            return [int(n) for n in pipe.execute()[1]]
         except redis.RedisError:
             if not quiet:
                 raise
             log.warning("slot of %s on %s not given back; the sweeper frees it", claim.job_id, server, exc_info=True)
+            return []
 
     def release(self, held: Claim | None) -> None:
         """After a step that gave the attempt's shard slot back: its server slot too (with shards; a
-        Redis error is logged, the sweeper frees it)."""
+        Redis error is logged, the sweeper frees it), and the shards then waiting for it (``waited``)."""
+        self._waited.last = None
         if held is not None and held.server and self.on:
-            self.give(held.server, held, quiet=True)
+            self._waited.last = (held.server, self.give(held.server, held, quiet=True))
+
+    def waited(self) -> tuple[str, list[int]] | None:
+        """The server whose slot this thread's last ``release`` gave back, and the shards that waited for
+        it (lowest turn first); None if it gave none back. Cleared by asking."""
+        last, self._waited.last = getattr(self._waited, "last", None), None
+        return last
 
     def claim(self, job_id: str, operation_id: str, servers: Mapping[str, int],
               claim: Callable[[Mapping[str, int]], Claim | None]) -> Claim | None:
@@ -95,28 +120,40 @@ class ServerSlots:
         pipe.hmget(job.record, ["state", "servers"])
         pipe.hmget(job.shard.fleet, [*stops, f"c:{job_id}"])
         (state, named), marks = pipe.execute()
+        shard = job.shard.n
         stopped = {field.partition(":")[2] for field, mark in zip(stops, marks[:-1], strict=True) if mark}
         usable = [name for name in able(servers, named) if name not in stopped]  # a stopped one's slot goes unused
         self.turn = (self.turn + 1) % max(1, len(usable))
         order = sorted(usable[self.turn:] + usable[:self.turn], key=lambda name: name != marks[-1])
-        tried = 0
+        tried, full = 0, []
         for name in order if state == "queued" else []:
             attempt = f"{job_id}/{operation_id}"
-            if not self.take(name, servers[name], attempt):
+            reserved = f"{job_id}/call" if name == marks[-1] else ""  # its call's reservation (calls.py)
+            if not self.take(name, servers[name], attempt, reserved=reserved):
+                full.append(name)
                 continue
             faultpoints.reached("after_slot_taken")  # crash tests: the slot is taken, the job not claimed
-            taken = claim({name: servers[name]})
+            taken = claim({**dict.fromkeys(servers, 0), name: servers[name]})  # that server alone (all indexed)
             if taken is not None:
                 return taken
             self.redis.zrem(keys.server_slots(name), attempt)
             tried += 1
             if tried >= 2 or self.redis.hget(job.record, "state") != "queued":
                 return None  # not claimable, or parked again: the next unpark calls it
-        return claim({name: 0 for name in servers})  # not queued: the script says why; else it parks
+        parked = claim({name: 0 for name in servers})  # not queued: the script says why; else it parks
+        for name in full if parked is None else []:  # parked: its shard waits for them (calls.py)
+            self.wait(name, shard)
+        return parked
+
+    def wait(self, server: str, shard: int) -> None:
+        """Record ``shard`` as waiting for ``server``'s slots (first if it was not: lua/slot-wait.lua). After
+        a park, so an unpark that found the shard's parked set empty just before (and took it off the
+        list) does not leave the parked job out of the turns."""
+        self.scripts("slot-wait", [keys.server_waiting(server)], [shard])
 
     def taken(self, servers: Mapping[str, int]) -> dict[str, int]:
-        """Server -> slots taken (one nobody holds counts until the sweeper frees it: an unpark that reads
-        this calls too few jobs, never too many)."""
+        """Server -> slots taken (one nobody holds, or a lapsed reservation, counts until the sweeper or a take
+        frees it: an unpark that reads this calls too few jobs, never too many)."""
         pipe = self.redis.pipeline(transaction=False)
         for name in servers:
             pipe.zcard(keys.server_slots(name))

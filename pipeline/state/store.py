@@ -36,14 +36,12 @@ from pipeline.state import keys, redisconn
 from pipeline.state.controls import Controls
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.scripts import Code, ReplicationTimeout, Scripts
+from pipeline.state.calls import CALL_MS, Calls
 from pipeline.state.slots import ServerSlots
 from pipeline.state.sweeps import at
 
 log = logging.getLogger(__name__)
 
-#: How long an unparked job's slot waits for its claim (ms): its message crosses the broker in
-#: milliseconds; past this it is taken for lost (the sweeper's redelivery sends the job again).
-CALL_MS = 10_000
 #: How long a process starting waits for Redis to answer (s) before it gives up.
 STARTUP_WAIT_S = 30.0
 
@@ -116,6 +114,7 @@ class Store(Controls):
         self.scripts = scripts or Scripts(client)
         #: A server's slots across shards (used only with more than one shard).
         self.slots = ServerSlots(client, self.scripts)
+        self.calls = Calls(client, self.scripts, self.slots)
         self._shards_checked = False
         #: Per thread: the parked jobs the last step that gave a dispatch slot back saw (``freed``).
         self._freed = threading.local()
@@ -216,7 +215,8 @@ class Store(Controls):
         reply = self.scripts(
             "claim",
             [j.record, t.leases, t.queued, j.attempts, j.events, t.counts, t.ledger, t.dead, t.done,
-             j.workflow, t.shard.wake, t.shard.fleet, t.shard.parked, t.shard.called, *t.shard.globals, j.outputs],
+             j.workflow, t.shard.wake, t.shard.fleet, t.shard.parked, t.shard.called, *t.shard.globals, j.outputs,
+             t.shard.parked_any, *map(t.shard.parked_on, servers)],
             [at(now_ms), worker, lease_ms, operation_id, provider, min_attempt_ms, job_id,
              *[item for name, cap in servers.items() for item in (name, cap, (prices or {}).get(name, ""))]],
         )
@@ -254,12 +254,10 @@ class Store(Controls):
 
     def unpark(self, shard: keys.ShardKeys, servers: Mapping[str, int], *, call_ms: int = CALL_MS,
                batch_wait_ms: int = DEFAULT_BATCH_MAX_WAIT_SECONDS * 1000, now_ms: int | None = None) -> list[str]:
-        """The shard's best parked jobs, as many as its fleet has free slots not promised yet, each
-        promised a slot for ``call_ms``: to publish (route ``unparked``). While a batch job queued longer
-        than ``batch_wait_ms`` waits, batch goes before interactive, in fair order (no starvation)."""
-        reply = self.scripts("unpark", [shard.fleet, shard.parked, shard.called, shard.queue],
-                             [at(now_ms), call_ms, batch_wait_ms, *self.slots.unpark_args(servers)])
-        return list(reply[1::2])
+        """The shard's best parked jobs, one per free slot not promised yet, each promised it for ``call_ms``
+        (with shards, reserved on its server's key: calls.py): to publish (route ``unparked``). While a batch
+        job queued longer than ``batch_wait_ms`` waits, batch goes before interactive, in fair order."""
+        return self.calls.unpark(shard, servers, call_ms=call_ms, batch_wait_ms=batch_wait_ms, now_ms=now_ms)[0]
 
     def heartbeat(self, claim: Claim, *, lease_ms: int, now_ms: int | None = None) -> int:
         j = JobKeys(claim.job_id)

@@ -163,10 +163,10 @@ class FailureRouter(Middleware):
 
 
 class Unpark(Middleware):
-    """After a message whose job gave its dispatch slot back (finished, retried or reviewed) while
-    jobs were parked in its shard, publishes parked jobs again while the fleet has free slots. A
-    job taken from the parked set and not published (this process died) is still queued: the
-    sweeper redelivers it."""
+    """After a message whose job gave its dispatch slot back (finished, retried or reviewed), publishes
+    parked jobs again while the fleet has free slots: its own shard's, and with shards, first those of
+    the shards waiting for the freed server, in turn (pipeline/state/calls.py). A job taken from the
+    parked set and not published (this process died) is still queued: the sweeper redelivers it."""
 
     def __init__(self, executor: Callable[[], Executor], publish: Callable[[str, str], None]):
         self.executor, self.publish = executor, publish
@@ -175,11 +175,10 @@ class Unpark(Middleware):
                               exception: BaseException | None = None) -> None:
         try:
             current = self.executor()  # its fleet: the servers its claims take slots on
-            if not current.store.freed():  # no slot given back, or no job waiting for one
-                return
             shard = keys.JobKeys(message.args[0]).shard  # the shard whose slot the message may have freed
             wait_ms = current.settings.batch_max_wait_seconds * 1000
-            for job_id in current.store.unpark(shard, current.fleet.caps(), batch_wait_ms=wait_ms):
+            store = current.store  # the jobs called, from the shards waiting for the freed server in turn
+            for job_id in store.calls.after_free(shard, store.freed(), current.fleet.caps(), batch_wait_ms=wait_ms):
                 self.publish(job_id, "unparked")
         except Exception:  # the sweeper unparks on its next pass
             log.warning("unpark after message %s failed", message.message_id, exc_info=True)

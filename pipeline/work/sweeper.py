@@ -89,10 +89,10 @@ class Sweeper:
         self.pass_ms = self.now_ms()
         self.store.redis.hset(keys.SWEEPER, mapping={"at": self.pass_ms, "by": self.name,
                                                      f"at:{self.name}": self.pass_ms})
+        for job_id in self.store.calls.sweep(self.servers, batch_wait_ms=self.batch_wait_ms):
+            self.publish(job_id, "unparked")
+            done["unparked"] += 1
         for shard in keys.shards():
-            for job_id in self.store.unpark(shard, self.servers, batch_wait_ms=self.batch_wait_ms):
-                self.publish(job_id, "unparked")
-                done["unparked"] += 1
             taken = 0
             while taken < TENANTS_PER_PASS:
                 # Each batch is held from when it is taken, on the clock of the shard's primary (the clock

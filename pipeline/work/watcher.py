@@ -269,9 +269,9 @@ class ServerWatch:
             self._unpark()
 
     def _unpark(self) -> None:
-        """Call the parked jobs of every shard that this server's free slots can take."""
-        for shard in keys.shards():
-            for job_id in self.store.unpark(shard, self.caps, batch_wait_ms=self.settings.batch_max_wait_seconds * 1000):
+        """Call the parked jobs of every shard that this server's free slots can take (the shards in turn,
+        starting one further each time: pipeline/state/calls.py)."""
+        for job_id in self.store.calls.sweep(self.caps, batch_wait_ms=self.settings.batch_max_wait_seconds * 1000):
                 self.publish(job_id, "unparked")
 
     def read_offers(self, now: float) -> None:

@@ -124,9 +124,8 @@ def test_a_claim_takes_a_slot_only_on_a_server_that_can_run_the_job(store: Store
     assert claim(store, flux[1]) is None  # b is full; a's free slot is not its
     fleet = keys.ShardKeys(0).fleet
     assert store.redis.hget(fleet, f"p:{flux[1]}").startswith("b|")  # parked with its servers, for unpark
-    assert claim(store, sdxl) is None  # parked behind the flux job, as a claim counts every job ahead
-    assert store.unpark(keys.ShardKeys(0), CAPS) == [sdxl]  # a fits it; the flux job waits for b
-    assert claim(store, sdxl).server == "a"
+    assert claim(store, sdxl).server == "a"  # the flux job parked ahead could not use a's free slot
+    assert store.unpark(keys.ShardKeys(0), CAPS) == []  # b is full: the flux job waits for it
     store.finish(first, "cancelled", reason="cancelled")
     assert store.unpark(keys.ShardKeys(0), CAPS) == [flux[1]]
     assert claim(store, flux[1]).server == "b"

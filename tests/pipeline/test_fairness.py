@@ -169,7 +169,8 @@ def test_a_batch_job_past_the_starvation_bound_goes_before_interactive_ones(stor
         store.unpark(keys.ShardKeys(0), SERVERS, batch_wait_ms=0)
         assert store.claim(job_id, worker="w2", lease_ms=60_000, operation_id="dup", servers=SERVERS) is None
         assert store.redis.zscore(parked, job_id) < 0
-    assert fleet.dispatch(3, batch_wait_ms=0) == [*old, urgent[2]]
+    order = fleet.dispatch(3, batch_wait_ms=0)  # the two old ones first: queued in one ms, either may lead
+    assert sorted(order[:2]) == sorted(old) and order[2] == urgent[2]
 
 
 def test_while_interactive_is_paused_batch_jobs_past_the_bound_go_first(store: Store, settings: Settings) -> None:

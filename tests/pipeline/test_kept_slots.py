@@ -132,9 +132,11 @@ def test_a_review_of_a_prompt_still_running_keeps_its_slot_until_the_server_says
     d.server.state = "completed"
     d.clock[0] += d.settings.watch_recheck_seconds  # the next check of it is due
     watch.tick()
-    assert (d.busy(), d.kept(), d.taken(), d.published) == (0, [], [], [(b, "unparked")])
+    call = [f"{b}/call"] if d.store.slots.on else []  # its call reserves the slot (fair dispatch across shards)
+    assert (d.busy(), d.kept(), d.taken(), d.published) == (0, [], call, [(b, "unparked")])
     running = d.claim(b)
     assert running is not None and running.server == "sim" and d.busy() == 1
+    assert d.taken() == ([f"{b}/{running.operation_id}"] if d.store.slots.on else [])  # taken over
     assert d.store.job(job_id)["state"] == "needs_review"  # the operator still decides the job
 
 

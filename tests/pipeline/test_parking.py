@@ -91,7 +91,8 @@ def test_parked_jobs_are_published_after_a_message_that_freed_a_slot_and_only_th
     published: list[tuple[str, str]] = []
     unpark = Unpark(lambda: executor, lambda job_id, route: published.append((job_id, route)))
     asked: list[str] = []
-    store.unpark = lambda shard, servers, **kw: asked.append(shard.wake) or type(store).unpark(store, shard, servers, **kw)
+    calls = store.calls
+    calls.unpark = lambda shard, servers, **kw: asked.append(shard.wake) or type(calls).unpark(calls, shard, servers, **kw)
 
     def after(job_id: str) -> None:
         unpark.after_process_message(actors.broker, dramatiq.Message(

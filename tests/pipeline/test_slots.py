@@ -101,14 +101,39 @@ def test_unpark_calls_no_more_than_the_slots_free_across_shards(two: Store) -> N
     assert two.unpark(shard, CAPS) == parked[:1]
 
 
+def take_script(store: Store, server: str):  # type: ignore[no-untyped-def]
+    """slot-take on ``server``: an attempt's take (``call_ms`` None) or a call's reservation for shard 0."""
+    key = [keys.server_slots(server), keys.server_waiting(server)]
+    return lambda member, call_ms=None: store.scripts(
+        "slot-take", key, [1, member, "" if call_ms is None else 0, "", "" if call_ms is None else call_ms])
+
+
 def test_a_slot_is_never_freed_by_its_age_alone(two: Store) -> None:
-    key = keys.server_slots("a")
-    assert two.scripts("slot-take", [key], [1, "acme.gone"]) == [0, 1]
-    assert two.scripts("slot-take", [key], [1, "acme.gone"]) == [0, 2]  # held: renewed, one slot
-    assert two.scripts("slot-take", [key], [1, "acme.next"]) == [0, 0]  # full
-    two.redis.zadd(key, {"acme.gone": 1})  # taken or renewed long ago: only the sweeper, reading, frees it
-    assert two.scripts("slot-take", [key], [1, "acme.next"]) == [0, 0]
-    assert two.redis.zrange(key, 0, -1) == ["acme.gone"]
+    key, take = keys.server_slots("a"), take_script(two, "a")
+    assert take("acme.gone/op") == [0, 1]
+    assert take("acme.gone/op") == [0, 2]  # held: renewed, one slot
+    assert take("acme.next/op") == [0, 0]  # full
+    two.redis.zadd(key, {"acme.gone/op": 1})  # taken or renewed long ago: only the sweeper, reading, frees it
+    assert take("acme.next/op") == [0, 0]
+    assert take("acme.next/call", 10_000) == [0, 0]  # nor does a call's reservation take it
+    assert two.redis.zrange(key, 0, -1) == ["acme.gone/op"]
+
+
+def test_a_lapsed_call_reservation_frees_its_slot_and_only_it(two: Store) -> None:
+    """A call's reservation is a promise that lapses (scored by when); an attempt's slot never does."""
+    key, take = keys.server_slots("a"), take_script(two, "a")
+    assert take("acme.called/call", 10_000) == [0, 1]
+    assert take("acme.next/op") == [0, 0]  # reserved: full
+    assert two.redis.zrangebyscore(key, two.server_ms() + 5_000, "+inf") == ["acme.called/call"]  # lapses later
+    two.redis.zadd(key, {"acme.called/call": 1})  # its call lapsed long ago, never taken over
+    assert take("acme.next/op") == [0, 1]
+    assert two.redis.zrange(key, 0, -1) == ["acme.next/op"]
+    # the sweeper's keep, too, frees a lapsed reservation (no record holds it) and leaves a live one
+    gone, kept = admit(two, "gone"), admit(two, "kept")  # queued, named by no attempt
+    assert take_script(two, "b")(f"{kept}/call", 10_000) == [0, 1]
+    two.redis.zadd(keys.server_slots("b"), {f"{gone}/call": 1})
+    assert two.slots.keep({"b": 2}) == 1
+    assert two.redis.zrange(keys.server_slots("b"), 0, -1) == [f"{kept}/call"]
 
 
 def test_a_stopped_server_is_not_tried_and_the_job_takes_another(two: Store) -> None:

@@ -1,0 +1,111 @@
+-- The parked jobs' indexes by server, beside the shard's parked set (after lua/_slots.lua in the
+-- prelude, whose helpers it uses). Each parked job is also in `parked-any` if any server can run it,
+-- else in `parked-on:<server>` of each server its record names (`servers`), scored as in the parked
+-- set when it parked. So an unpark finds the best jobs a free server can run, and a claim counts only
+-- the better-ranked parked jobs that could take its servers' free slots, in O(log n) whatever the
+-- backlog of other servers. An entry whose job left the parked set (claimed, cancelled, failed) is
+-- dropped when an unpark meets it (`index_head`), so the scripts a job leaves by need not know the
+-- indexes; a claim drops its own.
+-- `indexes` maps a server's name to its index key, and '' to `parked-any`.
+
+-- The index keys of a script's servers: `first` is `parked-any`'s place in KEYS, then one per server of
+-- ARGV (its name at `from`, every `step` arguments), in the same order.
+local function parked_indexes(first, from, step)
+  local indexes = {[''] = KEYS[first]}
+  for i = from, #ARGV, step do indexes[ARGV[i]] = KEYS[first + 1 + (i - from) / step] end
+  return indexes
+end
+
+-- The index keys of a job (`named`: its record's `servers`, '' or nil for any server).
+local function job_indexes(indexes, named)
+  if not named or named == '' then return {indexes['']} end
+  local found = {}
+  for name in string.gmatch(named, '[^,]+') do
+    if indexes[name] then found[#found + 1] = indexes[name] end
+  end
+  return found
+end
+
+local function index_parked(indexes, named, rank, job_id)
+  for _, key in ipairs(job_indexes(indexes, named)) do redis.call('ZADD', key, rank, job_id) end
+end
+
+local function unindex_parked(indexes, named, job_id)
+  for _, key in ipairs(job_indexes(indexes, named)) do redis.call('ZREM', key, job_id) end
+end
+
+-- Up to `count` jobs of `index` still parked, best first, of index scores `lo` to `hi`: {id, score in the
+-- parked set, ...}. Entries of jobs no longer parked are dropped on the way (each once).
+local function index_head(parked, index, count, lo, hi)
+  local live, offset = {}, 0
+  while #live / 2 < count do
+    local ids = redis.call('ZRANGEBYSCORE', index, lo, hi, 'LIMIT', offset, count - #live / 2)
+    if #ids == 0 then break end
+    local scores, gone = redis.call('ZMSCORE', parked, unpack(ids)), {}
+    for i, id in ipairs(ids) do
+      if scores[i] then live[#live + 1], live[#live + 2] = id, scores[i] else gone[#gone + 1] = id end
+    end
+    if #gone == 0 then break end  -- all live: as many as asked, or the index's end
+    redis.call('ZREM', index, unpack(gone))
+    offset = offset + #ids - #gone
+  end
+  return live
+end
+
+-- How many parked jobs rank ahead of a claim of rank `rank` and could take a free slot of one of its
+-- servers (`mine`: {name, cap} pairs, less the slots promised to called jobs): those in `parked-any` and in
+-- the index of each of its servers with a slot free, and those moved past the starvation bound (below 0
+-- in the parked set; from its head, as many as could matter) that one of those servers can run; not the
+-- called ones (`calls`: their promised slots are counted apart). A paused class waits behind: while
+-- interactive is paused (this job is batch) interactive jobs are not counted; while batch is paused
+-- (this job is interactive) only interactive ones are. Ranks are compared with every digit (`redis_text`:
+-- tags keep their fractions). 0 when no server of its has a slot free.
+local function parked_ahead(fleet, parked, indexes, mine, calls, rank)
+  local skip = rank >= 0 and paused_for(fleet, 'interactive')
+  local only_interactive = paused_for(fleet, 'batch')
+  local batch = tonumber(BATCH_RANK)
+  local counted, free, open = {indexes['']}, {}, 0
+  for _, server in ipairs(mine) do
+    local busy = server_busy(fleet, server[1])
+    if busy and busy < server[2] then
+      free[server[1]], open = true, open + server[2] - busy
+      if indexes[server[1]] then counted[#counted + 1] = indexes[server[1]] end
+    end
+  end
+  if open == 0 then return 0 end
+  local ahead, called = 0, {}
+  for _, id in ipairs(calls) do called[id] = true end
+  for _, key in ipairs(rank >= 0 and counted or {}) do
+    ahead = ahead + redis.call('ZCOUNT', key, 0, '(' .. redis_text(rank))
+    if skip then ahead = ahead - redis.call('ZCOUNT', key, 0, '(' .. BATCH_RANK) end
+    for _, id in ipairs(calls) do
+      local score = tonumber(redis.call('ZSCORE', key, id) or '')
+      if score and score >= 0 and score < rank and not (skip and score < batch) then ahead = ahead - 1 end
+    end
+  end
+  if only_interactive then return ahead end
+  local moved, read = redis.call('ZRANGEBYSCORE', parked, '-inf', '(' .. redis_text(math.min(rank, 0)),
+    'LIMIT', 0, open + #calls), {}
+  for _, id in ipairs(moved) do read[#read + 1], read[#read + 2] = id, 0 end
+  read_parked(fleet, read)
+  for _, id in ipairs(moved) do
+    for _, server in ipairs(called[id] and {} or able_servers(mine, (placement(fleet, id)))) do
+      if free[server[1]] then ahead = ahead + 1 break end
+    end
+  end
+  return ahead
+end
+
+-- The parked jobs of `best` and `more` ({id, score, ...} each), once each, in rank order (as ZRANGE: score,
+-- then id).
+local function merge_ranked(best, more)
+  local seen, items, merged = {}, {}, {}
+  for _, list in ipairs({best, more}) do
+    for i = 1, #list, 2 do
+      if not seen[list[i]] then seen[list[i]], items[#items + 1] = true, {list[i], tonumber(list[i + 1])} end
+    end
+  end
+  table.sort(items, function(a, b) return a[2] < b[2] or (a[2] == b[2] and a[1] < b[1]) end)
+  for _, item in ipairs(items) do merged[#merged + 1], merged[#merged + 2] = item[1], item[2] end
+  return merged
+end
