@@ -17,7 +17,7 @@ from api.operator import OperatorToken, csp, page, private
 from api.problems import Problem
 from pipeline.operate.advice import next_commands
 from pipeline.state import history, lookup
-from pipeline.state.keys import JOB_ID_RE
+from pipeline.state.ids import JOB_ID_RE
 from pipeline.state.store import Store
 
 PAGE = (Path(__file__).parent / "jobpage.html").read_bytes()

@@ -14,7 +14,7 @@ from typing import Any
 from pipeline.fleet import highest_price
 from pipeline.settings import Settings
 from pipeline.state.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_DEPTH, MAX_OUTPUTS, PRIORITIES
-from pipeline.state.keys import JOB_ID_RE
+from pipeline.state.ids import JOB_ID_RE
 from pipeline.webhooks.endpoints import EVENT_TYPES, MAX_URL_LENGTH
 
 STATES = ["queued", "running", "retry_wait", "reconciling", "needs_review", "completed", "failed", "cancelled"]

@@ -18,7 +18,7 @@ from pipeline.blobs import Blobs
 from pipeline.errors import BlobMissing, BlobUnreadable, WrongShards
 from pipeline.state import progress, views
 from pipeline.state.jobs import State, iso, job_view
-from pipeline.state.keys import tenant_of
+from pipeline.state.ids import tenant_of
 from pipeline.state.store import Store
 from pipeline.state.submit import Admitter
 

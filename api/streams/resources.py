@@ -24,7 +24,8 @@ from api.resources import resume_after
 from api.sse import END_EVENT, RETRY_MS, end_data, public
 from api.streams.auth import Grant, Grants
 from api.streams.hub import RETRY_SECONDS, Change, EntryId, Hub, Room, Trimmed, entry_id, entry_text
-from pipeline.state.keys import ShardKeys, shard_of, tenant_of
+from pipeline.state.ids import tenant_of
+from pipeline.state.keys import ShardKeys, shard_of
 from pipeline.state.progress import TERMINAL
 
 log = logging.getLogger(__name__)

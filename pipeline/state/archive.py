@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import orjson
 
-from pipeline.state.keys import tenant_of
+from pipeline.state.ids import tenant_of
 
 #: The record field that holds a finished job's packed fields and parts.
 FIELD = "z"

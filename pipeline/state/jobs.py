@@ -13,7 +13,7 @@ import orjson
 
 from pipeline.errors import InvalidRequest
 from pipeline.settings import Settings
-from pipeline.state import keys
+from pipeline.state import ids
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _job_id(body: dict[str, Any], field: str) -> str | None:
     if field not in body:
         return None
     value = body[field]
-    if not isinstance(value, str) or not keys.JOB_ID_RE.fullmatch(value):
+    if not isinstance(value, str) or not ids.JOB_ID_RE.fullmatch(value):
         raise InvalidRequest(field, "must be a job id")
     return value
 

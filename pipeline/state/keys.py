@@ -9,11 +9,11 @@ a worker that only has a job id finds every key.
 
 from __future__ import annotations
 
-import re
-import secrets
 import time
 import zlib
 from dataclasses import dataclass
+
+from pipeline.state.ids import tenant_of
 
 PREFIX = "reckon"
 #: Hash: the sweeper's heartbeat: ``at`` (ms, Redis's clock, written every pass) and ``by`` (host/pid).
@@ -191,26 +191,10 @@ def watcher_lock(server: str) -> str:
     return f"{PREFIX}:fleet:watcher:{server}"
 
 
-#: Use with ``fullmatch`` (``$`` would also accept a trailing newline).
-TENANT_RE = re.compile(r"[a-z0-9_]{1,40}")
-JOB_ID_RE = re.compile(r"([a-z0-9_]{1,40})\.([0-9a-f]{20})")
-
-
 def api_key(key_hash: str) -> str:
     """String key: sha256 of an API key -> tenant name."""
     return f"{PREFIX}:apikey:{key_hash}"
 
-
-def new_job_id(tenant: str) -> str:
-    return f"{tenant}.{secrets.token_hex(10)}"
-
-
-def tenant_of(job_id: str) -> str:
-    """The tenant a job id belongs to; ValueError for anything that is not a job id."""
-    match = JOB_ID_RE.fullmatch(job_id)
-    if not match:
-        raise ValueError("not a job id")
-    return match.group(1)
 
 
 @dataclass(frozen=True)

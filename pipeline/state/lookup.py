@@ -24,7 +24,8 @@ import orjson
 
 from pipeline.state import archive
 from pipeline.state.jobs import iso
-from pipeline.state.keys import JobKeys, tenant_of
+from pipeline.state.ids import tenant_of
+from pipeline.state.keys import JobKeys
 
 #: The record fields shown, as the record keeps them.
 FIELDS = (

@@ -19,7 +19,7 @@ from pipeline.errors import (
 from pipeline.fleet import highest_price
 from pipeline.needs import needs_of
 from pipeline.settings import Settings
-from pipeline.state import keys
+from pipeline.state import ids
 from pipeline.state.jobs import State, cost_plan, fingerprint, first_response, parse_request
 from pipeline.state.offers import Routes
 from pipeline.state.scripts import Code, ReplicationTimeout
@@ -41,7 +41,7 @@ class Admitter:
 
     def __init__(
         self, store: Store, publish: Callable[[str, str], None], settings: Settings, *,
-        new_job_id: Callable[[str], str] = keys.new_job_id,
+        new_job_id: Callable[[str], str] = ids.new_job_id,
     ) -> None:
         self.store = store
         self.publish = publish
@@ -54,7 +54,7 @@ class Admitter:
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
         request = parse_request(body, self.settings)
-        if request.supersedes and keys.tenant_of(request.supersedes) != tenant:
+        if request.supersedes and ids.tenant_of(request.supersedes) != tenant:
             raise InvalidRequest("supersedes", "no such job")
         needs = needs_of(request.workflow)
         route = self.routes.route(needs)

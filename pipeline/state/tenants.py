@@ -9,7 +9,7 @@ import secrets
 import redis
 
 from pipeline.errors import ReckonError
-from pipeline.state import keys
+from pipeline.state import ids, keys
 from pipeline.state.keys import TenantKeys
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -31,7 +31,7 @@ def hash_key(api_key: str) -> str:
 
 def create_tenant(client: redis.Redis, name: str, allowance: int) -> None:
     """Create a tenant with ``allowance`` cost units; refuses bad names and existing tenants."""
-    if not keys.TENANT_RE.fullmatch(name):
+    if not ids.TENANT_RE.fullmatch(name):
         raise TenantError("tenant names are 1-40 characters of a-z, 0-9 and _")
     if allowance < 0:
         raise TenantError("allowance must not be negative")

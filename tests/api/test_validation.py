@@ -6,7 +6,8 @@ import orjson
 import pytest
 
 from api.resources import IDEMPOTENCY_KEY_RE
-from pipeline.state.keys import TenantKeys, tenant_of
+from pipeline.state.ids import tenant_of
+from pipeline.state.keys import TenantKeys
 from pipeline.state.store import Store
 
 from .conftest import auth, job_body
