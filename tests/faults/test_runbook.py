@@ -194,7 +194,7 @@ def needs_review(live: Live, stored: str, failed: str, retried: str) -> None:
     assert reviews == {stored: ("needs_review", "outcome_unknowable", 0),  # charged before its outputs were stored
                        failed: ("needs_review", "outcome_unknowable", 20),
                        retried: ("needs_review", "outcome_unknowable", 20)}
-    wait_until(lambda: store.server_ms() > int(live.job(retried)["deadline"]), timeout=5)
+    wait_until(lambda: store.server_ms() // 1000 * 1000 > int(live.job(retried)["deadline"]), timeout=6)
     before = store.server_ms()
     now = int(rb.run(NOW, then='\necho "$now"'))
     assert before // 1000 * 1000 <= now <= store.server_ms()
