@@ -33,6 +33,7 @@ from pipeline.operate.commands import (
     keys_migrate,
     pause,
     provider_clear,
+    provider_forget,
     provider_pause,
     provider_status,
     resume,
@@ -111,6 +112,9 @@ def parser() -> argparse.ArgumentParser:
         sub = provider.add_parser(verb, help=text)
         sub.add_argument("name", nargs="?", default=DEFAULT_SERVER, metavar="SERVER")
         sub.set_defaults(run=run)
+    forget = provider.add_parser("forget", help="a server removed for good: give back the slots reviews kept there")
+    forget.add_argument("name", metavar="SERVER")
+    forget.set_defaults(run=provider_forget)
     migrate_ = verbs.add_parser("keys").add_subparsers(dest="verb", required=True).add_parser(
         "migrate", help="bring a Redis written by an older reckon to this layout (every reckon process stopped)")
     migrate_.add_argument("--dry-run", action="store_true", help="count what would move, change nothing")

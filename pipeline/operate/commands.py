@@ -261,6 +261,12 @@ def provider_clear(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def provider_forget(store: Store, args: argparse.Namespace) -> int:
+    freed = store.slots.forget(args.name)
+    _print({"provider": args.name, "freed": freed})
+    return 0
+
+
 def provider_pause(store: Store, args: argparse.Namespace) -> int:
     store.block_provider(args.name, "dispatch_paused")
     _print({"provider": args.name, "blocked": store.provider_block(args.name)})

@@ -95,6 +95,7 @@ class Code(IntEnum):
     LIMITED = 17
     INFEASIBLE = 18
     UNSUPPORTED = 19
+    PROMPT_KEPT = 20
 
 
 #: The codes of a script that changed state; its other codes are refusals, which write nothing or
@@ -123,6 +124,9 @@ def raise_for(code: Code, reply: Sequence[Any]) -> None:
         raise NotAllowed(f"not allowed while the job is {reply[1] or 'absent'}")
     if code is Code.NOT_FOUND:
         raise JobNotFound("no such job")
+    if code is Code.PROMPT_KEPT:
+        raise NotAllowed(f"not allowed while server {reply[1]} may still run the job's prompt (its slot is kept): "
+                         "resolve it --failed, or --retry once the watcher has heard the prompt ended")
     raise ScriptError(f"unexpected script reply {code.name}")
 
 

@@ -31,6 +31,7 @@ import logging
 import threading
 from typing import Any, Callable, Mapping
 
+import orjson
 import redis
 
 from pipeline import faultpoints
@@ -192,16 +193,31 @@ class ServerSlots:
         kept = {slot for slot, on in zip(loose, pipe.execute() if loose else [], strict=True) if on}
         return [on or slot in kept for slot, on in zip(slots, holds, strict=True)]
 
-    def let_go(self, slot: str, server: str) -> bool:
+    def let_go(self, slot: str, server: str, *, completed: bool = False) -> bool:
         """Give back the slot a review kept for a prompt that is gone now (``<job id>/<operation id>``, on
         ``server``): its shard's count, then (with shards) its server's key; False if it was not kept (any
-        more: a second call changes nothing). One that dies between the two steps leaves the server's key
-        to the sweeper (nothing holds that slot any more: freed after the grace)."""
-        given = self.scripts("slot-let-go", [keys.JobKeys(slot.partition("/")[0]).shard.fleet], [slot])[1]
+        more: a second call changes nothing). ``completed``: the server says the prompt completed, so the
+        hold its review left uncertain is booked as charged (lua/slot-let-go.lua). One that dies between
+        the two steps leaves the server's key to the sweeper (nothing holds that slot any more: freed
+        after the grace)."""
+        job = keys.JobKeys(slot.partition("/")[0])
+        given = self.scripts("slot-let-go", [job.shard.fleet, job.record, job.tenant.ledger, *job.shard.globals],
+                             [slot, int(completed)])[1]
         if self.on:
             self.redis.zrem(keys.server_slots(server), slot)
         return bool(given)
 
+    def forget(self, server: str) -> list[str]:
+        """An operator's word that ``server`` is gone for good (``reckon provider forget``): every slot a
+        review kept there is given back, its hold left uncertain (nobody can say what ran). The slots kept
+        given back (``<job id>/<operation id>``). No process frees one from its own settings: a watcher
+        not yet restarted with a server just added cannot tell it from one removed."""
+        freed = []
+        for shard in keys.shards():
+            for field, raw in self.redis.hscan_iter(shard.fleet, match="k:*"):
+                if orjson.loads(raw)["server"] == server and self.let_go(field[2:], server):
+                    freed.append(field[2:])
+        return freed
 
 def member(claim: Claim) -> str:
     """An attempt's slot member: its job and its operation id."""

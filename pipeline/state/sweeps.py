@@ -31,7 +31,7 @@ class Sweeps(Reads):
         reply = self.scripts(
             "resolve-review",
             [j.record, t.ledger, t.review, t.queued, t.outbox, t.dead, j.events, t.counts, j.outputs, t.done,
-             j.workflow, t.shard.wake, *t.shard.globals, *j.parts],
+             j.workflow, t.shard.wake, *t.shard.globals, *j.parts, t.shard.fleet],
             [at(now_ms), decision, reason, self.retention],
             durable=True,
         )

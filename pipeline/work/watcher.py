@@ -16,8 +16,10 @@ server then:
   every ``watch_recheck_seconds`` while it is up, so a lost message costs a delay, never a job;
 - asks the same way about each prompt a review left at the server with its slot kept (it may still
   occupy the server: lua/_slots.lua ``keep_slot``), and gives the slot back once the server says the
-  prompt ended or has no record of it (``ServerSlots.let_go``); a kept slot of a server this process is
-  not configured with is given back at once (no claim is handed that server);
+  prompt ended or has no record of it (``ServerSlots.let_go``; a completed one books the review's
+  uncertain hold as charged); a kept slot of a server this process is not configured with is left
+  alone (a server just added, this process not yet restarted, looks the same as one removed): only
+  the server's own watcher, or an operator's ``reckon provider forget SERVER``, gives it back;
 - probes a server marked unreachable and clears the mark when it answers;
 - reads what the server can run (node classes, model files: pipeline/state/offers.py) when it
   connects (a restarted server is reconnected to), when a probe finds it back, and every
@@ -73,7 +75,6 @@ class ServerWatch:
                                      thread_local=False)
         self.watched: dict[str, dict[str, Any]] = {}  # job id -> {server, gen, op, attempt}
         self.kept: dict[str, dict[str, Any]] = {}  # `<job id>/<operation id>` -> {server, since}: slots kept
-        self.configured = frozenset(fleet.servers)
         self.checked: dict[str, float] = {}  # job id or kept slot -> when /history was last asked (monotonic)
         self.renewed: dict[str, float] = {}
         self.cancelling: dict[str, int] = {}  # job id -> generation whose cancel was passed on
@@ -165,9 +166,6 @@ class ServerWatch:
         watched, kept = self.store.prompts()
         self.watched = {job_id: entry for job_id, entry in watched.items() if entry["server"] == self.name}
         self.kept = {slot: entry for slot, entry in kept.items() if entry["server"] == self.name}
-        for slot, entry in kept.items():
-            if entry["server"] not in self.configured:  # removed from the fleet: no claim goes there
-                self._let_go(slot, entry["server"], "its server is not configured")
         for seen in (self.checked, self.renewed, self.cancelling, self.late):
             for job_id in [j for j in seen if j not in self.watched and j not in self.kept]:
                 del seen[job_id]
@@ -241,17 +239,17 @@ class ServerWatch:
         if state in ("pending", "running"):
             return
         if kept:  # ended, or no record of it (a restart empties the queue): it no longer occupies the server
-            self._let_go(job_id, self.name, f"the server says {state}")
+            self._let_go(job_id, self.name, state)
         else:  # ended, or unknown: a worker asks and decides
             self._collect(job_id)
 
-    def _let_go(self, slot: str, server: str, why: str) -> None:
-        """Give back the slot a review kept for a prompt (``slot``: ``<job id>/<operation id>``) and call
-        the jobs parked for it."""
-        given = self.store.slots.let_go(slot, server)
+    def _let_go(self, slot: str, server: str, state: str) -> None:
+        """Give back the slot a review kept for a prompt (``slot``: ``<job id>/<operation id>``) that the
+        server says is in ``state`` (ended, or unknown to it), and call the jobs parked for it."""
+        given = self.store.slots.let_go(slot, server, completed=state == "completed")
         self.kept.pop(slot, None)
         if given:  # else another watcher, or an earlier check, gave it back
-            log.info("slot of %s on %s given back: %s", slot.partition("/")[0], server, why)
+            log.info("slot of %s on %s given back: the server says %s", slot.partition("/")[0], server, state)
             self._unpark()
 
     def _probe(self, now: float) -> None:

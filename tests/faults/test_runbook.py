@@ -45,6 +45,7 @@ from pipeline.work.broker import Publisher, build_broker
 from tests.conftest import REDIS_PORT, free_port, wait_until
 from tests.faults.conftest import BIN, ROOT, Stack
 from tests.faults.runbook import DOCS_KNOWN, KNOWN, NOW, PLACEHOLDER, RUNBOOK, docs_commands, runbook_commands
+from tests.faults.runbook_slots import kept_slots
 
 TENANT, SERVER = "acme", "comfyui"
 
@@ -154,6 +155,7 @@ def test_every_runbook_command_against_a_live_stack(stack: Stack, redis_client, 
     outbox(live)
     processes_and_tenant(live)
     webhooks_behind(live)
+    kept_slots(live.rb, live.store, live.store.redis.zrange(TenantKeys(TENANT).dead, 0, 0)[0])
     redis_layout(live)
     assert sorted(set(live.rb.commands) - live.rb.ran) == []
 
@@ -192,7 +194,7 @@ def needs_review(live: Live, stored: str, failed: str, retried: str) -> None:
     assert reviews == {stored: ("needs_review", "outcome_unknowable", 0),  # charged before its outputs were stored
                        failed: ("needs_review", "outcome_unknowable", 20),
                        retried: ("needs_review", "outcome_unknowable", 20)}
-    wait_until(lambda: store.server_ms() > int(live.job(retried)["deadline"]), timeout=5)
+    wait_until(lambda: store.server_ms() // 1000 * 1000 > int(live.job(retried)["deadline"]), timeout=6)
     before = store.server_ms()
     now = int(rb.run(NOW, then='\necho "$now"'))
     assert before // 1000 * 1000 <= now <= store.server_ms()
@@ -262,8 +264,7 @@ def class_pause_and_admission(live: Live) -> None:
     store.redis.hdel(keys.ShardKeys(0).admission, "queue_cap:batch")
     for cls in ("interactive", "batch"):
         assert rb.json(f"reckon resume --class {cls}") == {"resumed": {"class": cls}, "changed": True}
-    assert {cls: row["paused"] for cls, row in rb.status()["classes"].items()} == {"interactive": False,
-                                                                                   "batch": False}
+    assert {cls: row["paused"] for cls, row in rb.status()["classes"].items()} == {"interactive": False, "batch": False}
     live.wait("completed", *waiting)
 
 
@@ -271,8 +272,7 @@ def server_pause_and_credentials(live: Live) -> None:
     """The server drained: a job parks, then runs once cleared; the server refuses our credentials:
     marked, the job parks, then runs once the mark is deleted."""
     stack, rb, store = live.stack, live.rb, live.store
-    assert rb.json("reckon pause --provider SERVER", SERVER=SERVER) == {"paused": {"provider": SERVER},
-                                                                        "changed": True}
+    assert rb.json("reckon pause --provider SERVER", SERVER=SERVER) == {"paused": {"provider": SERVER}, "changed": True}
     assert rb.json("reckon provider pause SERVER", SERVER=SERVER) == {"provider": SERVER, "blocked": "dispatch_paused"}
     since = int(rb.run("redis-cli -p 6390 HGET reckon:{s0}:fleet dispatch_paused:SERVER", SERVER=SERVER))
     assert store.server_ms() - 10_000 < since <= store.server_ms()

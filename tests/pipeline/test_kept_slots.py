@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pipeline.blobs.local import BlobStore
-from pipeline.errors import StaleLease
+from pipeline.errors import NotAllowed, StaleLease
 from pipeline.fleet import Server
 from pipeline.providers.base import OperationStatus
 from pipeline.providers.fleet import Fleet
@@ -152,29 +152,41 @@ def test_a_kept_slot_is_given_back_when_the_server_no_longer_has_the_prompt(depl
 
 
 def test_an_operator_resolving_the_review_leaves_the_slot_with_the_prompt(deployed: Deployment) -> None:
-    """The operator retries the job while its first prompt still runs: the slot stays with that prompt (the
-    retry parks), and is given back once the server says the prompt ended; the retry then runs."""
+    """The operator asks to retry the job while its first prompt still runs: refused, naming the server
+    (the slot stays with that prompt; on 56716bc the retry was queued and the hold returned); once the
+    server says the prompt ended, the slot is given back and the retry runs."""
     d = deployed
     job_id, slot = d.reviewed()
-    assert d.store.resolve_review(job_id, "retry", reason="operator_retry") == "queued"
-    assert d.claim(job_id, "op-2") is None and d.kept() == [slot]
-    d.server.state = "completed"
+    with pytest.raises(NotAllowed, match="server sim may still run the job's prompt"):
+        d.store.resolve_review(job_id, "retry", reason="operator_retry")
+    assert d.store.job(job_id)["state"] == "needs_review" and d.kept() == [slot]
+    d.server.state = "failed"
     d.watch().tick()
-    assert (d.busy(), d.kept(), d.published) == (0, [], [(job_id, "unparked")])
+    assert (d.busy(), d.kept(), d.published) == (0, [], [])
+    assert d.store.resolve_review(job_id, "retry", reason="operator_retry") == "queued"
     again = d.claim(job_id, "op-2")
     assert again is not None and d.busy() == 1 and d.taken() == ([f"{job_id}/op-2"] if d.store.slots.on else [])
 
 
-def test_a_kept_slot_of_a_server_no_longer_configured_is_given_back(deployed: Deployment) -> None:
-    """`sim` was removed from the fleet after the review kept its slot: the watcher of a server still
-    configured gives it back (no claim is handed `sim` any more, and no watcher would ever ask it)."""
+def test_a_watcher_not_configured_with_the_server_leaves_its_kept_slot(deployed: Deployment) -> None:
+    """A watcher whose settings lack `sim` (not yet restarted after `sim` was added, or `sim` removed: it
+    cannot tell which) leaves the slot of `sim`'s running prompt taken: the next claim parks (on 56716bc
+    it gave the slot back and a second prompt went to `sim`, of cap 1). Only `reckon provider forget sim`
+    (``ServerSlots.forget``) gives it back without `sim`'s word; a second forget frees nothing."""
     d = deployed
-    _, slot = d.reviewed()
-    other = Fleet([Server("sim2", "http://sim2", 1)], lambda _: d.server)
-    watch = ServerWatch("sim2", other, d.store, lambda *message: d.published.append(message), d.settings,
-                        lambda *point: record(d.store.scripts, *point), lambda: d.clock[0])
-    watch.tick()
-    assert (d.busy(), d.kept(), d.taken(), d.server.asked) == (0, [], [], [])
+    job_id, slot = d.reviewed()
+    older = Fleet([Server("sim2", "http://sim2", 1)], lambda _: d.server)
+    ServerWatch("sim2", older, d.store, lambda *message: d.published.append(message), d.settings,
+                lambda *point: record(d.store.scripts, *point), lambda: d.clock[0]).tick()
+    assert (d.busy(), d.kept(), d.taken(), d.server.asked) == (1, [slot], [slot] if d.store.slots.on else [], [])
+    b = d.admit(OTHER if d.store.slots.on else "acme", "b")
+    assert d.claim(b) is None and d.store.job(b)["state"] == "queued"
+    assert d.store.slots.forget("sim2") == [] and d.kept() == [slot]
+    assert d.store.slots.forget("sim") == [slot]
+    assert (d.busy(), d.kept(), d.taken(), d.store.slots.forget("sim")) == (0, [], [], [])
+    assert d.store.job(job_id)["uncertain"] == "10"  # nobody can say what ran: the hold stays for the operator
+    running = d.claim(b)
+    assert running is not None and running.server == "sim" and d.busy() == 1
 
 
 def test_a_slot_given_back_twice_is_given_back_once_and_a_give_back_cut_short_is_finished_by_the_sweeper(
@@ -187,9 +199,10 @@ def test_a_slot_given_back_twice_is_given_back_once_and_a_give_back_cut_short_is
     _, slot = d.reviewed()
     other, other_slot = d.reviewed(key="c")
     assert (d.busy(), d.kept()) == (2, sorted([slot, other_slot]))
-    fleet = keys.JobKeys(other).shard.fleet
-    assert d.store.scripts("slot-let-go", [fleet], [other_slot]) == [0, 1]  # then it died
-    assert d.store.scripts("slot-let-go", [fleet], [other_slot]) == [0, 0]
+    job = keys.JobKeys(other)
+    let_go = [job.shard.fleet, job.record, job.tenant.ledger, *job.shard.globals]
+    assert d.store.scripts("slot-let-go", let_go, [other_slot, ""]) == [0, 1, 0]  # then it died
+    assert d.store.scripts("slot-let-go", let_go, [other_slot, ""]) == [0, 0, 0]
     assert (d.busy(), d.kept()) == (1, [slot])
     monkeypatch.setattr(slots, "GRACE_MS", 0)
     assert d.store.slots.keep(d.caps) == (1 if d.store.slots.on else 0)
