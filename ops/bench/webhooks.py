@@ -46,6 +46,21 @@ from pipeline.webhooks.endpoints import MAX_ENDPOINTS, Endpoints
 BODY = {"kind": "image", "workflow": {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}, "outputs": 1}
 
 
+def answer_ok(handler: BaseHTTPRequestHandler) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Length", "0")
+    handler.end_headers()
+
+
+def serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """A quiet threading HTTP server of ``handler`` on a free loopback port, serving from a daemon thread."""
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 class Receiver:
     def __init__(self) -> None:
         latencies, lock = self.latencies, self.lock = [], threading.Lock()
@@ -57,16 +72,9 @@ class Receiver:
                 at = datetime.fromisoformat(orjson.loads(body)["timestamp"].replace("Z", "+00:00")).timestamp()
                 with lock:
                     latencies.append(now - at)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                answer_ok(self)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve(Handler)
 
     def take(self) -> list[float]:
         with self.lock:
@@ -106,17 +114,10 @@ class Stalling:
                 got.append(1)
                 if closed.wait(seconds):
                     return
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                answer_ok(self)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = serve(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.closed.set()
