@@ -1,7 +1,8 @@
 -- The parked jobs' indexes by server, beside the shard's parked set (after lua/_slots.lua in the
 -- prelude, whose helpers it uses). Each parked job is also in `parked-any` if any server can run it,
 -- else in `parked-on:<server>` of each server its record names (`servers`), scored as in the parked
--- set when it parked. So an unpark finds the best jobs a free server can run, and a claim counts only
+-- set: when it parked, and again when the starvation bound moves it ahead or sends it back (`age_batch`,
+-- `reindex_parked`). So an unpark finds the best jobs a free server can run, and a claim counts only
 -- the better-ranked parked jobs that could take its servers' free slots, in O(log n) whatever the
 -- backlog of other servers. An entry whose job left the parked set (claimed, cancelled, failed) is
 -- dropped when an unpark meets it (`index_head`), so the scripts a job leaves by need not know the
@@ -32,6 +33,23 @@ end
 
 local function unindex_parked(indexes, named, job_id)
   for _, key in ipairs(job_indexes(indexes, named)) do redis.call('ZREM', key, job_id) end
+end
+
+-- The jobs whose score in the parked set `age_batch` changed (`changed`: score, id, ...) take the same score in
+-- their indexes: one HMGET of their `placement` (none if read already), one ZADD XX per index they are in.
+local function reindex_parked(fleet, indexes, changed)
+  if #changed == 0 then return end
+  local fields, by_key, touched = {}, {}, {}
+  for i = 2, #changed, 2 do fields[#fields + 1] = 'p:' .. changed[i] end
+  preload(fleet, fields)
+  for i = 1, #changed, 2 do
+    for _, key in ipairs(job_indexes(indexes, (placement(fleet, changed[i + 1])))) do
+      if not by_key[key] then by_key[key], touched[#touched + 1] = {}, key end
+      local items = by_key[key]
+      items[#items + 1], items[#items + 2] = changed[i], changed[i + 1]
+    end
+  end
+  for _, key in ipairs(touched) do redis.call('ZADD', key, 'XX', unpack(by_key[key])) end
 end
 
 -- Up to `count` jobs of `index` still parked, best first, of index scores `lo` to `hi`: {id, score in the

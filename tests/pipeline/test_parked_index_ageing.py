@@ -1,0 +1,74 @@
+"""The parked indexes (lua/_waiting.lua) keep each job's score in the parked set when the batch starvation bound
+(lua/_slots.lua ``age_batch``) moves it ahead or sends it back: a claim counts a moved job once among the parked
+jobs ahead of it, and a job sent back to its tag still counts ahead of a newcomer of a later tag. The real
+admission, claim, finish and unpark scripts on a real redis-server (bound 0: every parked batch job is past it)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipeline.settings import Settings
+from pipeline.state import keys
+from pipeline.state.store import Store
+from pipeline.state.submit import Admitter
+from pipeline.state.tenants import create_tenant
+from tests.pipeline.test_capabilities import workflow
+from tests.pipeline.test_parked_index import CAPS, Backlog
+
+SHARD = keys.ShardKeys(0)
+ANY = {"3": {"class_type": "KSampler", "inputs": {}}}
+
+
+def _claim(store: Store, job_id: str, servers: dict[str, int], attempt: str) -> object:
+    return store.claim(job_id, worker="w", lease_ms=600_000, operation_id=f"{job_id}-{attempt}", servers=servers)
+
+
+def test_a_moved_job_is_counted_once_ahead_of_a_claim(store: Store, settings: Settings) -> None:
+    """gpu (cap 2) runs two interactive jobs; batch job m parks and is moved past the bound; both slots free; a
+    later batch job k claims before the unpark: one job (m) is ahead of it for two free slots, so k takes one
+    (before: m was counted from the index at its tag and again as moved, 2 ahead, and k parked), and the
+    unpark calls m to the other."""
+    servers = {"gpu": 2}
+    create_tenant(store.redis, "acme", 10**9)
+    admitter = Admitter(store, lambda job_id, priority: None, settings)
+    sent = iter(range(100))
+
+    def submit(priority: str) -> str:
+        body = {"kind": "image", "workflow": ANY, "outputs": 1, "priority": priority}
+        return admitter.submit("acme", f"intent-{next(sent)}", body).job_id
+
+    running = [_claim(store, submit("interactive"), servers, "run") for _ in range(2)]
+    assert all(claim is not None for claim in running)
+    moved = submit("batch")
+    assert _claim(store, moved, servers, "park") is None
+    assert store.unpark(SHARD, servers, batch_wait_ms=0) == []  # both busy: m is moved, nobody called
+    assert store.redis.zscore(SHARD.parked, moved) == store.redis.zscore(SHARD.parked_any, moved) < 0
+    for claim in running:
+        store.finish(claim, "cancelled", reason="cancelled")
+    late = submit("batch")
+    claim = _claim(store, late, servers, "run")
+    assert claim is not None and claim.server == "gpu"
+    assert store.unpark(SHARD, servers, batch_wait_ms=0) == [moved]
+
+
+def test_a_job_sent_back_to_its_tag_still_counts_ahead_of_a_later_one(store: Store, settings: Settings) -> None:
+    """x (sdxl on server a) is moved past the bound while a is busy and parks again moved (its index entry below
+    0); a is paused, so x goes back to its tag; a resumes with its slot free; a later sdxl job claims before the
+    unpark: x is ahead of it, so it parks (before: x's index entry stayed below 0, counted neither as moved nor
+    at its tag, and the newcomer took x's slot) and the unpark calls x."""
+    backlog = Backlog(store, dataclasses.replace(settings))
+    on_a = backlog.claim(backlog.submit(workflow("sdxl.safetensors")))
+    assert on_a.server == "a"
+    x = backlog.submit(workflow("sdxl.safetensors"))
+    assert backlog.claim(x) is None
+    assert store.unpark(SHARD, CAPS, batch_wait_ms=0) == []  # b is free, but x cannot run there
+    assert backlog.claim(x) is None  # parks again, moved
+    assert store.redis.zscore(SHARD.parked, x) == store.redis.zscore(SHARD.parked_on("a"), x) < 0
+    store.redis.hset(SHARD.fleet, "dispatch_paused:a", 1)
+    assert store.unpark(SHARD, CAPS, batch_wait_ms=0) == []
+    tag = store.redis.zscore(SHARD.parked, x)
+    assert tag > keys.BATCH_RANK and store.redis.zscore(SHARD.parked_on("a"), x) == tag  # back to its tag
+    store.redis.hdel(SHARD.fleet, "dispatch_paused:a")
+    store.finish(on_a, "cancelled", reason="cancelled")
+    assert backlog.claim(backlog.submit(workflow("sdxl.safetensors"))) is None  # x is ahead of it
+    assert store.unpark(SHARD, CAPS, batch_wait_ms=0) == [x]
