@@ -5,8 +5,8 @@
 -- `reindex_parked`). So an unpark finds the best jobs a free server can run, and a claim counts only
 -- the better-ranked parked jobs that could take its servers' free slots, in O(log n) whatever the
 -- backlog of other servers. An entry whose job left the parked set (claimed, cancelled, failed) is
--- dropped when an unpark meets it (`index_head`), so the scripts a job leaves by need not know the
--- indexes; a claim drops its own.
+-- dropped when an unpark or a claim's count meets it (`index_head`), never counted, so the scripts a job
+-- leaves by need not know the indexes; a claim drops its own.
 -- `indexes` maps a server's name to its index key, and '' to `parked-any`.
 
 -- The index keys of a script's servers: `first` is `parked-any`'s place in KEYS, then one per server of
@@ -71,9 +71,12 @@ local function index_head(parked, index, count, lo, hi)
 end
 
 -- How many parked jobs rank ahead of a claim of rank `rank` and could take a free slot of one of its
--- servers (`mine`: {name, cap} pairs, less the slots promised to called jobs): those in `parked-any` and in
--- the index of each of its servers with a slot free, and those moved past the starvation bound (below 0
--- in the parked set; from its head, as many as could matter) that one of those servers can run; not the
+-- servers (`mine`: {name, cap} pairs, less the slots promised to called jobs), counted up to as many as
+-- those slots (no more matter): those still parked in `parked-any` and in the index of each of its servers
+-- with a slot free, once each (`index_head`: an entry of a job that left, cancelled or failed, is dropped,
+-- not counted; a job two free servers can run is in both of their indexes), and those moved past the
+-- starvation bound (below 0 in the parked set; from its head, as many as could matter) that one of those
+-- servers can run; not the
 -- called ones (`calls`: their promised slots are counted apart). A paused class waits behind: while
 -- interactive is paused (this job is batch) interactive jobs are not counted; while batch is paused
 -- (this job is interactive) only interactive ones are. Ranks are compared with every digit (`redis_text`:
@@ -81,7 +84,6 @@ end
 local function parked_ahead(fleet, parked, indexes, mine, calls, rank)
   local skip = rank >= 0 and paused_for(fleet, 'interactive')
   local only_interactive = paused_for(fleet, 'batch')
-  local batch = tonumber(BATCH_RANK)
   local counted, free, open = {indexes['']}, {}, 0
   for _, server in ipairs(mine) do
     local busy = server_busy(fleet, server[1])
@@ -91,15 +93,14 @@ local function parked_ahead(fleet, parked, indexes, mine, calls, rank)
     end
   end
   if open == 0 then return 0 end
-  local ahead, called = 0, {}
-  for _, id in ipairs(calls) do called[id] = true end
+  local ahead, seen = 0, {}
+  for _, id in ipairs(calls) do seen[id] = true end  -- their promised slots are counted apart
   for _, key in ipairs(rank >= 0 and counted or {}) do
-    ahead = ahead + redis.call('ZCOUNT', key, 0, '(' .. redis_text(rank))
-    if skip then ahead = ahead - redis.call('ZCOUNT', key, 0, '(' .. BATCH_RANK) end
-    for _, id in ipairs(calls) do
-      local score = tonumber(redis.call('ZSCORE', key, id) or '')
-      if score and score >= 0 and score < rank and not (skip and score < batch) then ahead = ahead - 1 end
+    local live = index_head(parked, key, open + #calls, skip and BATCH_RANK or 0, '(' .. redis_text(rank))
+    for i = 1, #live, 2 do
+      if not seen[live[i]] then seen[live[i]], ahead = true, ahead + 1 end
     end
+    if ahead >= open then return ahead end
   end
   if only_interactive then return ahead end
   local moved, read = redis.call('ZRANGEBYSCORE', parked, '-inf', '(' .. redis_text(math.min(rank, 0)),
@@ -107,7 +108,7 @@ local function parked_ahead(fleet, parked, indexes, mine, calls, rank)
   for _, id in ipairs(moved) do read[#read + 1], read[#read + 2] = id, 0 end
   read_parked(fleet, read)
   for _, id in ipairs(moved) do
-    for _, server in ipairs(called[id] and {} or able_servers(mine, (placement(fleet, id)))) do
+    for _, server in ipairs(seen[id] and {} or able_servers(mine, (placement(fleet, id)))) do
       if free[server[1]] then ahead = ahead + 1 break end
     end
   end

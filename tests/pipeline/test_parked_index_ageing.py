@@ -1,11 +1,14 @@
 """The parked indexes (lua/_waiting.lua) keep each job's score in the parked set when the batch starvation bound
 (lua/_slots.lua ``age_batch``) moves it ahead or sends it back: a claim counts a moved job once among the parked
-jobs ahead of it, and a job sent back to its tag still counts ahead of a newcomer of a later tag. The real
+jobs ahead of it, and a job sent back to its tag still counts ahead of a newcomer of a later tag; an entry of a
+job cancelled while parked is not counted ahead of a claim (the count reads the parked set's own entries). The real
 admission, claim, finish and unpark scripts on a real redis-server (bound 0: every parked batch job is past it)."""
 
 from __future__ import annotations
 
 import dataclasses
+
+import pytest
 
 from pipeline.settings import Settings
 from pipeline.state import keys
@@ -72,3 +75,57 @@ def test_a_job_sent_back_to_its_tag_still_counts_ahead_of_a_later_one(store: Sto
     store.finish(on_a, "cancelled", reason="cancelled")
     assert backlog.claim(backlog.submit(workflow("sdxl.safetensors"))) is None  # x is ahead of it
     assert store.unpark(SHARD, CAPS, batch_wait_ms=0) == [x]
+
+
+def test_a_cancelled_job_is_not_counted_ahead_of_a_claim(store: Store, settings: Settings) -> None:
+    """gpu (cap 1) runs an interactive job; interactive j and batch l park; j is cancelled (its index entry
+    stays until an unpark meets it); the slot frees; a later interactive job k claims before the unpark: no
+    parked job ahead of it is left, so k takes the slot (before: j's entry was counted, k parked and waited for
+    the unpark's call) and the unpark calls nobody."""
+    servers = {"gpu": 1}
+    create_tenant(store.redis, "acme", 10**9)
+    admitter = Admitter(store, lambda job_id, priority: None, settings)
+    sent = iter(range(100))
+
+    def submit(priority: str) -> str:
+        body = {"kind": "image", "workflow": ANY, "outputs": 1, "priority": priority}
+        return admitter.submit("acme", f"intent-{next(sent)}", body).job_id
+
+    running = _claim(store, submit("interactive"), servers, "run")
+    assert running is not None
+    cancelled, later = submit("interactive"), submit("batch")
+    assert _claim(store, cancelled, servers, "park") is None and _claim(store, later, servers, "park") is None
+    store.cancel(cancelled)
+    assert store.redis.zrange(SHARD.parked, 0, -1) == [later]
+    store.finish(running, "cancelled", reason="cancelled")
+    claim = _claim(store, submit("interactive"), servers, "run")
+    assert claim is not None and claim.server == "gpu"
+    assert store.unpark(SHARD, servers, batch_wait_ms=3_600_000) == []
+    assert store.redis.zrange(SHARD.parked_any, 0, -1) == [later]  # j's entry went with the claim's count
+
+
+@pytest.mark.parametrize("ahead", [1, 2, 4])
+def test_what_a_claim_behind_parked_jobs_costs(store: Store, settings: Settings, ahead: int) -> None:
+    """Commands a claim runs (INFO commandstats, the script's own) when ``ahead`` parked jobs rank ahead of it on
+    one server of ``ahead`` slots with one free: 12 whatever ``ahead`` (13 when the count was a ZCOUNT of the
+    index beside a read of the moved band: the index's head and its jobs' places are read instead, and no more
+    once the free slot is filled). It parks."""
+    servers = {"gpu": ahead}
+    create_tenant(store.redis, "acme", 10**9)
+    admitter = Admitter(store, lambda job_id, priority: None, settings)
+    sent = iter(range(100))
+
+    def submit(priority: str) -> str:
+        body = {"kind": "image", "workflow": ANY, "outputs": 1, "priority": priority}
+        return admitter.submit("acme", f"intent-{next(sent)}", body).job_id
+
+    for _ in range(ahead):
+        assert _claim(store, submit("interactive"), servers, "run") is not None
+    for _ in range(ahead):
+        assert _claim(store, submit("batch"), servers, "park") is None
+    store.redis.hincrby(SHARD.fleet, "busy:gpu", -1)  # a slot frees, its unpark not run yet
+    late = submit("batch")
+    store.redis.config_resetstat()
+    assert _claim(store, late, servers, "run") is None
+    stats = store.redis.info("commandstats")
+    assert sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_fcall", "cmdstat_config|resetstat")) == 12
