@@ -176,6 +176,8 @@ end
 -- shard's queue (G.queue: class rank + when queued): the oldest batch jobs are found in O(log n), no
 -- scan. Jobs that cannot run are looked past in the queue and in tag order up to AGED_LOOK each. A job
 -- already moved keeps its (lower) score: ZADD's XX LT. `servers` are unpark's ({name, cap} pairs).
+-- Returns the jobs whose score it changed, moved or sent back ({score, id, ...}), for their entries in the
+-- parked indexes (`reindex_parked` in lua/_waiting.lua).
 local AGED, AGED_LOOK = 16, 256
 
 -- Whether some usable server of `servers` can run the parked job `id` (its `placement` read already).
@@ -202,8 +204,8 @@ local function read_placements(fleet, stopped, ids, scored)
 end
 
 -- Moves the moved jobs (at most AGED: `age_batch` keeps no more) that no usable server can run back to
--- their tags; returns how many stay moved.
-local function moved_runnable(fleet, servers, stopped, parked)
+-- their tags, each added to `changed` (score, id, ...); returns how many stay moved.
+local function moved_runnable(fleet, servers, stopped, parked, changed)
   local band = redis.call('ZRANGEBYSCORE', parked, '-inf', '(0', 'WITHSCORES', 'LIMIT', 0, AGED)
   read_placements(fleet, stopped, band, true)
   local back, kept = {}, 0
@@ -212,6 +214,7 @@ local function moved_runnable(fleet, servers, stopped, parked)
     else back[#back + 1], back[#back + 2] = tonumber(band[i + 1]) + 2 * tonumber(BATCH_RANK), band[i] end
   end
   if #back > 0 then redis.call('ZADD', parked, 'XX', unpack(back)) end
+  for _, item in ipairs(back) do changed[#changed + 1] = item end
   return kept
 end
 
@@ -236,15 +239,17 @@ local function overdue_waits(fleet, servers, stopped, parked, queue, cutoff, ids
 end
 
 local function age_batch(fleet, servers, parked, queue, now, bound)
-  local rank = tonumber(BATCH_RANK)
+  local rank, changed = tonumber(BATCH_RANK), {}
   local overdue = redis.call('ZRANGEBYSCORE', queue, rank, rank + now - bound, 'LIMIT', 0, AGED)
-  if #overdue == 0 then return end
+  if #overdue == 0 then return changed end
   local stopped = false
   for _, server in ipairs(servers) do
     if not server_busy(fleet, server[1]) then stopped = {} end
   end
-  local room = AGED - moved_runnable(fleet, servers, stopped, parked)
-  if room <= 0 or not overdue_waits(fleet, servers, stopped, parked, queue, rank + now - bound, overdue) then return end
+  local room = AGED - moved_runnable(fleet, servers, stopped, parked, changed)
+  if room <= 0 or not overdue_waits(fleet, servers, stopped, parked, queue, rank + now - bound, overdue) then
+    return changed
+  end
   local moves, offset, count = {}, 0, room + AGED  -- one ZADD for all of them
   while room > 0 and offset < AGED_LOOK do
     local fairest = redis.call('ZRANGEBYSCORE', parked, BATCH_RANK, '+inf', 'WITHSCORES', 'LIMIT', offset, count)
@@ -258,6 +263,8 @@ local function age_batch(fleet, servers, parked, queue, now, bound)
     offset, count = offset + count, AGED_LOOK - offset - count
   end
   if #moves > 0 then redis.call('ZADD', parked, 'XX', 'LT', unpack(moves)) end
+  for _, item in ipairs(moves) do changed[#changed + 1] = item end
+  return changed
 end
 
 -- A job's place among the parked: its class rank plus its finish tag, or the lower place it was

@@ -1,11 +1,12 @@
 -- The parked jobs' indexes by server, beside the shard's parked set (after lua/_slots.lua in the
 -- prelude, whose helpers it uses). Each parked job is also in `parked-any` if any server can run it,
 -- else in `parked-on:<server>` of each server its record names (`servers`), scored as in the parked
--- set when it parked. So an unpark finds the best jobs a free server can run, and a claim counts only
+-- set: when it parked, and again when the starvation bound moves it ahead or sends it back (`age_batch`,
+-- `reindex_parked`). So an unpark finds the best jobs a free server can run, and a claim counts only
 -- the better-ranked parked jobs that could take its servers' free slots, in O(log n) whatever the
 -- backlog of other servers. An entry whose job left the parked set (claimed, cancelled, failed) is
--- dropped when an unpark meets it (`index_head`), so the scripts a job leaves by need not know the
--- indexes; a claim drops its own.
+-- dropped when an unpark or a claim's count meets it (`index_head`), never counted, so the scripts a job
+-- leaves by need not know the indexes; a claim drops its own.
 -- `indexes` maps a server's name to its index key, and '' to `parked-any`.
 
 -- The index keys of a script's servers: `first` is `parked-any`'s place in KEYS, then one per server of
@@ -34,6 +35,23 @@ local function unindex_parked(indexes, named, job_id)
   for _, key in ipairs(job_indexes(indexes, named)) do redis.call('ZREM', key, job_id) end
 end
 
+-- The jobs whose score in the parked set `age_batch` changed (`changed`: score, id, ...) take the same score in
+-- their indexes: one HMGET of their `placement` (none if read already), one ZADD XX per index they are in.
+local function reindex_parked(fleet, indexes, changed)
+  if #changed == 0 then return end
+  local fields, by_key, touched = {}, {}, {}
+  for i = 2, #changed, 2 do fields[#fields + 1] = 'p:' .. changed[i] end
+  preload(fleet, fields)
+  for i = 1, #changed, 2 do
+    for _, key in ipairs(job_indexes(indexes, (placement(fleet, changed[i + 1])))) do
+      if not by_key[key] then by_key[key], touched[#touched + 1] = {}, key end
+      local items = by_key[key]
+      items[#items + 1], items[#items + 2] = changed[i], changed[i + 1]
+    end
+  end
+  for _, key in ipairs(touched) do redis.call('ZADD', key, 'XX', unpack(by_key[key])) end
+end
+
 -- Up to `count` jobs of `index` still parked, best first, of index scores `lo` to `hi`: {id, score in the
 -- parked set, ...}. Entries of jobs no longer parked are dropped on the way (each once).
 local function index_head(parked, index, count, lo, hi)
@@ -53,9 +71,12 @@ local function index_head(parked, index, count, lo, hi)
 end
 
 -- How many parked jobs rank ahead of a claim of rank `rank` and could take a free slot of one of its
--- servers (`mine`: {name, cap} pairs, less the slots promised to called jobs): those in `parked-any` and in
--- the index of each of its servers with a slot free, and those moved past the starvation bound (below 0
--- in the parked set; from its head, as many as could matter) that one of those servers can run; not the
+-- servers (`mine`: {name, cap} pairs, less the slots promised to called jobs), counted up to as many as
+-- those slots (no more matter): those still parked in `parked-any` and in the index of each of its servers
+-- with a slot free, once each (`index_head`: an entry of a job that left, cancelled or failed, is dropped,
+-- not counted; a job two free servers can run is in both of their indexes), and those moved past the
+-- starvation bound (below 0 in the parked set; from its head, as many as could matter) that one of those
+-- servers can run; not the
 -- called ones (`calls`: their promised slots are counted apart). A paused class waits behind: while
 -- interactive is paused (this job is batch) interactive jobs are not counted; while batch is paused
 -- (this job is interactive) only interactive ones are. Ranks are compared with every digit (`redis_text`:
@@ -63,7 +84,6 @@ end
 local function parked_ahead(fleet, parked, indexes, mine, calls, rank)
   local skip = rank >= 0 and paused_for(fleet, 'interactive')
   local only_interactive = paused_for(fleet, 'batch')
-  local batch = tonumber(BATCH_RANK)
   local counted, free, open = {indexes['']}, {}, 0
   for _, server in ipairs(mine) do
     local busy = server_busy(fleet, server[1])
@@ -73,15 +93,14 @@ local function parked_ahead(fleet, parked, indexes, mine, calls, rank)
     end
   end
   if open == 0 then return 0 end
-  local ahead, called = 0, {}
-  for _, id in ipairs(calls) do called[id] = true end
+  local ahead, seen = 0, {}
+  for _, id in ipairs(calls) do seen[id] = true end  -- their promised slots are counted apart
   for _, key in ipairs(rank >= 0 and counted or {}) do
-    ahead = ahead + redis.call('ZCOUNT', key, 0, '(' .. redis_text(rank))
-    if skip then ahead = ahead - redis.call('ZCOUNT', key, 0, '(' .. BATCH_RANK) end
-    for _, id in ipairs(calls) do
-      local score = tonumber(redis.call('ZSCORE', key, id) or '')
-      if score and score >= 0 and score < rank and not (skip and score < batch) then ahead = ahead - 1 end
+    local live = index_head(parked, key, open + #calls, skip and BATCH_RANK or 0, '(' .. redis_text(rank))
+    for i = 1, #live, 2 do
+      if not seen[live[i]] then seen[live[i]], ahead = true, ahead + 1 end
     end
+    if ahead >= open then return ahead end
   end
   if only_interactive then return ahead end
   local moved, read = redis.call('ZRANGEBYSCORE', parked, '-inf', '(' .. redis_text(math.min(rank, 0)),
@@ -89,7 +108,7 @@ local function parked_ahead(fleet, parked, indexes, mine, calls, rank)
   for _, id in ipairs(moved) do read[#read + 1], read[#read + 2] = id, 0 end
   read_parked(fleet, read)
   for _, id in ipairs(moved) do
-    for _, server in ipairs(called[id] and {} or able_servers(mine, (placement(fleet, id)))) do
+    for _, server in ipairs(seen[id] and {} or able_servers(mine, (placement(fleet, id)))) do
       if free[server[1]] then ahead = ahead + 1 break end
     end
   end

@@ -59,7 +59,9 @@ for _, server in ipairs(servers) do  -- with shards, no more free here than acro
 end
 local interactive_paused = paused_for(KEYS[1], 'interactive')
 local batch_paused = paused_for(KEYS[1], 'batch')
-if not batch_paused then age_batch(KEYS[1], servers, KEYS[2], KEYS[4], now, tonumber(ARGV[3])) end
+if not batch_paused then  -- a job moved or sent back keeps its score in its indexes too
+  reindex_parked(KEYS[1], indexes, age_batch(KEYS[1], servers, KEYS[2], KEYS[4], now, tonumber(ARGV[3])))
+end
 local calls = promised(KEYS[3], KEYS[2], now)
 local open = free_slots(KEYS[1], servers) - #calls
 local reply = {0, parked}

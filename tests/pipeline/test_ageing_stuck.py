@@ -88,13 +88,14 @@ def _commands(store: Store) -> int:
 def test_what_ageing_costs_an_unpark_with_jobs_that_cannot_run(store: Store) -> None:
     """Commands per unpark (5 are unpark's own: ZCARD, TIME, the calls' ZREMRANGEBYSCORE, the fleet's HMGET, the
     head's ZRANGE, all slots being taken): 16 moved that can run, 2 more (the overdue, the moved), as before;
-    x paused, its 16 moved ones sent back and "old" moved, 10 more; then each unpark while x stays paused, 7
+    x paused, its 16 moved ones sent back and "old" moved, 12 more (2 of them one ZADD XX per parked index whose
+    jobs' scores changed, x's and the any-server one: lua/_waiting.lua ``reindex_parked``); then each unpark while x stays paused, 7
     more (the 16 of x looked past in the queue); with 300 of x, 7 more: 256 looked past, no more."""
     _park(store, 16)
     _unpark(store)
     assert _commands(store) == 5 + 2
     store.redis.hset(SHARD.fleet, "dispatch_paused:x", _now_ms(store))
-    assert _commands(store) == 5 + 10
+    assert _commands(store) == 5 + 12
     assert _moved(store) == ["old"]
     assert _commands(store) == 5 + 7
     store.redis.flushdb()
