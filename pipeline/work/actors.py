@@ -92,7 +92,7 @@ class OpenConnections(dramatiq.Middleware):
     def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         try:
             executor()
-        except Exception as exc:  # Redis not answering, say: the first message builds it (and fails) as before
+        except Exception as exc:  # Redis not answering, say: the first message builds it, as before
             log.warning("executor not built at boot", extra={"error": type(exc).__name__})
             return
         # the broker's: each thread acks, each queue's consumer fetches
