@@ -41,3 +41,12 @@ def on_starting(server: object) -> None:
     import logging
 
     logging.captureWarnings(True)
+
+
+def post_worker_init(worker: object) -> None:
+    """Each API worker opens a connection per thread to the state and to the broker before it serves
+    (pipeline/state/redisconn.py ``open_pools``): a load then opens none, whose buffers Redis would
+    charge to the jobs of that load."""
+    from pipeline.state.redisconn import open_pools
+
+    open_pools(threads)

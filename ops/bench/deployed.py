@@ -33,6 +33,7 @@ import orjson
 import redis
 
 from ops.bench.bench_drain import Phase
+from ops.bench.memsplit import Snapshot, settled, snapshot
 from ops.bench.benchlib import BIN, ROOT, free_port, group_cpu, redis_cpu, wait_for
 from ops.bench.receiver import Receiver
 
@@ -76,6 +77,8 @@ class Figures(Phase):
     sizes: dict[str, Counter] = field(default_factory=dict)
     #: How long MONITOR followed the run (s): what the time-driven shares are bounded by.
     window: float = 0.0
+    #: Redis's memory after the run less before it (ops/bench/memsplit.py): keys, clients, the rest.
+    memory: Snapshot | None = None
 
     @property
     def commands_per_job(self) -> float:
@@ -85,8 +88,6 @@ class Figures(Phase):
 def total_calls(client: redis.Redis) -> int:
     stats = client.info("commandstats")
     return sum(v["calls"] for name, v in stats.items() if name not in ("cmdstat_info", "cmdstat_monitor"))
-
-
 
 
 class Deployed:
@@ -301,10 +302,11 @@ def _verb(function: str) -> str:
 
 
 def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, workflow_bytes: int = 10_240,
-        steps: bool = False, cap: int = 8, env: dict[str, str] | None = None, webhook: bool = False) -> Figures:
+        steps: bool = False, cap: int = 8, env: dict[str, str] | None = None, webhook: bool = False, warm: bool = True
+        ) -> Figures:
     """Post ``jobs`` jobs to a fresh deployed stack (each server at ``cap``) and measure them to their
     completion; with ``webhook``, the tenant has an endpoint for ``job.completed`` (a receiver in this
-    process, on loopback) and the run ends when every completion was delivered."""
+    process, on loopback) and the run ends when every completion was delivered; ``warm``: one job first, uncounted."""
     if webhook:
         env = {**(env or {}), "RECKON_WEBHOOK_ALLOW_PRIVATE": "1"}
     stack = Deployed(work, cap=cap, env=env)
@@ -316,11 +318,11 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
         if receiver is not None:
             receiver.register(stack.web_port, api_key)
         body = orjson.dumps({"kind": "image", "workflow": workflow(workflow_bytes), "outputs": outputs})
-        post(stack.web_port, api_key, ["warm-0"], 1, body)  # every process connected, scripts loaded
-        wait_for(lambda: completed(client) >= 1, timeout=60, what="the warm-up job did not complete")
-        time.sleep(2.5)  # the warm-up job's sweeper and watcher passes are behind us
-        mem0, calls0, redis0, cpu0 = client.info("memory")["used_memory"], total_calls(client), redis_cpu(client), \
-            stack.stack_cpu()
+        if warm:
+            post(stack.web_port, api_key, ["warm-0"], 1, body)  # every process connected, scripts loaded
+            wait_for(lambda: completed(client) >= 1, timeout=60, what="the warm-up job did not complete")
+            time.sleep(2.5)  # the warm-up job's sweeper and watcher passes are behind us
+        mem0, calls0, redis0, cpu0 = settled(client), total_calls(client), redis_cpu(client), stack.stack_cpu()
         t0 = time.perf_counter()
         monitor = Monitor(stack.redis_port) if steps else None
         with monitor or _nothing():
@@ -330,17 +332,18 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
             def done() -> bool:
                 nonlocal polls
                 polls += 1
-                return completed(client) >= jobs + 1 and (receiver is None or receiver.count >= jobs + 1)
+                return completed(client) >= jobs + warm and (receiver is None or receiver.count >= jobs + warm)
 
             wait_for(done, timeout=60 + jobs, what="the jobs did not complete")
             seconds = time.perf_counter() - t0
             time.sleep(2.5)  # the sweeper's and watcher's passes after the last completion
         calls = total_calls(client) - calls0 - polls  # each poll: one HGET of this tool's
         redis_s, cpu_s = redis_cpu(client) - redis0, stack.stack_cpu() - cpu0
-        mem = client.info("memory")["used_memory"] - mem0
+        mem = snapshot(client) - mem0
         if monitor is None:
-            return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem / jobs)
-        return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem / jobs, steps=monitor.steps,
+            return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem.used / jobs, memory=mem)
+        return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem.used / jobs, memory=mem,
+                       steps=monitor.steps,
                        calls=monitor.calls, broker=monitor.broker, broker_calls=monitor.broker_calls,
                        trips=monitor.trips, scripts=monitor.scripts, sizes=monitor.sizes,
                        window=monitor.window)
@@ -365,16 +368,21 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=1, help="RECKON_SHARDS of the stack")
     parser.add_argument("--webhook", action="store_true", help="the tenant has an endpoint for job.completed")
     parser.add_argument("--cap", type=int, default=8, help="each server's cap (above --jobs: no job parks)")
+    parser.add_argument("--no-warm-up", action="store_true", help="no job first: first-time structures counted")
     args = parser.parse_args()
+    from ops.bench.memory import TARGET_FINISHED_BYTES
     from pipeline.state import keys
 
     keys.use_shards(args.shards)  # this process reads the tenant's counts where the stack writes them
     with tempfile.TemporaryDirectory(prefix="reckon-deployed-") as tmp:
         fig = run(Path(tmp), jobs=args.jobs, steps=args.steps or args.broker, cap=args.cap,
-                  env={"RECKON_SHARDS": str(args.shards)}, webhook=args.webhook)
+                  env={"RECKON_SHARDS": str(args.shards)}, webhook=args.webhook, warm=not args.no_warm_up)
     print(f"{fig.jobs} jobs in {fig.seconds:.2f} s = {fig.rate:.1f} jobs/s; {fig.commands_per_job:.1f} commands/job;"
           f" Redis {fig.redis_us:.0f} us/job; machine {fig.machine_us:.0f} us/job; {fig.bytes_per_job:.0f} B/job"
           + (f"; measured over {fig.window:.1f} s" if fig.window else ""))
+    if fig.memory is not None:
+        print(f"memory: {fig.memory.per_job(fig.jobs)}; target {TARGET_FINISHED_BYTES} B/job"
+              f" ({'met' if fig.bytes_per_job <= TARGET_FINISHED_BYTES else 'missed'})")
     for step, n in fig.steps.most_common():
         calls = f"{fig.calls[step] / fig.jobs:5.2f} calls" if fig.calls[step] else ""
         print(f"  {step:16s} {n / fig.jobs:7.1f} commands {fig.trips[step] / fig.jobs:6.2f} round trips  {calls}")

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -26,6 +28,7 @@ SOCKET_TIMEOUT_S = 10.0
 #: How long a question to one Sentinel may take (s) before the next Sentinel is asked.
 SENTINEL_TIMEOUT_S = 1.0
 SENTINEL_SCHEME = "redis+sentinel"
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -82,19 +85,51 @@ def name_connections(role: str) -> None:
     _client_name = role
 
 
+#: Every client ``client_for`` made in this process, and whether it is a broker's (bytes replies):
+#: ``open_pools`` fills their pools.
+_clients: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
 def client_for(url: str, *, decode: bool = True, **options: Any) -> Any:
     """A client for one logical database at ``url`` (one server or a Sentinel-managed master);
     ``decode``: text replies (reckon's state) or bytes (Dramatiq's broker)."""
     options = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S, **options}
     if _client_name:
         options.setdefault("client_name", _client_name if decode else f"broker-{_client_name}")
+    client: Any
     if not is_sentinel(url):
-        return redis.Redis.from_url(url, decode_responses=decode, **options)
-    target = parse_sentinel_url(url)
-    sentinel = Sentinel(list(target.sentinels), socket_timeout=SENTINEL_TIMEOUT_S,
-                        socket_connect_timeout=SENTINEL_TIMEOUT_S)
-    return sentinel.master_for(target.master, db=target.db, password=target.password, decode_responses=decode,
-                               **options)
+        client = redis.Redis.from_url(url, decode_responses=decode, **options)
+    else:
+        target = parse_sentinel_url(url)
+        sentinel = Sentinel(list(target.sentinels), socket_timeout=SENTINEL_TIMEOUT_S,
+                            socket_connect_timeout=SENTINEL_TIMEOUT_S)
+        client = sentinel.master_for(target.master, db=target.db, password=target.password,
+                                     decode_responses=decode, **options)
+    _clients[client] = not decode
+    return client
+
+
+def open_pools(threads: int, broker: int | None = None) -> None:
+    """Open now, before the process serves, as many connections as ``threads`` (the threads that share
+    them) in every client's pool this process made, ``broker`` (default: ``threads``) in a broker's;
+    connections it already holds count. A load then
+    opens no more: each connection costs Redis a client struct and buffers (16 KB of reply buffer at
+    first), which a connection opened under load adds to what the jobs of that load are charged.
+    (A Cluster client's connections are its nodes': left alone.)
+    Redis not answering leaves a pool as it is: its connections open when they are first needed."""
+    for client, is_broker in list(_clients.items()):
+        pool, count = getattr(client, "connection_pool", None), broker if is_broker and broker else threads
+        if pool is None:
+            continue
+        taken: list[Any] = []
+        try:
+            while len(taken) < count:
+                taken.append(pool.get_connection())
+        except redis.RedisError as exc:
+            log.warning("could not open connections at start", extra={"error": type(exc).__name__})
+        finally:
+            for conn in taken:
+                pool.release(conn)
 
 
 class Cluster(RedisCluster):

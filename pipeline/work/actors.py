@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from typing import Callable
@@ -18,7 +19,7 @@ from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
 from pipeline.providers.null import NullProvider
 from pipeline.settings import Settings
-from pipeline.state.redisconn import name_connections
+from pipeline.state.redisconn import name_connections, open_pools
 from pipeline.state.store import open_store
 from pipeline.work.broker import ROUTES, Publisher, build_broker
 from pipeline.work.executor import Executor
@@ -36,6 +37,7 @@ def _configure_dramatiq_worker() -> None:
         name_connections("worker")
 
 
+log = logging.getLogger(__name__)
 _configure_dramatiq_worker()  # JSON lines, in place of the format Dramatiq's CLI set
 settings = Settings.from_env()
 broker = build_broker(settings)
@@ -81,10 +83,27 @@ def router() -> Router:
     return _router
 
 
+class OpenConnections(dramatiq.Middleware):
+    """A worker process builds its executor and opens a connection per worker thread to the state and
+    the broker (and one per queue's consumer) once it has booted, before its first message (``open_pools``): a load then opens none,
+    whose buffers Redis would charge to the jobs of that load. Redis not answering leaves the executor
+    to the first message, as before."""
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        try:
+            executor()
+        except Exception as exc:  # Redis not answering, say: the first message builds it, as before
+            log.warning("executor not built at boot", extra={"error": type(exc).__name__})
+            return
+        # the broker's: each thread acks, each queue's consumer fetches
+        open_pools(worker.worker_threads, worker.worker_threads + len(worker.consumers))
+
+
 # Dramatiq runs after-message hooks in reverse order: Unpark, added first, runs after the routing
 # has retried or dead-lettered the job, which gives its slot back.
 broker.add_middleware(Unpark(executor, Publisher(broker)))
 broker.add_middleware(FailureRouter(router))
+broker.add_middleware(OpenConnections())
 
 
 def run_job(job_id: str) -> None:

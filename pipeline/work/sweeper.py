@@ -36,7 +36,7 @@ from pipeline import faultpoints
 from pipeline.settings import Settings
 from pipeline.state import fairness, history, keys, status
 from pipeline.state.keys import TenantKeys
-from pipeline.state.redisconn import name_connections
+from pipeline.state.redisconn import name_connections, open_pools
 from pipeline.state.slots import KEEP_EVERY_MS
 from pipeline.state.store import Store, open_store
 
@@ -218,6 +218,7 @@ def main() -> None:
     name_connections("sweeper")
     settings = Settings.from_env()
     sweeper = Sweeper(open_store(settings), Publisher(build_broker(settings)), settings)
+    open_pools(1)  # one thread sweeps: its connections open now, not with the first job it sweeps
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

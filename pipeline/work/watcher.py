@@ -53,7 +53,7 @@ from pipeline.providers.fleet import Fleet
 from pipeline.settings import Settings
 from pipeline.state import keys, offers
 from pipeline.state.progress import Coalescer, Record
-from pipeline.state.redisconn import name_connections
+from pipeline.state.redisconn import name_connections, open_pools
 from pipeline.state.store import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -320,6 +320,7 @@ def main() -> None:
     fleet = Fleet(settings.servers(), adapter)
     watcher = Watcher(fleet, store, Publisher(build_broker(settings)), settings,
                       lambda *point: record(store.scripts, *point))
+    open_pools(len(watcher.watches))  # a thread per server: their connections open now, not under load
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
