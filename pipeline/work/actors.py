@@ -95,8 +95,9 @@ class OpenConnections(dramatiq.Middleware):
         except Exception as exc:  # Redis not answering, say: the first message builds it, as before
             log.warning("executor not built at boot", extra={"error": type(exc).__name__})
             return
-        # the broker's: each thread acks, each queue's consumer fetches
-        open_pools(worker.worker_threads, worker.worker_threads + len(worker.consumers))
+        # the state's: each thread, and the lease keeper's renewal and refunds threads (leases.py); the
+        # broker's: each thread acks, each queue's consumer fetches, the doorbell subscribes (waking.py)
+        open_pools(worker.worker_threads + 2, worker.worker_threads + len(worker.consumers) + 1)
 
 
 # Dramatiq runs after-message hooks in reverse order: Unpark, added first, runs after the routing

@@ -15,9 +15,9 @@ from tests.conftest import wait_until
 
 #: The stack's processes (their connections' names, pipeline/state/redisconn.py) and what each opens
 #: at start: the API's 2 gunicorn workers x 4 threads, to the state and the broker; the worker's one
-#: process x 2 threads (tests/faults/conftest.py) to the state; one sweeper thread; the watcher's one thread
-#: per server (one here).
-OPENED_AT_START = {"web": 8, "broker-web": 8, "worker": 2, "sweeper": 1, "broker-sweeper": 1, "watcher": 1,
+#: process x 2 threads (tests/faults/conftest.py) and its lease keeper's 2 threads to the state; one sweeper
+#: thread; the watcher's one thread per server (one here).
+OPENED_AT_START = {"web": 8, "broker-web": 8, "worker": 4, "sweeper": 1, "broker-sweeper": 1, "watcher": 1,
                    "broker-watcher": 1}
 
 
@@ -35,7 +35,9 @@ def test_a_load_opens_no_connection(stack, redis_client) -> None:
     wait_until(lambda: all(connections(redis_client)[name] >= n for name, n in OPENED_AT_START.items()),
                timeout=30)
     before = connections(redis_client)
-    assert {name: before[name] for name in OPENED_AT_START} == OPENED_AT_START
+    # at least what each opens at start: a thread of the process that needs a connection while
+    # open_pools holds the pool's (the executor's first reads, say) opens one more, before any load
+    assert all(before[name] >= n for name, n in OPENED_AT_START.items()), before
 
     body = {"kind": "image", "workflow": {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}, "outputs": 1}
     statuses: list[int] = []
@@ -52,5 +54,4 @@ def test_a_load_opens_no_connection(stack, redis_client) -> None:
     assert statuses == [202] * 24
     wait_until(lambda: int(redis_client.hget(TenantKeys("acme").counts, "completed") or 0) == 24, timeout=60)
     after = connections(redis_client)
-    assert {name: after[name] for name in OPENED_AT_START} == OPENED_AT_START
     assert after == before
