@@ -7,6 +7,7 @@ admission, claim, finish and unpark scripts on a real redis-server (bound 0: eve
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
@@ -26,12 +27,8 @@ def _claim(store: Store, job_id: str, servers: dict[str, int], attempt: str) -> 
     return store.claim(job_id, worker="w", lease_ms=600_000, operation_id=f"{job_id}-{attempt}", servers=servers)
 
 
-def test_a_moved_job_is_counted_once_ahead_of_a_claim(store: Store, settings: Settings) -> None:
-    """gpu (cap 2) runs two interactive jobs; batch job m parks and is moved past the bound; both slots free; a
-    later batch job k claims before the unpark: one job (m) is ahead of it for two free slots, so k takes one
-    (before: m was counted from the index at its tag and again as moved, 2 ahead, and k parked), and the
-    unpark calls m to the other."""
-    servers = {"gpu": 2}
+def submitter(store: Store, settings: Settings) -> Callable[[str], str]:
+    """Tenant acme's admissions of one-output jobs of ``priority``, each under a new intent."""
     create_tenant(store.redis, "acme", 10**9)
     admitter = Admitter(store, lambda job_id, priority: None, settings)
     sent = iter(range(100))
@@ -40,6 +37,16 @@ def test_a_moved_job_is_counted_once_ahead_of_a_claim(store: Store, settings: Se
         body = {"kind": "image", "workflow": ANY, "outputs": 1, "priority": priority}
         return admitter.submit("acme", f"intent-{next(sent)}", body).job_id
 
+    return submit
+
+
+def test_a_moved_job_is_counted_once_ahead_of_a_claim(store: Store, settings: Settings) -> None:
+    """gpu (cap 2) runs two interactive jobs; batch job m parks and is moved past the bound; both slots free; a
+    later batch job k claims before the unpark: one job (m) is ahead of it for two free slots, so k takes one
+    (before: m was counted from the index at its tag and again as moved, 2 ahead, and k parked), and the
+    unpark calls m to the other."""
+    servers = {"gpu": 2}
+    submit = submitter(store, settings)
     running = [_claim(store, submit("interactive"), servers, "run") for _ in range(2)]
     assert all(claim is not None for claim in running)
     moved = submit("batch")
@@ -83,14 +90,7 @@ def test_a_cancelled_job_is_not_counted_ahead_of_a_claim(store: Store, settings:
     parked job ahead of it is left, so k takes the slot (before: j's entry was counted, k parked and waited for
     the unpark's call) and the unpark calls nobody."""
     servers = {"gpu": 1}
-    create_tenant(store.redis, "acme", 10**9)
-    admitter = Admitter(store, lambda job_id, priority: None, settings)
-    sent = iter(range(100))
-
-    def submit(priority: str) -> str:
-        body = {"kind": "image", "workflow": ANY, "outputs": 1, "priority": priority}
-        return admitter.submit("acme", f"intent-{next(sent)}", body).job_id
-
+    submit = submitter(store, settings)
     running = _claim(store, submit("interactive"), servers, "run")
     assert running is not None
     cancelled, later = submit("interactive"), submit("batch")
@@ -111,14 +111,7 @@ def test_what_a_claim_behind_parked_jobs_costs(store: Store, settings: Settings,
     index beside a read of the moved band: the index's head and its jobs' places are read instead, and no more
     once the free slot is filled). It parks."""
     servers = {"gpu": ahead}
-    create_tenant(store.redis, "acme", 10**9)
-    admitter = Admitter(store, lambda job_id, priority: None, settings)
-    sent = iter(range(100))
-
-    def submit(priority: str) -> str:
-        body = {"kind": "image", "workflow": ANY, "outputs": 1, "priority": priority}
-        return admitter.submit("acme", f"intent-{next(sent)}", body).job_id
-
+    submit = submitter(store, settings)
     for _ in range(ahead):
         assert _claim(store, submit("interactive"), servers, "run") is not None
     for _ in range(ahead):
