@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +45,7 @@ class Trickler:
     one every ``TRICKLE_S``); records each request line; ``stop`` closes everything and joins its threads."""
 
     def __init__(self, respond: Callable[[str], tuple[bytes, bytes]]) -> None:
-        self.respond, self.requests = respond, []
+        self.respond, self.requests, self.reset = respond, [], False
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.05)
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
@@ -75,6 +76,8 @@ class Trickler:
                 if self._stopped.wait(TRICKLE_S):
                     return
                 conn.sendall(slowly[i:i + 1])
+            if self.reset:  # a connection reset, not a clean end: the client sees the stream break
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def stop(self) -> None:
         self._stopped.set()
@@ -136,3 +139,25 @@ def test_an_event_stream_trickled_a_byte_at_a_time_ends_at_the_deadline(trickler
     client = Client(server.url, "k", timeout=TIMEOUT, deadline=DEADLINE)
     raises_by_the_deadline(lambda: next(client.events(JOB)))
     assert server.requests == [f"GET /v1/jobs/{JOB}/events/stream?after=0 HTTP/1.1"]
+
+
+def test_a_stream_that_broke_after_outlasting_the_deadline_is_reopened(trickler) -> None:
+    """The first stream gives event 1 at once, then a comment line every 0.32 s for 3.2 s (longer than the
+    2 s deadline) and is reset; the deadline counts from that failure, so the client opens it again (it used
+    to count from when the broken stream opened, and gave up without a second try) and gets event 2."""
+    def event(seq: int, to: str) -> bytes:
+        data = json.dumps({"seq": seq, "type": "state", "to": to}).encode()
+        return b"retry: 10\n\nid: %d\nevent: state\ndata: %s\n\n" % (seq, data)
+
+    def respond(line: str) -> tuple[bytes, bytes]:
+        if "after=0" in line:
+            return answer("200 OK", "text/event-stream", event(1, "running"), length=False), b": p\n" * 10
+        server.reset = False
+        return answer("200 OK", "text/event-stream", event(2, "completed"), length=False), b""
+
+    server = trickler(respond)
+    server.reset = True
+    client = Client(server.url, "k", timeout=TIMEOUT, deadline=DEADLINE)
+    assert [e["seq"] for e in client.events(JOB)] == [1, 2]
+    assert server.requests == [f"GET /v1/jobs/{JOB}/events/stream?after=0 HTTP/1.1",
+                               f"GET /v1/jobs/{JOB}/events/stream?after=1 HTTP/1.1"]

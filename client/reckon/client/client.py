@@ -130,6 +130,7 @@ class Client:
         silence = max(self.timeout, STREAM_SILENCE)
         while True:
             started = self._clock() if since is None else since  # the stretch without a message began
+            heard = False  # this stream gave a message: a failure then starts the stretch anew
             bound = Deadline(started + self.deadline, self._clock)
             headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
             try:
@@ -146,7 +147,7 @@ class Client:
                         return resp.readline()
 
                     for message in sse.messages(line):
-                        since, tries = None, 0
+                        since, tries, heard = None, 0, True
                         pause = pause if message.retry is None else message.retry / 1000
                         event = _event(message)
                         if event is None or event["seq"] <= last:
@@ -164,7 +165,7 @@ class Client:
             except TRANSPORT_ERRORS as broken:
                 error = broken
             tries += 1
-            since = started
+            since = self._clock() if heard else started
             wait = max(pause, self._backoff.wait(tries, getattr(error, "retry_after", None)))
             if self._clock() + wait - since > self.deadline:
                 raise _gave_up(error, tries)
