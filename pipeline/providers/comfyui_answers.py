@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from pipeline.providers.base import OperationStatus, OutputRef
-from pipeline.providers.media import type_for_name
+from pipeline.mediatypes import type_for_name
 
 #: Longest message kept in a summary, in characters.
 MAX_MESSAGE = 300

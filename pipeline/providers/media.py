@@ -18,6 +18,7 @@ from __future__ import annotations
 import struct
 
 from pipeline.errors import OutputMalformed
+from pipeline.mediatypes import sniff, type_for_name
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: Ancillary PNG chunks kept because they change how pixels show (colour, transparency, size,
@@ -31,16 +32,6 @@ WEBP_METADATA_FLAGS = 0x08 | 0x04
 #: JPEG APPn markers kept: APP0 (JFIF), APP2 (ICC profile), APP14 (Adobe colour transform).
 #: APP1 (EXIF, XMP), the other APPn and COM (0xFE) go.
 JPEG_KEEP_APP = frozenset({0xE0, 0xE2, 0xEE})
-#: Content types by file extension, for bytes whose magic says nothing we know (a fixed table,
-#: not the ``mimetypes`` module, whose answers depend on the machine's files).
-BY_EXTENSION = {
-    "png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg", "webp": "image/webp", "gif": "image/gif",
-    "mp4": "video/mp4", "webm": "video/webm", "flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg",
-    "glb": "model/gltf-binary", "svg": "image/svg+xml",
-}
-DEFAULT_CONTENT_TYPE = "application/octet-stream"
-
-
 def describe(data: bytes, filename: str) -> tuple[bytes, str]:
     """The output without its metadata, and its content type (from the bytes, else the name)."""
     kind = sniff(data)
@@ -51,25 +42,6 @@ def describe(data: bytes, filename: str) -> tuple[bytes, str]:
     if kind == "image/jpeg":
         return strip_jpeg(data), kind
     return data, kind or type_for_name(filename)
-
-
-def sniff(data: bytes) -> str | None:
-    """The content type the magic bytes announce, or None."""
-    if data.startswith(PNG_SIGNATURE):
-        return "image/png"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
-    return None
-
-
-def type_for_name(filename: str) -> str:
-    """The content type a file name's extension suggests (ComfyUI names its outputs by format)."""
-    _, dot, extension = filename.rpartition(".")
-    return BY_EXTENSION.get(extension.lower(), DEFAULT_CONTENT_TYPE) if dot else DEFAULT_CONTENT_TYPE
 
 
 def strip_png(data: bytes) -> bytes:

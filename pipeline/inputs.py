@@ -1,0 +1,79 @@
+"""What an uploaded input is called on a server, and which inputs a workflow names.
+
+An input a tenant uploads (``POST /v1/inputs``) is named after its content:
+``reckon/<sha256>.<extension>``, the extension from its content type. A workflow writes that name
+where ComfyUI takes a file from its input folder (``LOADERS``); the worker puts the bytes at that
+place on the server that runs the job (under reckon's own subfolder, ``SUBFOLDER``, so they never
+collide with an operator's files), and the same bytes have the same name on every server.
+
+A workflow may name only its tenant's own inputs: admission refuses a name in reckon's form that
+the tenant has not uploaded, and any other file name in a loader's file input (an operator's file,
+a path, or ComfyUI's ``[output]``/``[temp]`` annotations, which would read what other jobs saved).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.mediatypes import EXTENSIONS
+
+#: The subfolder of a server's input folder that holds reckon's uploads.
+SUBFOLDER = "reckon"
+#: Node class -> the input that names a file of ComfyUI's input folder (ComfyUI v0.3.64's loaders).
+LOADERS = {"LoadImage": "image", "LoadImageMask": "image", "LoadAudio": "audio", "LoadVideo": "file"}
+#: An input's name: ``reckon/<sha256>.<extension>``.
+NAME_RE = re.compile(rf"{SUBFOLDER}/([0-9a-f]{{64}})\.([a-z0-9]{{1,8}})")
+
+
+@dataclass(frozen=True)
+class InputName:
+    """One input a workflow names: its content's sha256 and its name on a server."""
+
+    sha256: str
+    extension: str
+
+    @property
+    def name(self) -> str:
+        """What the workflow writes: ``reckon/<sha256>.<extension>``."""
+        return f"{SUBFOLDER}/{self.sha256}.{self.extension}"
+
+    @property
+    def filename(self) -> str:
+        """The file's name inside ``SUBFOLDER``."""
+        return f"{self.sha256}.{self.extension}"
+
+
+@dataclass(frozen=True)
+class Named:
+    """What a workflow names: reckon inputs (each once, in order of first mention), and the file names
+    admission refuses outright (a loader's file that is not an input, a malformed reckon name)."""
+
+    inputs: tuple[InputName, ...]
+    refused: tuple[str, ...]
+
+
+def name_for(sha256: str, content_type: str) -> str:
+    """The name an input with this content gets (``reckon/<sha256>.<extension>``)."""
+    return InputName(sha256, EXTENSIONS.get(content_type, "bin")).name
+
+
+def names_in(workflow: dict[str, Any]) -> Named:
+    """Every input a workflow names, in any node's string inputs, and every file name refused."""
+    found: dict[str, InputName] = {}
+    refused: list[str] = []
+    for spec in workflow.values():
+        inputs = spec.get("inputs") if isinstance(spec, dict) else None
+        if not isinstance(inputs, dict):
+            continue
+        loader_input = LOADERS.get(spec.get("class_type"))  # type: ignore[arg-type]
+        for key, value in inputs.items():
+            if not isinstance(value, str):
+                continue
+            match = NAME_RE.fullmatch(value)
+            if match:
+                found.setdefault(value, InputName(match.group(1), match.group(2)))
+            elif key == loader_input or value.startswith(f"{SUBFOLDER}/"):
+                refused.append(value)
+    return Named(tuple(found.values()), tuple(dict.fromkeys(refused)))
