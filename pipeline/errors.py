@@ -158,6 +158,17 @@ class OutputMalformed(ProviderError):
     error_class = "provider_output_malformed"
 
 
+class OutputRefused(ReckonError):
+    """An output in a format whose metadata reckon cannot remove (``pipeline/providers/media.py``
+    ``CLEANED``) and the operator does not allow stored as it is: never stored. The same graph saves
+    the same format, so the job fails for good; the run was paid (it ran)."""
+
+    def __init__(self, reason: str, content_type: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.content_type = content_type
+
+
 class BlobMissing(ReckonError):
     """A stored output's bytes are gone from blob storage; the message names no location."""
 

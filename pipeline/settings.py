@@ -53,6 +53,9 @@ DEFAULT_IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 DEFAULT_AUTH_CACHE_SECONDS = 1.0
 #: The longest a web process may trust a key it looked up (s).
 MAX_AUTH_CACHE_SECONDS = 10.0
+#: Content types reckon cannot clean of metadata that are stored as they came (comma-separated; empty:
+#: refuse them all; docs/operations.md "Outputs reckon cannot clean"). Each may carry the workflow.
+DEFAULT_OUTPUT_UNCLEANED_TYPES: frozenset[str] = frozenset()
 #: Largest request body accepted (413 above it) and largest workflow inside it (422).
 DEFAULT_MAX_BODY_BYTES = 512 * 1024
 DEFAULT_MAX_WORKFLOW_BYTES = 256 * 1024
@@ -175,6 +178,7 @@ class Settings:
     deadline_grace_seconds: float = DEFAULT_DEADLINE_GRACE_SECONDS
     stall_seconds: float = DEFAULT_STALL_SECONDS
     output_fetch_seconds: float = DEFAULT_OUTPUT_FETCH_SECONDS
+    output_uncleaned_types: frozenset[str] = DEFAULT_OUTPUT_UNCLEANED_TYPES
     idempotency_ttl_seconds: int = DEFAULT_IDEMPOTENCY_TTL_SECONDS
     auth_cache_seconds: float = DEFAULT_AUTH_CACHE_SECONDS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -275,6 +279,7 @@ class Settings:
             "deadline_grace_seconds": ("RECKON_DEADLINE_GRACE_SECONDS", float),
             "stall_seconds": ("RECKON_STALL_SECONDS", float),
             "output_fetch_seconds": ("RECKON_OUTPUT_FETCH_SECONDS", float),
+            "output_uncleaned_types": ("RECKON_OUTPUT_UNCLEANED_TYPES", content_types),
             "idempotency_ttl_seconds": ("RECKON_IDEMPOTENCY_TTL_SECONDS", int),
             "auth_cache_seconds": ("RECKON_AUTH_CACHE_SECONDS", float),
             "max_body_bytes": ("RECKON_MAX_BODY_BYTES", int),
@@ -349,6 +354,15 @@ def blob_sync(value: str) -> str:
     if value not in ("group", "file"):
         raise ValueError(f"RECKON_BLOB_SYNC: group or file, not {value!r}")
     return value
+
+
+def content_types(value: str) -> frozenset[str]:
+    """A comma-separated list of content types (``type/subtype``), lower-cased."""
+    types = frozenset(part.strip().lower() for part in value.split(",") if part.strip())
+    for kind in types:
+        if kind.count("/") != 1 or not all(kind.split("/")):
+            raise ValueError(f"not a content type: {kind!r}")
+    return types
 
 
 def flag(value: str) -> bool:

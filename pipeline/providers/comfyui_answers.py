@@ -1,13 +1,19 @@
 """Reading ComfyUI's answers (v0.3.64): a history entry as an OperationStatus, a refused or partly
 refused graph as a safe summary.
 
-Which images are a job's outputs: only ``type: "output"`` images (``PreviewImage``
-writes ``type: "temp"`` ones, never outputs), ordered by node id (numerically when
-the id is a number, then as text) and then by position in the node's list. ComfyUI
-lists its nodes in Python set order, which changes from process to process, so
-its own order is never used. The images are mapped onto the requested indices in
-that order; images beyond the requested count are ignored (a graph may save more
-than it was asked for), and a graph that saved fewer completes with fewer outputs.
+Which files are a job's outputs: every ``type: "output"`` file a node reports
+(``PreviewImage`` writes ``type: "temp"`` ones, never outputs), whatever list it
+is in: ``images`` (PNG, JPEG, WEBP, animated WEBP and PNG, and the video files
+``SaveVideo`` lists there with ``animated``), ``audio`` (``SaveAudio`` and kin),
+``gifs`` (VideoHelperSuite) and any other list of ``{filename, subfolder, type}``.
+They are ordered by node id (numerically when the id is a number, then as text),
+then by list within a node (``images``, ``audio``, ``gifs``, then the others by
+name), then by position in the list. ComfyUI lists its nodes in Python set order,
+which changes from process to process, so its own order is never used. The files
+are mapped onto the requested indices in that order; files beyond the requested
+count are ignored (a graph may save more than it was asked for) but counted in
+``produced`` (a run is charged whole), and a graph that saved fewer completes
+with fewer outputs.
 
 A summary (``detail``) names the node id, its class type, the error type, the
 input name when ComfyUI gives one, and a message: the first line of ComfyUI's
@@ -35,6 +41,8 @@ MIN_REDACTED = 3
 REDACTED = "…"
 #: A provider error type safe to keep as a reason (ComfyUI's are lower-case identifiers).
 SAFE_REASON = re.compile(r"[a-z][a-z0-9_]{0,63}")
+#: The lists of a node's output read first, in this order; any other list follows, by name.
+OUTPUT_LISTS = ("images", "audio", "gifs")
 _NUMERIC_ID = re.compile(r"[0-9]{1,18}")
 #: ``details`` of ComfyUI's graph-level errors name the node as "Node ID '#7'".
 _NODE_REF = re.compile(r"Node ID '#([^']{1,64})'")
@@ -54,7 +62,7 @@ def from_history(entry: dict[str, Any]) -> OperationStatus:
     workflow = _dict(prompt[2] if len(prompt) > 2 else None)
     extra = _dict(prompt[3] if len(prompt) > 3 else None)
     refs = output_refs(entry.get("outputs"), extra.get("reckon_outputs"))
-    produced = len(output_images(entry.get("outputs")))
+    produced = len(output_files(entry.get("outputs")))
     if status.get("status_str") == "error":
         return replace(_failure(status.get("messages"), refs, workflow), produced=produced)
     if not status.get("completed", True):
@@ -63,28 +71,35 @@ def from_history(entry: dict[str, Any]) -> OperationStatus:
 
 
 def output_refs(outputs: Any, requested: Any) -> list[OutputRef]:
-    """The ``output`` images in a deterministic order, mapped onto the requested indices."""
-    images = output_images(outputs)
+    """The ``output`` files in a deterministic order, mapped onto the requested indices."""
+    files = output_files(outputs)
     if isinstance(requested, list) and all(type(index) is int for index in requested):
         indices = requested
-    else:  # not asked by reckon (or by an older reckon): every image, in order
-        indices = list(range(len(images)))
-    return [OutputRef(index, image["filename"], _text(image.get("subfolder")), "output",
-                      content_type=type_for_name(image["filename"]))
-            for index, image in zip(indices, images, strict=False)]  # extra images are not ours
+    else:  # not asked by reckon (or by an older reckon): every file, in order
+        indices = list(range(len(files)))
+    return [OutputRef(index, file["filename"], _text(file.get("subfolder")), "output",
+                      content_type=type_for_name(file["filename"]))
+            for index, file in zip(indices, files, strict=False)]  # extra files are not ours
 
 
-def output_images(outputs: Any) -> list[dict[str, Any]]:
-    """Every ``output`` image of a run, by node id, then position."""
-    images: list[dict[str, Any]] = []
+def output_files(outputs: Any) -> list[dict[str, Any]]:
+    """Every ``output`` file of a run: by node id, then list (``list_order``), then position."""
+    files: list[dict[str, Any]] = []
     outputs = _dict(outputs)
     for node_id in sorted(outputs, key=node_order):
-        images += [image for image in _list(_dict(outputs[node_id]).get("images")) if _is_output(image)]
-    return images
+        node = _dict(outputs[node_id])
+        for name in sorted(node, key=list_order):
+            files += [file for file in _list(node[name]) if _is_output(file)]
+    return files
 
 
-def _is_output(image: Any) -> bool:
-    return isinstance(image, dict) and image.get("type") == "output" and isinstance(image.get("filename"), str)
+def list_order(name: str) -> tuple[int, str]:
+    """Sort key of a node's output lists: OUTPUT_LISTS first, in that order, then the others by name."""
+    return (OUTPUT_LISTS.index(name), "") if name in OUTPUT_LISTS else (len(OUTPUT_LISTS), name)
+
+
+def _is_output(file: Any) -> bool:
+    return isinstance(file, dict) and file.get("type") == "output" and isinstance(file.get("filename"), str)
 
 
 def _failure(messages: Any, refs: list[OutputRef], workflow: dict[str, Any]) -> OperationStatus:

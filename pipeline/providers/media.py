@@ -2,23 +2,27 @@
 
 ComfyUI writes the submitted graph into every file it saves: PNG ``tEXt`` chunks
 ``prompt`` and one per ``extra_pnginfo`` key (``workflow``), private ``comf``
-chunks in animated PNGs, and EXIF fields in WEBP. reckon promises the workflow
-stays private, so every output is rewritten before it is hashed and stored:
-only the chunks and segments needed to show the image are kept (an allow-list:
-custom nodes may add metadata under any name), with each kept chunk copied byte
-for byte (CRCs intact). Always on; there is no switch to keep metadata.
+chunks in animated PNGs, EXIF fields in WEBP, container tags in MP4 and audio files.
+reckon promises the workflow stays private, so every output is rewritten before it
+is hashed and stored: of an image only the chunks, segments and blocks needed to
+show it are kept (an allow-list: custom nodes may add metadata under any name),
+each copied byte for byte (CRCs intact); video and audio are remuxed without tags
+(``pipeline/providers/containers.py``). Always on; there is no switch to keep metadata.
 
 A file that claims a format by its magic bytes but is broken raises
 OutputMalformed rather than being stored as it is (it may carry the workflow).
-Formats reckon does not parse (GIF, video, audio) are returned unchanged.
+A format reckon cannot clean (``CLEANED`` does not list it: glTF, SVG, unknown
+bytes) raises OutputRefused, unless the operator lets that content type be
+stored unchanged (``RECKON_OUTPUT_UNCLEANED_TYPES``).
 """
 
 from __future__ import annotations
 
 import struct
 
-from pipeline.errors import OutputMalformed
+from pipeline.errors import OutputMalformed, OutputRefused
 from pipeline.mediatypes import sniff, type_for_name
+from pipeline.providers.containers import MUXERS, remux
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: Ancillary PNG chunks kept because they change how pixels show (colour, transparency, size,
@@ -32,16 +36,35 @@ WEBP_METADATA_FLAGS = 0x08 | 0x04
 #: JPEG APPn markers kept: APP0 (JFIF), APP2 (ICC profile), APP14 (Adobe colour transform).
 #: APP1 (EXIF, XMP), the other APPn and COM (0xFE) go.
 JPEG_KEEP_APP = frozenset({0xE0, 0xE2, 0xEE})
-def describe(data: bytes, filename: str) -> tuple[bytes, str]:
-    """The output without its metadata, and its content type (from the bytes, else the name)."""
+#: GIF application extensions kept: the animation loop count (NETSCAPE2.0 and its ANIMEXTS1.0 twin).
+GIF_KEEP_APP = (b"NETSCAPE2.0", b"ANIMEXTS1.0")
+#: Content types whose metadata reckon removes; any other is refused unless the operator allows it.
+CLEANED = frozenset({"image/png", "image/webp", "image/jpeg", "image/gif", *MUXERS})
+
+
+def describe(data: bytes, filename: str, *, uncleaned: frozenset[str] = frozenset()) -> tuple[bytes, str]:
+    """The output without its metadata, and its content type (from the bytes, else the name).
+
+    ``uncleaned``: content types reckon cannot clean that the operator allows stored as they are."""
     kind = sniff(data)
+    if kind is None:  # no magic reckon knows: nothing to clean by, whatever the name says
+        named = type_for_name(filename)
+        if named in uncleaned:
+            return data, named
+        raise OutputRefused("output_not_cleanable", named)
     if kind == "image/png":
         return strip_png(data), kind
     if kind == "image/webp":
         return strip_webp(data), kind
     if kind == "image/jpeg":
         return strip_jpeg(data), kind
-    return data, kind or type_for_name(filename)
+    if kind == "image/gif":
+        return strip_gif(data), kind
+    if kind in MUXERS:
+        return remux(data, kind), kind
+    if kind in uncleaned:
+        return data, kind
+    raise OutputRefused("output_not_cleanable", kind)
 
 
 def strip_png(data: bytes) -> bytes:
@@ -112,3 +135,47 @@ def strip_jpeg(data: bytes) -> bytes:
         if not metadata:
             kept.append(data[offset:end])
         offset = end
+
+
+def strip_gif(data: bytes) -> bytes:
+    """The GIF without comments, plain-text blocks or application extensions other than the loop
+    count; header, colour tables, graphic controls and image data unchanged, nothing after the trailer."""
+    if len(data) < 13:
+        raise OutputMalformed("gif_truncated")
+    offset = 13 + _gif_table(data[10])
+    kept = [data[:offset]]
+    while offset < len(data):
+        block = data[offset]
+        if block == 0x3B:  # trailer
+            return b"".join(kept) + b"\x3b"
+        if block == 0x2C:  # image descriptor, local colour table, LZW code size, data sub-blocks
+            if offset + 10 > len(data):
+                raise OutputMalformed("gif_truncated")
+            end = _gif_sub_blocks(data, offset + 10 + _gif_table(data[offset + 9]) + 1)
+            kept.append(data[offset:end])
+        elif block == 0x21 and offset + 2 <= len(data):  # extension: label, then sub-blocks
+            label = data[offset + 1]
+            end = _gif_sub_blocks(data, offset + 2)
+            application = data[offset + 3:offset + 14] if data[offset + 2:offset + 3] == b"\x0b" else b""
+            if label == 0xF9 or (label == 0xFF and application in GIF_KEEP_APP):
+                kept.append(data[offset:end])
+        else:
+            raise OutputMalformed("gif_malformed")
+        offset = end
+    raise OutputMalformed("gif_truncated")
+
+
+def _gif_table(flags: int) -> int:
+    """Bytes of the colour table a descriptor's packed field announces (none if its top bit is clear)."""
+    return 3 * (2 << (flags & 0x07)) if flags & 0x80 else 0
+
+
+def _gif_sub_blocks(data: bytes, offset: int) -> int:
+    """Where the sub-blocks starting at ``offset`` end (after their zero-length terminator)."""
+    while True:
+        if offset >= len(data):
+            raise OutputMalformed("gif_truncated")
+        size = data[offset]
+        offset += 1 + size
+        if size == 0:
+            return offset

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 from pipeline import faultpoints
 from pipeline.blobs import Blobs
@@ -38,13 +38,13 @@ from pipeline.errors import (
     UnknownOutcome,
     Unreachable,
 )
-from pipeline.providers.base import OperationStatus, OutputRef, Provider
+from pipeline.providers.base import OperationStatus, Provider
 from pipeline.providers.fleet import Fleet
-from pipeline.providers.media import describe
 from pipeline.settings import Settings
 from pipeline.state.scripts import ReplicationTimeout
 from pipeline.state.store import Store
 from pipeline.work.leases import Held, Keeper
+from pipeline.work.outputs import REFUSED_REASON, store_outputs
 
 log = logging.getLogger(__name__)
 #: Reconcile claims of one job after which, once past its age limit, it goes to review without
@@ -259,13 +259,16 @@ class Executor:
             raise UnknownOutcome("operation_not_found")
         if not charged:
             self.store.charge(claim, self._units(provider, status))
-        self._submitted(lambda: self._store_outputs(claim, provider, status.outputs, heartbeat))
+        refused = self._submitted(lambda: store_outputs(self.store, self.blobs, claim, provider, status.outputs,
+                                                        heartbeat, uncleaned=self.settings.output_uncleaned_types))
         faultpoints.reached("after_outputs")
         if status.state == "interrupted":  # stopped at the server (an operator): honoured as a cancel
             self.store.finish(claim, "cancelled", reason="provider_interrupted")
         elif status.state == "failed":
             raise (OperationFailed if status.retryable else ExecutionFailed)(
                 status.error or "provider_execution_error", detail=status.detail)
+        elif refused:  # the same graph saves the same format: failed for good, the run paid
+            raise ExecutionFailed(REFUSED_REASON, detail=refused)
         else:
             try:
                 self.store.finish(claim, "completed")
@@ -307,20 +310,6 @@ class Executor:
             if time.monotonic() >= deadline:
                 raise UnknownOutcome("deadline_passed_while_running")
             self.sleep(self.settings.poll_interval_seconds)
-
-    def _store_outputs(self, claim: Claim, provider: Provider, refs: list[OutputRef], heartbeat: Held) -> None:
-        """Copy each output into the blob store and record it on the job at once: a stored blob is
-        never left unrecorded by a worker that dies before the job finishes (recording them all in
-        one step after the last copy would spare a call an output, and leave every earlier copy
-        unrecorded should the worker die in a later one)."""
-        for ref in refs:
-            heartbeat.check()
-            data, content_type = describe(provider.fetch(ref), ref.filename)  # never the embedded workflow
-            digest = self.blobs.put(data)
-            record: dict[str, Any] = {"sha256": digest, "bytes": len(data), "content_type": content_type}
-            heartbeat.check()  # given up by the keeper while it fetched: the reconciler records it
-            self.store.store_output(claim, ref.index, record)
-            heartbeat.progress()
 
     # -- reconciliation ---------------------------------------------------------------
 

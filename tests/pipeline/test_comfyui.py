@@ -80,14 +80,18 @@ def test_a_failing_read_is_unreachable_and_a_missing_file_is_a_lost_output(sim) 
     assert (lost.value.error_class, lost.value.reason) == ("provider_output_lost", "provider_http_404")
 
 
-def test_only_output_images_count_ordered_by_node_id_then_position() -> None:
+def test_every_output_file_counts_by_node_id_then_list_then_position() -> None:
+    """images, audio, gifs, then other lists by name; temp files and non-file lists are not outputs."""
     outputs = {"3": {"images": [image("p1.png", "temp")]}, "10": {"images": [image("c.webp"), image("d.png")]},
                "2": {"images": [image("a.png"), image("b.png")]}, "sub:1": {"images": [image("e.png")]},
-               "7": {"audio": [image("x.flac")]}}
-    status = from_history(entry(outputs, requested=[0, 1, 2, 3]))
-    assert status.state == "completed"
+               "7": {"zz": [image("z.glb")], "gifs": [image("v.mp4")], "audio": [image("x.flac")],
+                     "animated": [True], "text": ["hello"], "3d": [image("m.glb")], "images": [image("w.webp")]}}
+    status = from_history(entry(outputs, requested=[0, 1, 2, 3, 4, 5, 6, 7, 8]))
+    assert status.state == "completed" and status.produced == 10
     assert [(ref.index, ref.filename, ref.content_type) for ref in status.outputs] == [
-        (0, "a.png", "image/png"), (1, "b.png", "image/png"), (2, "c.webp", "image/webp"), (3, "d.png", "image/png")]
+        (0, "a.png", "image/png"), (1, "b.png", "image/png"), (2, "w.webp", "image/webp"),
+        (3, "x.flac", "audio/flac"), (4, "v.mp4", "video/mp4"), (5, "m.glb", "model/gltf-binary"),
+        (6, "z.glb", "model/gltf-binary"), (7, "c.webp", "image/webp"), (8, "d.png", "image/png")]
 
 
 def test_missing_retries_map_onto_the_requested_indices_and_fewer_images_still_complete() -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
 
+import av
 import pytest
 
-from pipeline.errors import OutputMalformed
+from pipeline.errors import OutputMalformed, OutputRefused
 from pipeline.providers.media import describe
 from pipeline.providers.sim.comfy import png
 
@@ -79,10 +81,11 @@ def test_jpeg_loses_exif_xmp_and_comments_and_keeps_what_decoding_needs() -> Non
 
 
 def test_content_type_comes_from_the_bytes_then_the_name() -> None:
-    assert describe(b"GIF89a\x01\x00", "a.png") == (b"GIF89a\x01\x00", "image/gif")
-    assert describe(b"\x1aE\xdf\xa3webm", "clip.WEBM") == (b"\x1aE\xdf\xa3webm", "video/webm")
-    assert describe(b"anything", "noextension") == (b"anything", "application/octet-stream")
-    assert describe(b"anything", "x.unknown")[1] == "application/octet-stream"
+    tiny = gif()
+    assert describe(tiny, "a.png") == (tiny, "image/gif")  # the bytes win over the name
+    assert describe(b"anything", "clip.WEBM", uncleaned=frozenset({"video/webm"})) == (b"anything", "video/webm")
+    assert describe(b"anything", "noextension", uncleaned=frozenset({"application/octet-stream"})) == (
+        b"anything", "application/octet-stream")
 
 
 @pytest.mark.parametrize("data", [
@@ -96,3 +99,52 @@ def test_content_type_comes_from_the_bytes_then_the_name() -> None:
 def test_a_broken_file_of_a_known_format_is_never_stored_as_it_is(data: bytes) -> None:
     with pytest.raises(OutputMalformed):
         describe(data, "x")
+
+
+def sub_blocks(data: bytes) -> bytes:
+    return b"".join(bytes((len(data[i:i + 255]),)) + data[i:i + 255] for i in range(0, len(data), 255)) + b"\x00"
+
+
+#: GIF blocks: a graphic control, the loop count, and the metadata blocks a GIF may carry.
+GIF_CONTROL = b"\x21\xf9\x04\x00\x0a\x00\x00\x00"
+GIF_LOOP = b"\x21\xff\x0bNETSCAPE2.0\x03\x01\x00\x00\x00"
+GIF_COMMENT = b"\x21\xfe" + sub_blocks(b'prompt {"1": "secret"} ' * 20)  # more than one sub-block
+GIF_XMP = b"\x21\xff\x0bXMP DataXMP" + sub_blocks(b"<x:xmpmeta>secret</x:xmpmeta>")
+GIF_TEXT = b"\x21\x01\x0c" + bytes(12) + sub_blocks(b"secret")
+
+
+def gif(*extensions: bytes, frames: int = 1) -> bytes:
+    """A 1x1 GIF (two-colour global table) with ``extensions`` before its first frame."""
+    header = b"GIF89a" + struct.pack("<HHBBB", 1, 1, 0x80, 0, 0) + b"\x00\x00\x00\xff\xff\xff"
+    frame = b"\x2c" + struct.pack("<HHHHB", 0, 0, 1, 1, 0) + b"\x02\x02\x44\x01\x00"  # LZW: clear, 0, end
+    return header + b"".join(extensions) + frame * frames + b"\x3b"
+
+
+def test_a_gif_keeps_its_frames_timing_and_loop_and_loses_comments_and_other_extensions() -> None:
+    data = gif(GIF_COMMENT, GIF_LOOP, GIF_XMP, GIF_CONTROL, GIF_TEXT, frames=2) + b"trailing secret"
+    clean, kind = describe(data, "x.gif")
+    assert (clean, kind) == (gif(GIF_LOOP, GIF_CONTROL, frames=2), "image/gif")
+    assert b"secret" not in clean and describe(clean, "x.gif")[0] == clean
+    with av.open(io.BytesIO(clean)) as container:  # still a GIF a decoder reads, both frames
+        assert sum(1 for _ in container.decode(video=0)) == 2
+
+
+@pytest.mark.parametrize("data", [gif()[:-1], gif()[:20], gif(b"\x21\xfe\x05ab"), gif()[:-1] + b"\x99\x3b"])
+def test_a_broken_gif_is_never_stored_as_it_is(data: bytes) -> None:
+    with pytest.raises(OutputMalformed):
+        describe(data, "x.gif")
+
+
+@pytest.mark.parametrize(("data", "name", "kind"), [
+    (b"glTF\x02\x00\x00\x00secret", "mesh.glb", "model/gltf-binary"),  # known, but not cleaned
+    (b"<svg><metadata>secret</metadata></svg>", "x.svg", "image/svg+xml"),
+    (b"anything", "x.png", "image/png"),  # the name says PNG, the bytes do not: nothing to clean by
+    (b"anything", "noextension", "application/octet-stream"),
+])
+def test_a_format_reckon_cannot_clean_is_refused_unless_the_operator_allows_it(data, name, kind) -> None:
+    with pytest.raises(OutputRefused) as refused:
+        describe(data, name)
+    assert (refused.value.reason, refused.value.content_type) == ("output_not_cleanable", kind)
+    with pytest.raises(OutputRefused):
+        describe(data, name, uncleaned=frozenset({"image/gif", "video/mp4"}))  # others allowed: still refused
+    assert describe(data, name, uncleaned=frozenset({kind})) == (data, kind)  # stored as it came

@@ -1,0 +1,97 @@
+"""Video and audio outputs without their tags: a remux with PyAV, stream copy, no re-encode.
+
+ComfyUI v0.3.64 writes the prompt and the workflow into an MP4's container tags (``SaveVideo``,
+``movflags=use_metadata_tags``) and into every audio file's tags (``SaveAudio`` and its MP3 and
+Opus kin). The remux copies each audio and video stream's packets into a new container of the
+same format and nothing else: no container or stream tags, no chapters, no attachments, no
+subtitle or data streams, no cover art (an attached picture). The muxer writes no tag of its
+own (``fflags=+bitexact``: no ``encoder`` tag, a fixed Matroska segment id, so the same input
+gives the same bytes) and no ID3 block for MP3. The codecs' own headers are copied as they are
+(an H.264 stream's parameter sets, FLAC's STREAMINFO); Ogg's muxer rebuilds a Vorbis or Opus
+comment header from the (now empty) tags.
+
+The result is opened again and must show the same streams; a file its magic bytes call a
+container that PyAV cannot read, or that keeps no stream, raises OutputMalformed.
+"""
+
+from __future__ import annotations
+
+import io
+
+import av
+
+from pipeline.errors import OutputMalformed
+
+#: Content type -> the FFmpeg muxer that writes it again.
+MUXERS = {
+    "video/mp4": "mp4", "video/quicktime": "mov", "audio/mp4": "ipod", "video/webm": "webm",
+    "video/x-matroska": "matroska", "audio/flac": "flac", "audio/ogg": "ogg", "audio/mpeg": "mp3",
+    "audio/wav": "wav",
+}
+#: Muxer options beyond ``fflags=+bitexact``: an MP3 gets neither an ID3v2 nor an ID3v1 block.
+MUXER_OPTIONS = {"mp3": {"id3v2_version": "0", "write_id3v1": "0"}}
+#: Tags a remuxed file shows that come from the muxer itself, never from the input: ISO brands, the
+#: ``Lavf`` encoder name Matroska always writes, a track's handler, language and vendor, its duration.
+OWN_TAGS = frozenset({"major_brand", "minor_version", "compatible_brands", "encoder", "language", "handler_name",
+                      "vendor_id", "DURATION"})
+#: Stream types that are the media itself; everything else (subtitles, data, attachments) goes.
+KEPT_TYPES = ("audio", "video")
+
+
+def remux(data: bytes, content_type: str) -> bytes:
+    """``data`` (a container of ``content_type``, one of MUXERS) without any tag, its streams copied."""
+    muxer = MUXERS[content_type]
+    try:
+        cleaned = _remux(data, muxer)
+        _check(cleaned, _streams(data))
+    except (av.FFmpegError, ValueError, IndexError) as exc:  # unreadable, or a stream its muxer refuses
+        raise OutputMalformed(f"{muxer}_unreadable") from exc
+    return cleaned
+
+
+def _remux(data: bytes, muxer: str) -> bytes:
+    out = io.BytesIO()
+    with av.open(io.BytesIO(data), "r") as source:
+        kept = [stream for stream in source.streams if _kept(stream)]
+        if not kept:
+            raise OutputMalformed(f"{muxer}_no_streams")
+        with av.open(out, "w", format=muxer, options=MUXER_OPTIONS.get(muxer, {}),
+                     container_options={"fflags": "+bitexact"}) as target:
+            copies = {}
+            for stream in kept:
+                copy = target.add_stream_from_template(stream)
+                for key in list(copy.metadata):  # none today; a template that carried tags must not
+                    del copy.metadata[key]
+                copies[stream.index] = copy
+            for packet in source.demux(kept):
+                if not packet.size:  # the demuxer's flush packet at the end: nothing to write
+                    continue
+                packet.stream = copies[packet.stream.index]
+                target.mux(packet)
+    return out.getvalue()
+
+
+def _kept(stream: av.stream.Stream) -> bool:
+    return stream.type in KEPT_TYPES and not stream.disposition & av.stream.Disposition.attached_pic
+
+
+def _streams(data: bytes) -> list[tuple[str, str]]:
+    """(type, codec) of every stream a remux keeps, in order."""
+    with av.open(io.BytesIO(data), "r") as container:
+        return [(stream.type, stream.codec_context.name) for stream in container.streams if _kept(stream)]
+
+
+def _check(cleaned: bytes, expected: list[tuple[str, str]]) -> None:
+    """The remuxed file opens and shows the streams it was made from, with tags on none of them."""
+    with av.open(io.BytesIO(cleaned), "r") as container:
+        found = [(stream.type, stream.codec_context.name) for stream in container.streams]
+        tagged = bool(_tags(container.metadata)) or any(_tags(stream.metadata) for stream in container.streams)
+    if found != expected:
+        raise OutputMalformed("remux_lost_streams")
+    if tagged:
+        raise OutputMalformed("remux_kept_tags")
+
+
+def _tags(metadata: dict[str, str]) -> dict[str, str]:
+    """Tags other than those the muxer writes of itself and demuxers report (brands, handler, duration)."""
+    return {key: value for key, value in metadata.items() if key not in OWN_TAGS}
