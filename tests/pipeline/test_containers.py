@@ -4,6 +4,7 @@ in their container and stream tags (as ComfyUI's SaveVideo and SaveAudio write t
 from __future__ import annotations
 
 import io
+from fractions import Fraction
 
 import av
 import pytest
@@ -63,7 +64,8 @@ def _audio_frames(stream: av.audio.AudioStream, rate: int) -> list[av.AudioFrame
 def streams(data: bytes) -> list[tuple[str, str, int]]:
     """(type, codec, packets) of every stream."""
     with av.open(io.BytesIO(data)) as container:
-        found = [(stream.type, stream.codec_context.name) for stream in container.streams]
+        found = [(stream.type, stream.codec_context.name if stream.codec_context else "")
+                 for stream in container.streams]
         packets = [0] * len(found)
         for packet in container.demux():
             if packet.size:
@@ -107,3 +109,47 @@ def test_a_broken_container_is_never_stored_as_it_is(content_type: str) -> None:
     data = FILES[content_type]()
     with pytest.raises(OutputMalformed):
         describe(data[:48], "x")  # the magic bytes, then nothing a demuxer can read
+
+
+def test_chapters_and_attachments_are_dropped() -> None:
+    """A Matroska file can carry the canary in a chapter title and an attached file."""
+    out = io.BytesIO()
+    with av.open(out, "w", format="matroska") as container:
+        stream = container.add_stream("libx264", rate=8)
+        stream.width = stream.height = 64
+        stream.pix_fmt = "yuv420p"
+        container.add_attachment(f"{CANARY}.json", "application/json", f'{{"prompt": "{CANARY}"}}'.encode())
+        container.set_chapters([{"id": 1, "start": 0, "end": 4, "time_base": Fraction(1, 8),
+                                 "metadata": {"title": CANARY}}])
+        for frame in _video_frames():
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    data = out.getvalue()
+    assert data.count(CANARY.encode()) == 3 and [kind for kind, _, _ in streams(data)] == ["video", "attachment"]
+    clean, kind = describe(data, "x.mkv")
+    assert kind == "video/x-matroska" and CANARY.encode() not in clean
+    assert streams(clean) == [("video", "h264", 4)]
+    with av.open(io.BytesIO(clean)) as container:
+        assert container.chapters() == []
+
+
+def test_cover_art_is_dropped() -> None:
+    """A FLAC with a picture (an attached_pic video stream): only the audio is kept."""
+    out = io.BytesIO()
+    with av.open(out, "w", format="flac") as container:
+        audio = container.add_stream("flac", rate=16000, layout="mono")
+        picture = container.add_stream("png")
+        picture.width = picture.height = 8
+        picture.pix_fmt = "rgb24"
+        picture.disposition = av.stream.Disposition.attached_pic
+        frame = av.VideoFrame(8, 8, "rgb24")
+        frame.pts = 0
+        container.mux(picture.encode(frame))
+        container.mux(picture.encode(None))
+        for sound in _audio_frames(audio, 16000):
+            container.mux(audio.encode(sound))
+        container.mux(audio.encode(None))
+    data = out.getvalue()
+    assert b"\x89PNG" in data and [kind for kind, _, _ in streams(data)] == ["audio", "video"]
+    clean, kind = describe(data, "x.flac")
+    assert kind == "audio/flac" and b"\x89PNG" not in clean and streams(clean) == [("audio", "flac", 8)]
