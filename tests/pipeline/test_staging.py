@@ -159,3 +159,25 @@ def test_a_refusal_with_every_input_present_stands(store, settings, admit, make_
         assert server.sim.uploads == 1 and server.sim.number == 0
     finally:
         server.close()
+
+
+def test_a_job_with_inputs_costs_the_redis_commands_of_one_without(
+        store, settings, admit, make_executor, sim, redis_client) -> None:
+    """The check is the memory: staging sends no Redis command, uploading or not (a long lease: no renewal)."""
+    executor = make_executor(sim, lease_seconds=60.0)
+    data, held = put(settings, "i1")
+    with sim.sim.cond:
+        sim.sim.inputs[held] = data
+    _, new = put(settings, "i2")
+
+    def commands(job_id: str) -> int:
+        before = sum(v["calls"] for v in redis_client.info("commandstats").values())
+        assert executor.run(job_id) is True
+        return sum(v["calls"] for v in redis_client.info("commandstats").values()) - before - 1  # its own INFO
+
+    graph = {"9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "p"}}}
+    commands(admit("warm", workflow=graph))  # a process's first job loads what later ones reuse
+    plain = commands(admit("k0", workflow=graph))
+    assert commands(admit("k1", workflow=invert(held))) == plain
+    assert commands(admit("k2", workflow=invert(new))) == plain
+    assert sim.sim.uploads == 1 and len(charges(sim)) == 4
