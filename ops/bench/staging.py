@@ -4,7 +4,8 @@ real claim, mark, submit, wait and finish, in three kinds: no input; one input o
 server already has (the check only); one new input of that size each (the check, the blob read and
 the upload). Prints, per job, the Redis commands (``INFO commandstats``, the measuring ``info``
 left out), the HTTP requests the worker sent by method, and the milliseconds of ``Executor.run``
-(median); then what each kind adds to the first.
+(median); then what each kind adds to the first, and the median ms of the check (``HEAD /view``) and
+of the upload (``POST /upload/image``) of one input alone, ``--jobs`` times each.
 
     PYTHONPATH=. .venv/bin/python ops/bench/staging.py [--jobs 50] [--bytes 1048576]
 """
@@ -87,6 +88,25 @@ def kind(store: Store, jobs: int, size: int, inputs: str) -> tuple[float, dict[s
     return commands / jobs, {m: n / jobs for m, n in sorted(transport.sent.items())}, statistics.median(millis)
 
 
+def alone(jobs: int, size: int) -> tuple[float, float]:
+    """Median ms of one input's check, and of its upload (with ``overwrite``), on loopback."""
+    server = simulated.start()
+    adapter = ComfyUI(HttpTransport(server.url), price_per_output=10)
+    data = os.urandom(size)
+    adapter.upload_input("bench.png", data)
+    figures = []
+    for step in (lambda: adapter.input_size("bench.png"), lambda: adapter.upload_input("bench.png", data,
+                                                                                          overwrite=True)):
+        millis = []
+        for _ in range(jobs):
+            started = time.perf_counter()
+            step()
+            millis.append((time.perf_counter() - started) * 1000)
+        figures.append(statistics.median(millis))
+    server.close()
+    return figures[0], figures[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=50)
@@ -99,6 +119,8 @@ def main() -> None:
         requests = ", ".join(f"{method} {n:.1f}" for method, n in sent.items())
         print(f"{inputs:>4} input: {commands:.1f} Redis commands, HTTP {requests}, {ms:.2f} ms a job "
               f"(+{commands - base_commands:.1f} commands, +{ms - base_ms:.2f} ms)")
+    check, upload = alone(args.jobs, args.bytes)
+    print(f"one input alone: check {check:.2f} ms, upload of {args.bytes} bytes {upload:.2f} ms")
 
 
 if __name__ == "__main__":
