@@ -31,6 +31,7 @@ from pipeline.errors import (
     InputMissing,
     InputNotStaged,
     InvalidInput,
+    ProviderAuthFailed,
     ProviderError,
     Unreachable,
 )
@@ -64,7 +65,7 @@ class Staging:
             heartbeat.check()
             try:
                 self._put(provider, name)
-            except Unreachable:  # the server is down, not the job: the executor marks it
+            except (Unreachable, ProviderAuthFailed):  # the server's fault, not the job's: routed as for a prompt
                 raise
             except ProviderError as exc:
                 raise InputNotStaged(f"input_upload_{exc.reason}") from exc

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pipeline.blobs.local import BlobStore
-from pipeline.errors import AttemptFailed, InvalidInput
+from pipeline.errors import AttemptFailed, InvalidInput, ProviderAuthFailed
 from pipeline.inputs import name_for
 from pipeline.providers import sim as simulated
 from pipeline.providers.sim.comfy import png
@@ -181,3 +181,20 @@ def test_a_job_with_inputs_costs_the_redis_commands_of_one_without(
     assert commands(admit("k1", workflow=invert(held))) == plain
     assert commands(admit("k2", workflow=invert(new))) == plain
     assert sim.sim.uploads == 1 and len(charges(sim)) == 4
+
+
+def test_a_check_the_server_fails_is_the_servers_fault_not_the_jobs(store, settings, admit, make_executor, sim) -> None:
+    """A 5xx to the check: the server is marked and the attempt given back; a 401: its credentials."""
+    _, name = put(settings, "j")
+    sim.sim.faults = [{"kind": "read_error", "path": "/view", "status": 503}]
+    job_id = admit(workflow=invert(name))
+    assert make_executor(sim).run(job_id) is True
+    job = store.job(job_id)
+    assert (job["state"], job["error_class"], job["attempts_not_sent"]) == ("retry_wait", "provider_http_503", "1")
+    assert store.provider_block("sim") == "provider_unreachable"
+    store.clear_provider("sim")
+    assert sweep(store, settings, ahead=2)["retries_promoted"] == 1
+    sim.sim.faults = [{"kind": "read_error", "path": "/view", "status": 401}]
+    with pytest.raises(AttemptFailed) as failed:
+        make_executor(sim).run(job_id)
+    assert type(failed.value.cause) is ProviderAuthFailed and inputs(sim) == {} and charges(sim) == []
