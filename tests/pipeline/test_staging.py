@@ -11,11 +11,14 @@ from pipeline.blobs.local import BlobStore
 from pipeline.errors import AttemptFailed, InvalidInput, ProviderAuthFailed
 from pipeline.inputs import name_for
 from pipeline.providers import sim as simulated
+from pipeline.providers.null import NullProvider
 from pipeline.providers.sim.comfy import png
 from pipeline.work import actors
 from pipeline.work.broker import Publisher
+from pipeline.work.executor import Executor
 from pipeline.work.staging import MAX_GIVEN_BACK
 from pipeline.work.sweeper import Sweeper
+from tests.pipeline.conftest import single
 
 
 def invert(*names: str) -> dict:
@@ -198,3 +201,14 @@ def test_a_check_the_server_fails_is_the_servers_fault_not_the_jobs(store, setti
     with pytest.raises(AttemptFailed) as failed:
         make_executor(sim).run(job_id)
     assert type(failed.value.cause) is ProviderAuthFailed and inputs(sim) == {} and charges(sim) == []
+
+
+def test_the_null_provider_keeps_what_it_was_given(store, settings, admit) -> None:
+    provider = NullProvider()
+    executor = Executor(store, single(provider), BlobStore(settings.blob_dir), settings)
+    data, name = put(settings, "k")
+    filename = name.removeprefix("reckon/")
+    assert provider.input_size(filename) is None
+    for key in ("k1", "k2"):
+        assert executor.run(admit(key, workflow=invert(name))) is True
+    assert provider.input_size(filename) == len(data)
