@@ -177,6 +177,25 @@ class BlobUnreadable(ReckonError):
     """A stored output's bytes cannot be read now (an I/O error); the message names no location."""
 
 
+class InputNotStaged(ReckonError):
+    """An input the workflow names could not be put on the attempt's server before its prompt (the
+    upload refused or its answer lost, or the input vanished from the server before the prompt):
+    nothing was sent that could run, so the attempt goes back ``not_sent``, uncharged
+    (pipeline/work/staging.py). Not a ProviderError: it never reaches the failure router."""
+
+    error_class = "input_not_staged"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class InputMissing(InputNotStaged):
+    """An input's bytes are gone from the blob store: no attempt can run the job; it fails, uncharged."""
+
+    error_class = "input_missing"
+
+
 class InvalidRequest(ReckonError):
     """A well-formed job request that cannot be accepted as it is (HTTP 422)."""
 

@@ -70,6 +70,14 @@ class Provider(Protocol):
         nothing (the provider may have run it and forgotten).
         """
 
+    def input_size(self, filename: str) -> int | None:
+        """The size in bytes of the file ``filename`` in reckon's subfolder of the server's input folder
+        (``pipeline.inputs.SUBFOLDER``), None if it has none: a cheap check, no body."""
+
+    def upload_input(self, filename: str, data: bytes, *, overwrite: bool = False) -> None:
+        """Put ``data`` at ``filename`` in reckon's subfolder of the server's input folder (``overwrite``:
+        replace a file of that name whatever it holds)."""
+
     def offers(self) -> Offer | None:
         """What the server can run (node classes, model files per folder: pipeline/needs.py), or None
         when it does not say (then it is taken to run anything)."""

@@ -1,4 +1,5 @@
-"""Adapter for ComfyUI's HTTP API (``server.py``, v0.3.64): /prompt, /history, /queue, /interrupt, /view.
+"""Adapter for ComfyUI's HTTP API (``server.py``, v0.3.64): /prompt, /history, /queue, /interrupt, /view,
+/upload/image.
 
 ComfyUI accepts a client-chosen ``prompt_id`` but does not deduplicate it, so
 reckon never submits one operation id twice: recovery asks by the id first.
@@ -22,10 +23,11 @@ from urllib.parse import quote, urlencode
 import orjson
 
 from pipeline.errors import InvalidInput, OutputLost, Transient, UnknownOutcome
+from pipeline.inputs import SUBFOLDER
 from pipeline.needs import FOLDERS, Offer
 from pipeline.providers.base import OperationStatus, OutputRef
 from pipeline.providers.comfyui_answers import SAFE_REASON, from_history, node_error_detail, prompt_error_detail
-from pipeline.providers.http import HttpTransport
+from pipeline.providers.http import HttpTransport, multipart
 from pipeline.settings import DEFAULT_OUTPUT_FETCH_SECONDS
 
 #: The ``client_id`` reckon's prompts carry; a websocket watcher connects as ``/ws?clientId=`` this.
@@ -139,6 +141,35 @@ class ComfyUI:
         if response.status == 404:
             raise OutputLost("provider_http_404")
         return response.body
+
+
+    def input_size(self, filename: str) -> int | None:
+        """The size of the file ``filename`` in reckon's subfolder of the input folder, None if there is
+        none: ``HEAD /view`` (aiohttp answers HEAD for GET routes), its Content-Length, no body."""
+        query = urlencode({"filename": filename, "subfolder": SUBFOLDER, "type": "input"})
+        response = self.transport.request("HEAD", f"/view?{query}", accept=(404,))
+        if response.status == 404:
+            return None
+        length = response.headers.get("content-length", "")
+        if not length.isascii() or not length.isdigit():
+            raise Transient("provider_answer_malformed")
+        return int(length)
+
+    def upload_input(self, filename: str, data: bytes, *, overwrite: bool = False) -> None:
+        """Put ``data`` at ``filename`` in reckon's subfolder of the input folder (``POST /upload/image``,
+        ``type=input``). Without ``overwrite`` ComfyUI keeps a file of that name holding the same bytes
+        (a duplicate: never rewritten under a prompt that reads it) and saves other bytes as
+        ``name (1).ext``: an answer naming another file means ours holds other bytes (a truncated
+        copy, an operator's), so it is sent again with ``overwrite``."""
+        for replace in (True,) if overwrite else (False, True):
+            fields = {"type": "input", "subfolder": SUBFOLDER, **({"overwrite": "true"} if replace else {})}
+            body, content_type = multipart(fields, "image", filename, data)
+            answer = _loads(self.transport.request("POST", "/upload/image", body, content_type=content_type).body)
+            if not isinstance(answer, dict):
+                raise Transient("provider_answer_malformed")
+            if answer.get("name") == filename and answer.get("subfolder") == SUBFOLDER:
+                return
+        raise Transient("provider_input_misplaced")
 
 
 def _refusal(body: bytes, workflow: dict[str, Any]) -> InvalidInput:

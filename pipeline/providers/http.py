@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import io
 import re
+import secrets
 import socket
 import time
 from collections.abc import Collection
@@ -37,6 +38,8 @@ DEFAULT_TOTAL = 2 * DEFAULT_TIMEOUT
 CHUNK = 64 * 1024
 #: Retry-After delay-seconds: ASCII digits only (``str.isdigit`` also accepts "²", which float refuses).
 _SECONDS_RE = re.compile(r"[0-9]{1,9}")
+#: Methods that change nothing at the server: an answer lost to them is safe to ask again.
+SAFE = ("GET", "HEAD")
 
 
 @dataclass(frozen=True)
@@ -56,11 +59,12 @@ class HttpTransport:
         self.timeout, self.total = timeout, total
 
     def request(self, method: str, path: str, body: bytes | None = None, *,
-                accept: Collection[int] = (), limit: float | None = None) -> Response:
+                accept: Collection[int] = (), limit: float | None = None,
+                content_type: str = "application/json") -> Response:
         """One request; raises a classified ProviderError for anything but a 2xx or a status in
         ``accept`` (which the caller reads itself, e.g. ComfyUI's 400 explaining a refused graph).
         ``limit``: seconds the answer may take to arrive once the request is sent (default
-        ``total``); every read is also cut at the timeout."""
+        ``total``); every read is also cut at the timeout. ``content_type``: the body's (``multipart``)."""
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         conn = cls(self.host, self.port, timeout=self.timeout)
         try:
@@ -68,7 +72,7 @@ class HttpTransport:
                 conn.connect()
             except OSError as exc:  # refused, unroutable, or no answer to connect: nothing was sent
                 raise Unreachable("connect_failed") from exc
-            headers = {"Content-Type": "application/json"} if body is not None else {}
+            headers = {"Content-Type": content_type} if body is not None else {}
             until = None
             try:
                 conn.request(method, path, body=body, headers=headers)
@@ -76,7 +80,7 @@ class HttpTransport:
                 response = _read(conn, until, self.timeout)
             except (OSError, http.client.HTTPException) as exc:
                 reason = "response_too_slow" if until is not None and time.monotonic() >= until else "response_lost"
-                if method == "GET":
+                if method in SAFE:
                     raise Transient(reason) from exc
                 raise UnknownOutcome(reason) from exc
         finally:
@@ -139,6 +143,19 @@ class _BoundedReader(io.RawIOBase):
         return self._sock.recv_into(buffer)
 
 
+def multipart(fields: dict[str, str], file_field: str, filename: str, data: bytes) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body (RFC 7578) of text ``fields`` and one file, and its content type.
+    ``filename`` and the field names must need no quoting (reckon's input names are hex and a dot)."""
+    boundary = secrets.token_hex(16)
+    while boundary.encode() in data:  # never, in practice: the boundary must not occur in the file
+        boundary = secrets.token_hex(16)
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+             for name, value in fields.items()]
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{file_field}"; filename="{filename}"\r\n'
+                 f"Content-Type: application/octet-stream\r\n\r\n".encode())
+    return b"".join(parts) + data + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
 def raise_for_status(method: str, response: Response) -> None:
     status = response.status
     if status < 300:
@@ -151,7 +168,7 @@ def raise_for_status(method: str, response: Response) -> None:
         raise PolicyRejected("policy_rejected")
     if status < 500:
         raise InvalidInput(f"provider_http_{status}")
-    if method == "GET":  # a read changes nothing: safe to repeat; the server is failing, not the job
+    if method in SAFE:  # a read changes nothing: safe to repeat; the server is failing, not the job
         raise Unreachable(f"provider_http_{status}")
     raise UnknownOutcome(f"provider_http_{status}")  # it may have been queued: reconcile decides
 

@@ -4,8 +4,10 @@ figures of ``ops/bench/bench.py`` are reckon's own cost, with no provider time i
 
 An output's bytes are distinct per operation id and index (a content-addressed store deduplicates
 equal bytes, which would make the store's cost vanish from the figures), framed as a PNG (signature,
-header, one data chunk, end) so that reckon cleans and stores it as it does a real image, at its size. It keeps no record: a
-reconciliation finds no operation (``unknown``), as after a restart, under a fixed epoch.
+header, one data chunk, end) so that reckon cleans and stores it as it does a real image, at its size.
+It keeps no record: a reconciliation finds no operation (``unknown``), as after a restart, under a
+fixed epoch. It keeps the size of each input it is given, so a job's inputs cost one upload per
+process and content.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class NullProvider:
         self.output_bytes = int(query.get("bytes", [DEFAULT_OUTPUT_BYTES])[0])
         self.price_per_output = price_per_output
         self._submitted: dict[str, list[int]] = {}
+        #: The inputs it was given: file name -> size.
+        self._inputs: dict[str, int] = {}
 
     def submit(self, operation_id: str, workflow: dict[str, Any], indices: list[int], *,
                front: bool = False) -> dict[str, str] | None:
@@ -58,6 +62,12 @@ class NullProvider:
 
     def epoch(self) -> str:
         return "null"
+
+    def input_size(self, filename: str) -> int | None:
+        return self._inputs.get(filename)
+
+    def upload_input(self, filename: str, data: bytes, *, overwrite: bool = False) -> None:
+        self._inputs[filename] = len(data)
 
     def offers(self) -> None:
         return None

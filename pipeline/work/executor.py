@@ -1,9 +1,8 @@
 """Attempts and reconciliations of jobs. Every write is fenced by the lease generation.
 
-``Executor.run`` makes one attempt: claim, mark the submission, submit, wait,
-store outputs, finish. ``Executor.reconcile`` asks the provider what became of
-an attempt whose outcome is unknown, before anything is paid for again. Provider
-errors leave as ``AttemptFailed`` for the routing middleware to decide.
+``Executor.run`` makes one attempt: claim, put its inputs on its server, mark the submission, submit,
+wait, store outputs, finish. ``Executor.reconcile`` asks the provider what became of an attempt whose
+outcome is unknown, before anything is paid for again. Provider errors leave as ``AttemptFailed``.
 """
 
 from __future__ import annotations
@@ -45,13 +44,13 @@ from pipeline.state.scripts import ReplicationTimeout
 from pipeline.state.store import Store
 from pipeline.work.leases import Held, Keeper
 from pipeline.work.outputs import REFUSED_REASON, store_outputs
+from pipeline.work.staging import InputNotStaged, Staging
 
 log = logging.getLogger(__name__)
 #: Reconcile claims of one job after which, once past its age limit, it goes to review without
 #: asking again (each earlier try died before it could end: a crash loop, not a slow provider).
 MAX_RECONCILE_CLAIMS = 20
-#: The shared retry budget (one token bucket for the whole fleet).
-BUDGET = "comfyui"
+BUDGET = "comfyui"  #: The shared retry budget (one token bucket for the whole fleet).
 T = TypeVar("T")
 #: A completed run's output the server cannot hand over intact: paid for, never retried blindly.
 LOST = (OutputLost, OutputMalformed)
@@ -60,8 +59,7 @@ EPOCH_READ_S = 5.0
 #: An attempt whose submit mark no replica confirmed waits this long (ms) before it is tried again.
 UNCONFIRMED_RETRY_MS = 1_000
 
-#: This host's name, looked up once.
-HOST = socket.gethostname()
+HOST = socket.gethostname()  #: This host's name, looked up once.
 
 
 def _given(seen: OperationStatus | ProviderError) -> OperationStatus:
@@ -90,6 +88,7 @@ class Executor:
             grace_s=settings.deadline_grace_seconds, stall_s=settings.stall_seconds)
         #: Server -> (when read, monotonic s; its epoch), for submissions only (``_epoch``).
         self._epochs: dict[str, tuple[float, str]] = {}
+        self.staging = Staging(store, blobs)  # each input on the attempt's server before its prompt
 
     # -- attempts ---------------------------------------------------------------------
 
@@ -120,6 +119,8 @@ class Executor:
                 self.store.retry(claim, delay_ms=0, error_class="dispatch_paused", free=True)
             except SubmitUnconfirmed:  # the mark reached no replica: nothing sent, the attempt goes back
                 self.store.retry(claim, delay_ms=UNCONFIRMED_RETRY_MS, error_class="replication_timeout", free=True)
+            except InputNotStaged as exc:  # an input not on the server: nothing sent, the attempt goes back
+                self.staging.give_back(claim, exc)
             except LOST as exc:  # a paid output gone: reconciliation asks again, then an operator
                 raise AttemptFailed(claim, UnknownOutcome(exc.reason)) from exc
             except ProviderError as exc:
@@ -134,6 +135,7 @@ class Executor:
         missing = [index for index in range(inputs.outputs_requested) if index not in inputs.stored]
         if not missing:
             return OperationStatus("completed")
+        self.staging.stage(claim, provider, heartbeat)  # before the mark: an upload may take a while
         epoch = self._epoch(claim.server, provider)
         marked = time.monotonic()
         try:
@@ -143,7 +145,7 @@ class Executor:
             raise SubmitUnconfirmed(claim.job_id) from exc
         if (time.monotonic() - marked) * 1000 >= self.lease_ms / 2:  # frozen since: the lease may be gone
             raise UnknownOutcome("submission_window_passed")
-        refused = provider.submit(claim.operation_id, inputs.workflow, missing, front=inputs.priority == "interactive")
+        refused = self.staging.submit(claim, provider, missing, front=inputs.priority == "interactive")
         faultpoints.reached("after_submit")
         if self.settings.watch:
             self.store.await_provider(claim, lease_ms=self.lease_ms, refused=refused)
@@ -220,14 +222,13 @@ class Executor:
 
     def _cancel_at_provider(self, claim: Claim, provider: Provider, before: OperationStatus,
                             epoch: str) -> OperationStatus | None:
-        """The client cancelled while the prompt is at its server: take it off the server's queue,
-        or interrupt it if it runs (ComfyUI interrupts only that prompt).
+        """The client cancelled while the prompt is at its server: take it off the server's queue, or
+        interrupt it if it runs (ComfyUI interrupts only that prompt).
 
-        Gone from queue and history right after we removed it, it never ran, provided it was
-        pending, every request since answered, and the server's epoch (if it shows one) is the
-        submission's: a restart that loses history cannot fit between answers a moment apart
-        (ComfyUI takes seconds to start): the job ends cancelled and None is returned. Anything
-        less is an unknown outcome, reconciled."""
+        Gone from queue and history right after we removed it, it never ran, provided it was pending,
+        every request since answered, and the server's epoch (if it shows one) is the submission's: a
+        restart that loses history cannot fit between answers a moment apart (ComfyUI takes seconds to
+        start): the job ends cancelled and None is returned. Anything less is an unknown outcome."""
         try:
             provider.cancel(claim.operation_id)
         except ProviderError as exc:  # a later collect tries again; the job ends cancelled either way
@@ -332,9 +333,8 @@ class Executor:
         return True
 
     def _reconcile(self, rec: Reconcile, heartbeat: Held) -> None:
-        """Ask the server that received the prompt, never another. Every provider error here
-        means "ask again later" (never "pay again"), until the reconciliation is older than its
-        limit: then an operator decides."""
+        """Ask the server that received the prompt, never another. Every provider error here means "ask
+        again later" (never "pay again"), until the reconciliation is older than its limit: then an operator decides."""
         claim = rec.claim
         if not rec.submitted:
             raise AttemptFailed(claim, NotExecuted("never_submitted"))

@@ -57,6 +57,10 @@ class SimComfy:
         self.running: list[Any] | None = None
         self.history: dict[str, dict[str, Any]] = {}
         self.files: dict[str, bytes] = {}
+        #: Its input folder (pipeline/providers/sim/uploads.py): name under the folder -> bytes.
+        self.inputs: dict[str, bytes] = {}
+        #: Uploads stored since it started (duplicates and replacements included).
+        self.uploads = 0
         self.charges: list[dict[str, Any]] = []
         self.number = 0
         self.boot_id = uuid.uuid4().hex
@@ -105,9 +109,12 @@ class SimComfy:
             time.sleep(self.load_seconds)
             self.loaded, self.loads = checkpoint, self.loads + 1
 
-    def restart(self) -> None:
-        """Lose queue and history (a new process life) and every websocket; keep the charge ledger."""
+    def restart(self, *, wipe_inputs: bool = False) -> None:
+        """Lose queue and history (a new process life) and every websocket; keep the charge ledger, and
+        the input folder unless ``wipe_inputs``."""
         with self.cond:
+            if wipe_inputs:
+                self.inputs.clear()
             self.pending.clear()
             self.history.clear()
             self.running = None

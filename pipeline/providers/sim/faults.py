@@ -9,6 +9,8 @@
 - ``policy``: 403, refused on policy, nothing queued
 - ``auth``: 401, credentials refused, nothing queued
 - ``drop``: the prompt is queued (runs, is charged), the connection closes unanswered
+- ``upload_error`` (``status``): ``POST /upload/image`` answers ``status`` (default 500), nothing stored
+- ``lose_inputs``: the input folder is emptied just before the next prompt is validated
 - ``partial`` (``produce``): the prompt produces only its first ``produce`` outputs, then fails
 - ``read_error`` (``path``, ``status``): a read (GET) whose path starts with ``path`` (``/history``,
   ``/queue``, ``/view``, ``/system_stats``) answers ``status`` (default 500; 0 closes the connection

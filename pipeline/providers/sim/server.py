@@ -11,8 +11,12 @@ that prompt if it is the one running (as ComfyUI v0.3.64 does): it ends ``execut
 with no outputs and no charge.
 
 ``POST /sim/restart`` loses queue and history, like a ComfyUI restart; the charge
-ledger, the ground truth of what was paid, survives. ``POST /sim/ws-drop`` closes every
-websocket (a network cut).
+ledger, the ground truth of what was paid, survives, and so does its input folder unless the body
+says ``{"wipe_inputs": true}``. ``POST /sim/ws-drop`` closes every websocket (a network cut).
+
+Its input folder (``POST /upload/image``, ``HEAD``/``GET /view?type=input``, the refusal of a prompt
+naming a missing input) is pipeline/providers/sim/uploads.py; ``GET /sim/inputs`` lists the files
+it holds (name -> size) and how many uploads it took.
 
 The websocket is pipeline/providers/sim/websocket.py.
 
@@ -32,6 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from pipeline.providers.sim.uploads import missing_input_refusal, parse_form, store_upload
 from pipeline.providers.sim.comfy import SimComfy
 from pipeline.providers.sim.websocket import serve_websocket
 
@@ -106,6 +111,13 @@ class Handler(BaseHTTPRequestHandler):
             with sim.cond:
                 entry = sim.history.get(prompt_id)
             return self._send(200, {prompt_id: entry} if entry else {})
+        if url.path == "/view" and parse_qs(url.query).get("type") == ["input"]:
+            data = self._input(url.query)
+            return self._send(200, data, "application/octet-stream") if data is not None else self._send(404, {})
+        if url.path == "/sim/inputs":
+            with sim.cond:
+                files = {name: len(data) for name, data in sim.inputs.items()}
+            return self._send(200, {"files": files, "uploads": sim.uploads})
         if url.path == "/view":
             name = parse_qs(url.query).get("filename", [""])[0]
             data, trickle = sim.files.get(name), sim.faults.take("trickle", path=url.path)
@@ -119,6 +131,23 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"charges": charges, "total_units": sum(c["units"] for c in charges)})
         return self._send(404, {"error": "not_found"})
 
+    def _input(self, query: str) -> bytes | None:
+        """The input folder's file ``/view?filename=..&subfolder=..&type=input`` names, or None."""
+        asked = parse_qs(query)
+        name = asked.get("filename", [""])[0]
+        subfolder = asked.get("subfolder", [""])[0]
+        with self.server.sim.cond:
+            return self.server.sim.inputs.get(f"{subfolder}/{name}" if subfolder else name)
+
+    def do_HEAD(self) -> None:  # noqa: N802 - http.server's naming; as aiohttp, a GET without its body
+        url = urlsplit(self.path)
+        if self._read_fault(url.path):
+            return
+        data = self._input(url.query) if url.path == "/view" else None
+        self.send_response(200 if data is not None else 404)
+        self.send_header("Content-Length", str(len(data) if data is not None else 0))
+        self.end_headers()
+
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length)
@@ -128,13 +157,15 @@ class Handler(BaseHTTPRequestHandler):
                 sim.faults.set(list(orjson.loads(body).get("faults", [])))
             return self._send(200, {"faults": sim.faults.listing()})
         if path == "/sim/restart":
-            sim.restart()
+            sim.restart(wipe_inputs=bool(orjson.loads(body or b"{}").get("wipe_inputs")))
             return self._send(200, {"boot_id": sim.boot_id})
         if path == "/sim/ws-drop":
             sim.drop_sockets()
             return self._send(200, {"dropped": True})
         if path in ("/queue", "/interrupt"):
             return self._control(sim, path, orjson.loads(body or b"{}"))
+        if path == "/upload/image":
+            return self._upload(sim, body)
         if path != "/prompt":
             return self._send(404, {"error": "not_found"})
         self._delay()
@@ -143,6 +174,19 @@ class Handler(BaseHTTPRequestHandler):
         except orjson.JSONDecodeError:
             payload = None
         self._prompt(sim, payload)
+
+    def _upload(self, sim: SimComfy, body: bytes) -> None:
+        fault = sim.faults.take("upload_error")
+        if fault:
+            return self._send(int(fault.get("status", 500)), {"error": "sim_upload_error"})
+        try:
+            fields = parse_form(self.headers.get("Content-Type", ""), body)
+        except ValueError:
+            return self._send(400, b"")
+        with sim.cond:
+            status, answer = store_upload(sim.inputs, fields)
+            sim.uploads += int(status == 200)
+        return self._send(status, answer)
 
     def _control(self, sim: SimComfy, path: str, payload: dict[str, Any]) -> None:
         with sim.cond:
@@ -160,6 +204,12 @@ class Handler(BaseHTTPRequestHandler):
         partial = sim.faults.take("partial")  # combines with the answer faults below
         if partial and isinstance(payload, dict):
             payload.setdefault("extra_data", {})["_sim_produce"] = int(partial.get("produce", 0))
+        if sim.faults.take("lose_inputs"):  # its input folder emptied between a check and this prompt
+            with sim.cond:
+                sim.inputs.clear()
+        refused = missing_input_refusal(sim.inputs, payload.get("prompt") or {}) if isinstance(payload, dict) else None
+        if refused:
+            return self._send(400, refused)
         accepted = sim.faults.take("error_after", "drop")
         try:
             answer = sim.enqueue(payload if isinstance(payload, dict) else {})
