@@ -152,7 +152,7 @@ ADMISSION_FIELDS = ("id", "kind", "priority", "outputs_requested", "price", "cei
 def first_response(record: dict[str, Any]) -> bytes:
     """The 202 body of the job's admission, from fields that never change: the same bytes
     however often, and whenever, it is rebuilt (the idempotency record stores no body)."""
-    admitted = {name: record[name] for name in ADMISSION_FIELDS}
+    admitted = {name: record[name] for name in ADMISSION_FIELDS} | {"inputs": record.get("inputs", "")}
     created = int(admitted["created_at"])
     admitted |= {"state": State.QUEUED.value, "attempt_count": 0, "reserved": admitted["ceiling"], "charged": 0,
                  "uncertain": 0, "settled": 0, "updated_at": created,
@@ -181,6 +181,8 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
             {"index": index, **output, "href": f"/v1/jobs/{job_id}/outputs/{index}"}
             for index, output in sorted(outputs.items())
         ],
+        # the uploaded inputs its workflow names, by content: never a URL nor a server's path
+        "inputs": [{"sha256": sha256} for sha256 in record.get("inputs", "").split(",") if sha256],
         # submissions only: an attempt that sent nothing (not_sent) is listed but not counted
         "attempt_count": int(record["attempt_count"]) - int(record.get("attempts_not_sent", 0)),
         "cost": {
