@@ -142,11 +142,11 @@ if seen then
   return {2, seen[2], tonumber(seen[4])}
 end
 if ARGV[17] == '1' then return {19} end  -- no server can run it: only a replay may answer, nothing is written
-local inputs = tonumber(ARGV[20] or '') or 0
+local inputs, past = tonumber(ARGV[20] or '') or 0, 30  -- past: the keys before the inputs' (see the header)
 if inputs > 0 then
   local digests = {}
   for i = 1, inputs do digests[i] = ARGV[19 + 2 * i] end
-  local known, unknown = redis.call('HMGET', KEYS[31], unpack(digests)), {}
+  local known, unknown = redis.call('HMGET', KEYS[past + 1], unpack(digests)), {}
   for i = 1, inputs do
     if not known[i] or cjson.decode(known[i]).name ~= ARGV[20 + 2 * i] then unknown[#unknown + 1] = ARGV[20 + 2 * i] end
   end
@@ -209,10 +209,10 @@ idem_write(idem_at[1], idem_at[2], idem_at[3], now, ARGV[19], idem_text('pending
 if inputs > 0 then
   local used = {}
   for i = 1, inputs do
-    redis.call('SADD', KEYS[32 + i], job_id)
+    redis.call('SADD', KEYS[past + 2 + i], job_id)
     used[2 * i - 1], used[2 * i] = now, record.tenant .. '/' .. ARGV[19 + 2 * i]
   end
-  redis.call('ZADD', KEYS[32], unpack(used))
+  redis.call('ZADD', KEYS[past + 2], unpack(used))
 end
 
 if older == 'queued' or older == 'retry_wait' then
