@@ -28,6 +28,7 @@ from ops.bench.benchlib import free_port, wait_for  # noqa: E402
 from pipeline.inputs import name_for  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.state.inputs import Input, InputStore  # noqa: E402
+from pipeline.state.keys import TenantKeys  # noqa: E402
 from pipeline.state.redisconn import connect_url  # noqa: E402
 from pipeline.state.store import Store  # noqa: E402
 from pipeline.state.submit import Admitter  # noqa: E402
@@ -104,11 +105,13 @@ def main() -> None:
         uploaded = memory(store) - before
         plain = admit_all(store, admitter, "plain", args.jobs, [])
         named = admit_all(store, admitter, "named", args.jobs, names)
+        held = store.redis.memory_usage(TenantKeys("acme").input_jobs(names[0].split("/")[1][:64]), samples=0)
     per = args.inputs
     print(f"upload: {upload / per:.1f} commands, {uploaded / per:.0f} bytes of Redis per input")
     print(f"admission without inputs: {plain[0] / args.jobs:.1f} commands, {plain[1] / args.jobs:.0f} bytes a job")
     print(f"admission naming {per}: {named[0] / args.jobs:.1f} commands, {named[1] / args.jobs:.0f} bytes a job: "
           f"{(named[0] - plain[0]) / args.jobs:.1f} commands and {(named[1] - plain[1]) / args.jobs:.0f} bytes more")
+    print(f"an input's set of jobs: {held / args.jobs:.0f} bytes a job that named it (until a delete prunes it)")
 
 
 if __name__ == "__main__":
