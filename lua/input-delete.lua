@@ -1,7 +1,7 @@
 -- input-delete: removes one of a tenant's inputs once no unfinished job uses it, exactly: every job
 -- admitted naming it is in its set of jobs (lua/admit.lua adds it in the step that creates the job),
--- and this step looks at the state of each one. Finished (or purged) jobs leave the set here; that
--- set is pruned nowhere else, so a job's end costs nothing. The caller read the set's members and
+-- and this step looks at the state of each one. Finished (or purged) jobs leave the set here (and in
+-- lua/input-prune.lua), never when a job ends: a job's end costs nothing. The caller read the set's members and
 -- passes each one's record; a member it did not pass (a job admitted since) answers NOT_CLAIMABLE and
 -- the caller reads again. Its bytes stay in the blob store for `reckon blobs gc` (another tenant, or
 -- an output, may hold the same bytes).

@@ -26,6 +26,12 @@ ACCEPTED = frozenset(t for t in EXTENSIONS if kind_of(t) in ("image", "audio", "
 EXPIRE_BATCH = 100
 #: An input past its retention that an unfinished job still uses is looked at again this much later (ms).
 RECHECK_MS = 600_000
+#: The retention pass also prunes the sets of jobs of the shard's PRUNE_INPUTS most recently named inputs that
+#: hold more than PRUNE_ABOVE jobs, PRUNE_SAMPLE of their members at a time (an input named without pause is
+#: never due for expiry, and its set would otherwise grow by every job that names it).
+PRUNE_INPUTS = 10
+PRUNE_ABOVE = 1000
+PRUNE_SAMPLE = 200
 #: Times the delete step is tried when jobs keep being admitted naming the input between read and step.
 DELETE_TRIES = 5
 #: The field of a tenant's inputs hash that holds their bytes (every other field is a sha256).
@@ -127,4 +133,20 @@ class InputStore:
                     removed.append(member)
             except InputInUse:
                 continue
+        return removed
+
+    def prune(self, shard: keys.ShardKeys, *, above: int = PRUNE_ABOVE, sample: int = PRUNE_SAMPLE) -> int:
+        """Drop finished jobs from the large sets of the shard's most recently named inputs; how many. Two
+        commands a pass when no set is large: the recent inputs, then their sizes in one round trip."""
+        members = self.redis.zrevrange(shard.inputs_used, 0, PRUNE_INPUTS - 1)
+        sets = [TenantKeys(tenant).input_jobs(sha256) for tenant, _, sha256 in (m.partition("/") for m in members)]
+        pipe = self.redis.pipeline(transaction=False)
+        for key in sets:
+            pipe.scard(key)
+        removed = 0
+        for key, size in zip(sets, pipe.execute() if sets else [], strict=True):
+            if size > above:
+                job_ids = self.redis.srandmember(key, sample)
+                reply = self.scripts("input-prune", [key, *(JobKeys(job_id).record for job_id in job_ids)], job_ids)
+                removed += int(reply[1])
         return removed

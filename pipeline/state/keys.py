@@ -250,8 +250,8 @@ class TenantKeys:
         return self._k("inputs")
 
     def input_jobs(self, sha256: str) -> str:
-        """Set: id of each job admitted naming the input since it was last pruned of finished jobs (at its
-        DELETE or expiry): an unfinished job among them keeps the input."""
+        """Set: id of each job admitted naming the input since it was last pruned of finished jobs (by a delete,
+        or the retention pass when it is large): an unfinished job among them keeps the input."""
         return self._k(f"input:{sha256}:jobs")
 
     def idempotency(self, key: str) -> str:

@@ -125,7 +125,23 @@ def test_the_sweeper_expires_inputs_once_a_minute_at_one_range_read_per_shard(st
     sweeper.inputs_ms -= 60_000
     assert commands_of(store, sweeper.expire_inputs) > 0 and store.redis.zcard(TenantKeys("acme").shard.inputs_used) == 0
     sweeper.inputs_ms -= 60_000
-    assert commands_of(store, sweeper.expire_inputs) == keys.shard_count()  # none due: one ZRANGEBYSCORE a shard
+    # none due, none left: a ZRANGEBYSCORE and a ZREVRANGE (the inputs named last, whose sets it prunes) a shard
+    assert commands_of(store, sweeper.expire_inputs) == 2 * keys.shard_count()
+
+
+def test_the_pass_prunes_finished_jobs_from_the_large_sets_of_inputs_in_use(store, inputs, submit) -> None:
+    """An input named without pause is never due for expiry: its set is pruned of finished jobs all the same."""
+    stored, _ = inputs.put("acme", item(b"busy"), default_quota=10**9)
+    jobs = [submit(f"k{n}", stored.name) for n in range(5)]
+    for job_id in jobs[:3]:
+        store.cancel(job_id)
+    shard, members = TenantKeys("acme").shard, TenantKeys("acme").input_jobs(stored.sha256)
+    assert inputs.prune(shard, above=5) == 0 and store.redis.scard(members) == 5  # not above the bound: left
+    assert inputs.prune(shard, above=4, sample=10) == 3
+    assert store.redis.smembers(members) == set(jobs[3:])
+    with pytest.raises(InputInUse) as busy:
+        inputs.delete("acme", stored.sha256)
+    assert sorted(busy.value.jobs) == sorted(jobs[3:])
 
 
 def test_blob_gc_keeps_every_inputs_bytes(store, inputs, settings, tenant) -> None:
