@@ -171,7 +171,7 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
     """The job as clients see it: never the workflow, never provider text."""
     job_id = record["id"]
     error_class = record.get("error_class") or None
-    return {
+    view: dict[str, Any] = {
         "id": job_id,
         "state": record["state"],
         "kind": record["kind"],
@@ -181,8 +181,6 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
             {"index": index, **output, "href": f"/v1/jobs/{job_id}/outputs/{index}"}
             for index, output in sorted(outputs.items())
         ],
-        # the uploaded inputs its workflow names, by content: never a URL nor a server's path
-        "inputs": [{"sha256": sha256} for sha256 in record.get("inputs", "").split(",") if sha256],
         # submissions only: an attempt that sent nothing (not_sent) is listed but not counted
         "attempt_count": int(record["attempt_count"]) - int(record.get("attempts_not_sent", 0)),
         "cost": {
@@ -202,3 +200,6 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
                   "detail": orjson.loads(record["error_detail"]) if record.get("error_detail") else None}
         if error_class else None,
     }
+    if record.get("inputs"):  # the uploaded inputs its workflow names, by content: never a URL nor a server's path
+        view["inputs"] = [{"sha256": sha256} for sha256 in record["inputs"].split(",")]
+    return view

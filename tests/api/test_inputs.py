@@ -26,7 +26,8 @@ P = "urn:reckon:problem:"
 
 def upload(client: testing.TestClient, key: str, data: bytes, content_type: str = "application/octet-stream",
            **kw) -> testing.Result:
-    return client.simulate_post("/v1/inputs", body=data, headers={**auth(key), "Content-Type": content_type}, **kw)
+    kw.setdefault("headers", {**auth(key), "Content-Type": content_type})
+    return client.simulate_post("/v1/inputs", body=data, **kw)
 
 
 def loads(name: str) -> dict:
@@ -89,6 +90,9 @@ def test_an_input_over_the_size_limit_is_413_before_its_body_is_read(settings, s
     resp = upload(client, key, PNG)  # 1032 bytes
     assert (resp.status_code, resp.json["type"], resp.json["limit"]) == (413, P + "input-too-large", 1000)
     assert upload(client, key, PNG[:1000]).status_code == 201
+    huge = upload(client, key, PNG[:10], headers={**auth(key), "Content-Type": "image/png",
+                                                  "Content-Length": str(10**15)})
+    assert (huge.status_code, huge.json["type"]) == (413, P + "input-too-large")
 
 
 class Counting(io.BytesIO):
@@ -147,6 +151,7 @@ def test_a_job_naming_its_tenants_input_lists_it_and_one_naming_any_other_is_422
     sha = name.split("/")[1].split(".")[0]
     job = submit(mine, "k1", body=job_body(workflow=loads(name)))
     assert (job.status_code, job.json["inputs"]) == (202, [{"sha256": sha}])
+    assert "inputs" not in submit(mine, "k0").json  # none named: the view as before inputs existed
     view = client.simulate_get(f"/v1/jobs/{job.json['id']}", headers=auth(mine)).json
     assert view["inputs"] == [{"sha256": sha}] and sha not in str(view["outputs"])
     refused = {
@@ -160,7 +165,7 @@ def test_a_job_naming_its_tenants_input_lists_it_and_one_naming_any_other_is_422
         resp = submit(key, "k2", body=job_body(workflow=loads(named)))
         assert (resp.status_code, resp.json["type"], resp.json["names"]) == (422, P + problem, [named]), case
     for who in ("acme", "other"):  # the first job only: nothing reserved, no job, no index entry for the others
-        assert store.redis.zcard(TenantKeys(who).jobs) == (1 if who == "acme" else 0)
+        assert store.redis.zcard(TenantKeys(who).jobs) == (2 if who == "acme" else 0)
     assert store.ledger("other")["reserved"] == 0
     assert store.redis.smembers(TenantKeys("acme").input_jobs(sha)) == {job.json["id"]}
 
@@ -183,6 +188,8 @@ def test_delete_waits_for_every_unfinished_job_that_names_the_input(client, subm
     busy = client.simulate_delete(f"/v1/inputs/{sha}", headers=auth(key))
     assert (busy.status_code, busy.json["type"], sorted(busy.json["jobs"])) == (409, P + "input-in-use", sorted(jobs))
     client.simulate_post(f"/v1/jobs/{jobs[0]}/cancel", headers=auth(key))
+    finished = client.simulate_get(f"/v1/jobs/{jobs[0]}", headers=auth(key)).json  # packed into one key by now
+    assert (finished["state"], finished["inputs"]) == ("cancelled", [{"sha256": sha}])
     busy = client.simulate_delete(f"/v1/inputs/{sha}", headers=auth(key))
     assert (busy.status_code, busy.json["jobs"]) == (409, [jobs[1]])
     client.simulate_post(f"/v1/jobs/{jobs[1]}/cancel", headers=auth(key))
