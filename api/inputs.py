@@ -81,16 +81,16 @@ class Inputs:
         content_type = content_type_of(data, declared)
         sha256 = hashlib.sha256(data).hexdigest()
         item = Input(name_for(sha256, content_type), sha256, len(data), content_type)
-        if self.inputs.get(tenant, sha256) is None:  # new to the tenant: its bytes go to the blob store first
+        if self.inputs.get(tenant, sha256) is None:  # new to the tenant: refused now if over its quota anyway
             held, quota = self.inputs.held(tenant, self.settings.input_quota_bytes)
             if held + item.bytes > quota:
                 raise _over_quota(OverQuota(held, quota, item.bytes))
-            try:
-                self.blobs.put(data)
-            except BlobUnwritable:
-                raise Problem(503, "input-unavailable", "Input cannot be stored now",
-                              "the blob store did not take the bytes; nothing was recorded",
-                              headers={"Retry-After": "5"}) from None
+        try:  # every time, before the record: it may have been deleted since the read, its blob collected
+            self.blobs.put(data)
+        except BlobUnwritable:
+            raise Problem(503, "input-unavailable", "Input cannot be stored now",
+                          "the blob store did not take the bytes; nothing was recorded",
+                          headers={"Retry-After": "5"}) from None
         try:
             stored, created = self.inputs.put(tenant, item, default_quota=self.settings.input_quota_bytes)
         except OverQuota as over:

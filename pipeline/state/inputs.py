@@ -1,7 +1,7 @@
 """A tenant's uploaded inputs in Redis: each one's record held against the tenant's quota
 (lua/input-put.lua), its removal once no unfinished job uses it (lua/input-delete.lua), by the
-tenant or by the retention pass, and the keys admission is given for the inputs a workflow names
-(lua/admit.lua). The bytes live in the blob store, put by the API before the record is written.
+tenant or by the retention pass, which also prunes large sets of jobs (lua/input-prune.lua), and the
+keys admission is given for the inputs a workflow names (lua/admit.lua). The bytes live in the blob store, put by the API before the record is written.
 docs/api.md "Inputs" says what a client sees, docs/operations.md "Inputs" what an operator sets.
 """
 

@@ -48,6 +48,8 @@ def test_an_upload_is_stored_then_recorded_and_the_same_bytes_again_answer_the_s
     assert (again.status_code, again.json) == (200, first.json)
     got = client.simulate_get(f"/v1/inputs/{sha}", headers=auth(key))
     assert (got.status_code, got.json) == (200, first.json)
+    BlobStore(settings.blob_dir).path(sha).unlink()  # as if collected between a read and a record
+    assert upload(client, key, PNG).status_code == 200 and BlobStore(settings.blob_dir).read(sha) == PNG
 
 
 def test_another_tenants_input_is_not_found_and_cannot_be_deleted(client, tenant) -> None:
