@@ -15,7 +15,7 @@ import orjson
 import redis
 from redis.exceptions import RedisClusterException
 
-from api import jobpage, resources, sse, ui, webhooks
+from api import inputs, jobpage, resources, sse, ui, webhooks
 from api.auth import Authenticate
 from api.metrics import Metrics
 from api.openapi import document
@@ -25,6 +25,7 @@ from pipeline.errors import (
     DeadlineInfeasible,
     IdempotencyConflict,
     IdempotencyKeyReused,
+    InputUnknown,
     InsufficientAllowance,
     InvalidRequest,
     JobNotFound,
@@ -36,6 +37,7 @@ from pipeline.errors import (
 )
 from pipeline.settings import Settings
 from pipeline.state.redisconn import name_connections
+from pipeline.state.inputs import InputStore
 from pipeline.state.scripts import ReplicationTimeout
 from pipeline.state.store import Store, open_store
 from pipeline.state.submit import Admitter
@@ -68,6 +70,7 @@ def create_app(
     for exc_type, handler in _ERROR_HANDLERS.items():
         app.add_error_handler(exc_type, handler)
 
+    blobs = open_blobs(settings)
     app.add_route("/v1/jobs", resources.Jobs(admitter, store))
     app.add_route("/v1/jobs/{job_id}", resources.Job(store))
     app.add_route("/v1/jobs/{job_id}/cancel", resources.Cancel(store))
@@ -76,7 +79,10 @@ def create_app(
     app.add_route("/v1/jobs/{job_id}/events/stream", resources.EventStream(
         store, max_seconds=settings.sse_max_seconds, slots=sse.StreamSlots(settings.sse_max_streams),
         refusal=auth.refusal))
-    app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, open_blobs(settings)))
+    app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, blobs))
+    stored_inputs = InputStore(store.redis, store.scripts)
+    app.add_route("/v1/inputs", inputs.Inputs(stored_inputs, blobs, settings))
+    app.add_route("/v1/inputs/{sha256}", inputs.OneInput(stored_inputs))
     app.add_route("/v1/usage", resources.Usage(store))
     webhooks.add_routes(app, Endpoints(store), Deliveries(store), settings)
     app.add_route("/healthz", resources.Health())
@@ -117,6 +123,9 @@ _OVER_LIMIT = {
 
 _ERROR_HANDLERS = {
     InvalidRequest: _problem(lambda e: Problem(422, e.problem, "Invalid job request", e.detail, field=e.field)),
+    InputUnknown: _problem(lambda e: Problem(
+        422, e.problem, "Input not allowed" if e.problem == "input-not-allowed" else "Unknown input", e.detail,
+        field=e.field, names=[name[:200] for name in e.names[:20]])),
     UnsupportedWorkflow: _problem(lambda e: Problem(
         422, e.problem, "No server can run this workflow", e.detail, field=e.field,
         missing_node_classes=list(e.nodes), missing_models=list(e.models))),

@@ -17,6 +17,16 @@ from pipeline.state.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_DEPTH
 from pipeline.state.ids import JOB_ID_RE
 from pipeline.webhooks.endpoints import EVENT_TYPES, MAX_URL_LENGTH
 
+_SHA256 = {"name": "sha256", "in": "path", "required": True, "schema": {"type": "string"},
+           "description": "the input's sha256, 64 lowercase hex digits (anything else: 404)"}
+_INPUT = {"type": "object", "required": ["name", "sha256", "bytes", "content_type"], "properties": {
+    "name": {"type": "string", "pattern": "^reckon/[0-9a-f]{64}\\.[a-z0-9]{1,8}$",
+             "description": "what a workflow writes in LoadImage's or LoadImageMask's image, LoadAudio's audio or "
+                            "LoadVideo's file"},
+    "sha256": {"type": "string"}, "bytes": {"type": "integer"}, "content_type": {"type": "string"}}}
+_UPLOAD_TYPES = ("application/octet-stream", "image/png", "image/jpeg", "image/webp", "image/gif", "audio/wav",
+                 "audio/flac", "audio/mpeg", "audio/ogg", "audio/mp4", "video/mp4", "video/webm", "video/quicktime",
+                 "video/x-matroska")
 STATES = ["queued", "running", "retry_wait", "reconciling", "needs_review", "completed", "failed", "cancelled"]
 
 
@@ -126,6 +136,8 @@ SPEC: dict[str, Any] = {
                         "properties": {"index": {"type": "integer"}, "sha256": {"type": "string"},
                                        "bytes": {"type": "integer"}, "content_type": {"type": "string"},
                                        "href": {"type": "string"}}}},
+                    "inputs": {"type": "array", "items": {"type": "object", "required": ["sha256"],
+                                                          "properties": {"sha256": {"type": "string"}}}},
                     "attempt_count": {"type": "integer"},
                     "cost": {"type": "object", "required": ["price", "ceiling", "reserved", "uncertain", "settled"],
                              "properties": {k: {"type": "integer"}
@@ -189,7 +201,8 @@ SPEC: dict[str, Any] = {
                         "another request (idempotency-key-reused), or a deadline the backlog ahead of the job "
                         "makes impossible to meet (deadline-infeasible, with estimate_seconds and "
                         "deadline_seconds), or a workflow no server can run (unsupported-workflow, with "
-                        "missing_node_classes and missing_models)"),
+                        "missing_node_classes and missing_models), or a workflow naming an input the tenant has "
+                        "not uploaded (input-unknown) or a file no upload made (input-not-allowed), with names"),
                 },
             },
             "get": {
@@ -275,6 +288,30 @@ SPEC: dict[str, Any] = {
                 "properties": {k: {"type": "integer"} for k in (
                     "allowance", "reserved", "uncertain", "settled", "available")}}),
                 **_AUTH}}},
+        "/v1/inputs": {"post": {
+            "summary": "Upload an input (image, audio or video) for the tenant's jobs; its type comes from its bytes",
+            "requestBody": {"required": True, "content": {
+                t: {"schema": {"type": "string", "format": "binary"}} for t in _UPLOAD_TYPES}},
+            "responses": {
+                "201": {**_json(_INPUT, "stored: its bytes are durable"),
+                        "headers": {"Location": {"schema": {"type": "string"}}}},
+                "200": {**_json(_INPUT, "the tenant has these bytes already: the same answer"),
+                        "headers": {"Location": {"schema": {"type": "string"}}}},
+                "400": _problem("an empty body (input-empty)"),
+                "413": _problem("larger than RECKON_INPUT_MAX_BYTES (input-too-large, with limit)"),
+                "415": _problem("bytes no loader of ComfyUI reads, or not of the type declared (input-type-unsupported)"),
+                "507": _problem("the tenant's inputs would hold more than its quota (input-quota-exceeded, with held, "
+                                "quota, bytes)"),
+                **_AUTH, "503": _problem("job state or the blob store cannot be written now (state-unavailable, "
+                                         "input-unavailable); Retry-After; nothing was recorded")}}},
+        "/v1/inputs/{sha256}": {
+            "parameters": [_SHA256],
+            "get": {"summary": "An input's metadata", "responses": {
+                "200": _json(_INPUT), **_AUTH, "404": _problem("no such input of the tenant (input-not-found)")}},
+            "delete": {"summary": "Delete an input no unfinished job uses", "responses": {
+                "204": {"description": "deleted"}, **_AUTH,
+                "404": _problem("no such input of the tenant (input-not-found)"),
+                "409": _problem("unfinished jobs name it (input-in-use, with jobs)")}}},
         **_WEBHOOK_PATHS,
         "/healthz": {"get": {"summary": "Process up", "security": [],
                              "responses": {"200": _json({"type": "object"})}}},

@@ -29,7 +29,12 @@
 -- from the job's fields that never change (id, kind, priority, outputs, ceiling,
 -- deadline_s, created_at), so a replay is the same bytes.
 --
--- keys: 30
+-- Inputs (docs/api.md "Inputs"): a workflow that names uploaded inputs (ARGV[20] of them) is refused,
+-- writing nothing but its refusal's count, unless the tenant has each one under the very name given;
+-- the job created is added to each input's set of jobs and each input's last use is now. A workflow
+-- naming none is given no key nor ARGV beyond the 30th and 19th: it costs not one command more.
+--
+-- keys: 30 or more
 -- KEYS[1] old idempotency record         KEYS[9]  superseded job's record (hash; the new
 -- KEYS[2] tenant ledger (hash)                    job's own when nothing is superseded)
 -- KEYS[3] job record (hash)              KEYS[10] superseded job's event list (likewise)
@@ -62,11 +67,16 @@
 -- ARGV[17] '1' when no configured server can run the workflow: a replay answers, anything else is refused
 -- ARGV[18] the window of KEYS[27] (s since the epoch // ARGV[5])   ARGV[19] the Idempotency-Key
 --
+-- With inputs only, after the 30 keys: the tenant's inputs (hash: sha256 -> JSON input), the shard's
+-- inputs by last use (zset: `<tenant>/<sha256>` -> ms), then one key per input: its jobs (set of job ids);
+-- ARGV[20] the number of inputs, then each one's sha256 and name (`reckon/<sha256>.<ext>`), in turn.
+--
 -- Returns {1 CREATED, job_id, now (ms)} | {2 REPLAYED, job_id, status}
 --   | {3 IN_PROGRESS, job_id} | {4 FINGERPRINT_MISMATCH, job_id}
 --   | {5 INSUFFICIENT_ALLOWANCE, available, ceiling} | {6 UNKNOWN_TENANT} | {7 NOT_FOUND}
 --   | {17 LIMITED, reason (max_inflight | rate | queue_full | load_shed), retry after (ms)}
 --   | {18 INFEASIBLE, estimated finish (ms from now), deadline (ms from now)} | {19 UNSUPPORTED}
+--   | {21 INPUT_UNKNOWN, each name the tenant has no input under, ...}
 
 use_globals(17)
 local now, job_id, fingerprint = clock(ARGV[1]), ARGV[2], ARGV[3]
@@ -132,6 +142,16 @@ if seen then
   return {2, seen[2], tonumber(seen[4])}
 end
 if ARGV[17] == '1' then return {19} end  -- no server can run it: only a replay may answer, nothing is written
+local inputs, past = tonumber(ARGV[20] or '') or 0, 30  -- past: the keys before the inputs' (see the header)
+if inputs > 0 then
+  local digests = {}
+  for i = 1, inputs do digests[i] = ARGV[19 + 2 * i] end
+  local known, unknown = redis.call('HMGET', KEYS[past + 1], unpack(digests)), {}
+  for i = 1, inputs do
+    if not known[i] or cjson.decode(known[i]).name ~= ARGV[20 + 2 * i] then unknown[#unknown + 1] = ARGV[20 + 2 * i] end
+  end
+  if #unknown > 0 then return refuse('input_unknown', 21, unpack(unknown)) end
+end
 
 local ledger = hmget(KEYS[2], 'allowance', 'reserved', 'settled', 'uncertain', 'vf:' .. record.priority)
 if not ledger[1] then return {6} end
@@ -186,6 +206,14 @@ redis.call('ZADD', KEYS[6], now + tonumber(ARGV[6]), job_id)
 wake(KEYS[15], KEYS[3], now + tonumber(ARGV[6]))
 move(KEYS[3], KEYS[8], KEYS[7], now, '', 'queued', 'admitted')
 idem_write(idem_at[1], idem_at[2], idem_at[3], now, ARGV[19], idem_text('pending', ARGV[8], fingerprint, job_id))
+if inputs > 0 then
+  local used = {}
+  for i = 1, inputs do
+    redis.call('SADD', KEYS[past + 2 + i], job_id)
+    used[2 * i - 1], used[2 * i] = now, record.tenant .. '/' .. ARGV[19 + 2 * i]
+  end
+  redis.call('ZADD', KEYS[past + 2], unpack(used))
+end
 
 if older == 'queued' or older == 'retry_wait' then
   if hget(KEYS[9], 'servers') or hget(KEYS[9], 'ckpt') then  -- parked: its `placement` goes (_slots.lua)

@@ -216,6 +216,34 @@ class UnsupportedWorkflow(InvalidRequest):
         self.nodes, self.models = nodes, models
 
 
+class InputUnknown(InvalidRequest):
+    """The workflow names files it may not (HTTP 422): ``problem`` ``input-unknown`` for names in reckon's
+    form the tenant has no input under, ``input-not-allowed`` for any other file in a loader's file input."""
+
+    def __init__(self, names: tuple[str, ...], *, problem: str = "input-unknown") -> None:
+        shown = ", ".join(name[:200] for name in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        what = "no uploaded input of the tenant is named" if problem == "input-unknown" else \
+            "a loader may only take an uploaded input (reckon/<sha256>.<ext>), not"
+        super().__init__("workflow", f"{what} {shown}", problem=problem)
+        self.names = names
+
+
+class OverQuota(ReckonError):
+    """An upload would take the tenant's inputs over its quota of bytes (HTTP 507)."""
+
+    def __init__(self, held: int, quota: int, size: int) -> None:
+        super().__init__(f"the tenant's inputs hold {held} bytes of its {quota}; this one has {size}")
+        self.held, self.quota, self.size = held, quota, size
+
+
+class InputInUse(ReckonError):
+    """An input an unfinished job uses cannot be deleted (HTTP 409); ``jobs``: their ids."""
+
+    def __init__(self, jobs: tuple[str, ...]) -> None:
+        super().__init__("unfinished jobs use the input")
+        self.jobs = jobs
+
+
 class OverLimit(ReckonError):
     """Admission refused for load: the tenant is over one of its limits (HTTP 429: ``max_inflight``,
     ``rate``) or the fleet is (HTTP 503: ``queue_full``, ``load_shed``); ``retry_after`` in seconds."""

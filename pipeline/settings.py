@@ -60,6 +60,11 @@ DEFAULT_OUTPUT_UNCLEANED_TYPES: frozenset[str] = frozenset()
 DEFAULT_MAX_BODY_BYTES = 512 * 1024
 DEFAULT_MAX_WORKFLOW_BYTES = 256 * 1024
 DEFAULT_DEADLINE_SECONDS = 3600
+#: Uploaded inputs (docs/api.md "Inputs"): the largest one (413 above it), the bytes a tenant may keep
+#: (507 above them; ``reckon tenant set --input-quota`` overrides it), and how long one no job names is kept.
+DEFAULT_INPUT_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_INPUT_QUOTA_BYTES = 1024 * 1024 * 1024
+DEFAULT_INPUT_RETENTION_SECONDS = 30 * 24 * 3600
 #: An admitted job not known to be in the broker after this long is published again; so is
 #: any queued (or reconciling) job not claimed within it, the window doubling per redelivery.
 DEFAULT_OUTBOX_GRACE_SECONDS = 10.0
@@ -184,6 +189,9 @@ class Settings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_workflow_bytes: int = DEFAULT_MAX_WORKFLOW_BYTES
     default_deadline_seconds: int = DEFAULT_DEADLINE_SECONDS
+    input_max_bytes: int = DEFAULT_INPUT_MAX_BYTES
+    input_quota_bytes: int = DEFAULT_INPUT_QUOTA_BYTES
+    input_retention_seconds: int = DEFAULT_INPUT_RETENTION_SECONDS
     outbox_grace_seconds: float = DEFAULT_OUTBOX_GRACE_SECONDS
     sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
     sweep_hold_seconds: float = DEFAULT_SWEEP_HOLD_SECONDS
@@ -285,6 +293,9 @@ class Settings:
             "max_body_bytes": ("RECKON_MAX_BODY_BYTES", int),
             "max_workflow_bytes": ("RECKON_MAX_WORKFLOW_BYTES", int),
             "default_deadline_seconds": ("RECKON_DEFAULT_DEADLINE_SECONDS", int),
+            "input_max_bytes": ("RECKON_INPUT_MAX_BYTES", int),
+            "input_quota_bytes": ("RECKON_INPUT_QUOTA_BYTES", int),
+            "input_retention_seconds": ("RECKON_INPUT_RETENTION_SECONDS", int),
             "outbox_grace_seconds": ("RECKON_OUTBOX_GRACE_SECONDS", float),
             "sweep_interval_seconds": ("RECKON_SWEEP_INTERVAL_SECONDS", float),
             "sweep_hold_seconds": ("RECKON_SWEEP_HOLD_SECONDS", float),

@@ -143,6 +143,8 @@ def _tenant_commands(tenant: Any) -> None:
     limits.add_argument("--burst", type=int, help="submissions at once above the rate (default: the rate)")
     limits.add_argument("--weight", type=float,
                         help="share of the fleet in fair dispatch, by cost: 0.001 to 1000 (default 1)")
+    limits.add_argument("--input-quota", type=int, metavar="BYTES",
+                        help="bytes the tenant's uploaded inputs may hold (507 above; 0: RECKON_INPUT_QUOTA_BYTES)")
     limits.set_defaults(run=tenant_set)
     for verb, text in (("disable", "refuse every key of the tenant (401 on every route); jobs already "
                                    "admitted run on"),

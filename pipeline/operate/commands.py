@@ -18,7 +18,8 @@ from pipeline.state.keys import ProviderKeys, TenantKeys
 from pipeline.state.migrate import migrate
 from pipeline.state.progress import events_after
 from pipeline.state.status import audit, rebuild, snapshot
-from pipeline.state.store import FleetLimits, Store
+from pipeline.state.admission import FleetLimits
+from pipeline.state.store import Store
 from pipeline.state.tenants import (
     create_key,
     create_tenant,
@@ -53,7 +54,7 @@ def tenant_disable(store: Store, args: argparse.Namespace) -> int:
 
 def tenant_set(store: Store, args: argparse.Namespace) -> int:
     limits = set_limits(store.redis, args.name, max_inflight=args.max_inflight, rate=args.rate, burst=args.burst,
-                        weight=args.weight)
+                        weight=args.weight, input_quota=args.input_quota)
     _print({"tenant": args.name, "limits": limits})
     return 0
 
@@ -141,7 +142,7 @@ def tenant_show(store: Store, args: argparse.Namespace) -> int:
     limits = store.redis.hgetall(TenantKeys(args.name).limits)
     jobs = {state: n for state, n in store.state_counts(args.name).items() if n}
     _print({"tenant": args.name, "ledger": store.ledger(args.name), "jobs": jobs,
-            "limits": {k: v for k, v in limits.items() if k in ("max_inflight", "rate", "burst")},
+            "limits": {k: v for k, v in limits.items() if k in ("max_inflight", "rate", "burst", "input_quota")},
             "disabled": is_disabled(store.redis, args.name)})
     return 0
 

@@ -7,11 +7,35 @@ a field not set there takes its default from the environment (``FleetLimits``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import NotAllowed
+from pipeline.settings import (
+    DEFAULT_INTERACTIVE_TARGET_SECONDS,
+    DEFAULT_PROVIDER_CAP,
+    DEFAULT_QUEUE_CAP_BATCH,
+    DEFAULT_QUEUE_CAP_INTERACTIVE,
+    Settings,
+)
 from pipeline.state import keys
-from pipeline.state.store import FleetLimits
+
+
+
+@dataclass(frozen=True)
+class FleetLimits:
+    """Admission's fleet-wide figures: the dispatch slots that serve the queue, and the defaults of the
+    per-class queue caps and the interactive target wait (``reckon admission set`` overrides these two)."""
+
+    slots: int = DEFAULT_PROVIDER_CAP
+    queue_cap_interactive: int = DEFAULT_QUEUE_CAP_INTERACTIVE
+    queue_cap_batch: int = DEFAULT_QUEUE_CAP_BATCH
+    interactive_target_s: int = DEFAULT_INTERACTIVE_TARGET_SECONDS
+
+    @classmethod
+    def of(cls, settings: Settings) -> FleetLimits:
+        return cls(sum(settings.caps().values()), settings.queue_cap_interactive, settings.queue_cap_batch,
+                   settings.interactive_target_seconds)
 
 
 def current(client: Any, defaults: FleetLimits) -> dict[str, dict[str, Any]]:

@@ -152,7 +152,7 @@ ADMISSION_FIELDS = ("id", "kind", "priority", "outputs_requested", "price", "cei
 def first_response(record: dict[str, Any]) -> bytes:
     """The 202 body of the job's admission, from fields that never change: the same bytes
     however often, and whenever, it is rebuilt (the idempotency record stores no body)."""
-    admitted = {name: record[name] for name in ADMISSION_FIELDS}
+    admitted = {name: record[name] for name in ADMISSION_FIELDS} | {"inputs": record.get("inputs", "")}
     created = int(admitted["created_at"])
     admitted |= {"state": State.QUEUED.value, "attempt_count": 0, "reserved": admitted["ceiling"], "charged": 0,
                  "uncertain": 0, "settled": 0, "updated_at": created,
@@ -171,7 +171,7 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
     """The job as clients see it: never the workflow, never provider text."""
     job_id = record["id"]
     error_class = record.get("error_class") or None
-    return {
+    view: dict[str, Any] = {
         "id": job_id,
         "state": record["state"],
         "kind": record["kind"],
@@ -200,3 +200,6 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
                   "detail": orjson.loads(record["error_detail"]) if record.get("error_detail") else None}
         if error_class else None,
     }
+    if record.get("inputs"):  # the uploaded inputs its workflow names, by content: never a URL nor a server's path
+        view["inputs"] = [{"sha256": sha256} for sha256 in record["inputs"].split(",")]
+    return view

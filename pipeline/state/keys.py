@@ -13,6 +13,7 @@ import time
 import zlib
 from dataclasses import dataclass
 
+from pipeline.state.hookkeys import WebhookKeys
 from pipeline.state.ids import tenant_of
 
 PREFIX = "reckon"
@@ -45,7 +46,7 @@ def shard_of(tenant: str) -> int:
 
 
 @dataclass(frozen=True)
-class ShardKeys:
+class ShardKeys(WebhookKeys):
     """The keys one shard's scripts keep in step with its tenants' keys. Every key of a shard,
     its tenants' and jobs' included, carries the hash tag ``{s<n>}``: one cluster slot, so each
     script is atomic on one primary (docs/failover.md "Redis Cluster")."""
@@ -133,44 +134,10 @@ class ShardKeys:
         return self._k("changes")
 
     @property
-    def webhook_outbox(self) -> str:
-        """List: JSON webhook events (job, tenant, type, seq, at, attempt, and the job event's own fields), pushed
-        by the script that makes the state change (``hook_event`` in lua/_lib.lua), in order."""
-        return self._k("webhooks:outbox")
-
-    @property
-    def webhook_taking(self) -> str:
-        """List: outbox events a webhooks process has moved out (BLMOVE) and not yet fanned out to deliveries."""
-        return self._k("webhooks:taking")
-
-    @property
-    def webhook_deliveries(self) -> str:
-        """Hash: ``<endpoint id>/<message id>`` -> JSON delivery (tenant, job, type, body, attempts, first and
-        next try, last error, lease, state pending | exhausted)."""
-        return self._k("webhooks:deliveries")
-
-    @property
-    def webhook_ready(self) -> str:
-        """Sorted set: endpoint id -> when its earliest pending delivery is due (ms; no later than that: a take
-        sets it exactly), or when its open circuit lets it be tried again: what a take looks at first."""
-        return self._k("webhooks:ready")
-
-    def webhook_due(self, endpoint: str) -> str:
-        """Sorted set: ``<endpoint id>/<message id>`` of each of ``endpoint``'s deliveries to try -> when (ms; a
-        taken one: when its lease ends); one per endpoint, so one endpoint's backlog never hides another's."""
-        return self._k(f"webhooks:due:{endpoint}")
-
-    @property
-    def webhook_order(self) -> str:
-        """Hash: ``<endpoint id>/<job id>`` -> JSON list of the job's later deliveries to that endpoint, waiting
-        behind the one being tried (the field exists while one is): events reach an endpoint in order per job.
-        A progress delivery waiting last is replaced by a newer one (``p|`` before its member)."""
-        return self._k("webhooks:order")
-
-    def webhook_exhausted(self, endpoint: str) -> str:
-        """Sorted set: message id of each delivery to ``endpoint`` whose retries ran out -> when (ms); its
-        delivery stays in ``webhook_deliveries`` until redelivered or dropped (the newest 10,000 are kept)."""
-        return self._k(f"webhooks:exhausted:{endpoint}")
+    def inputs_used(self) -> str:
+        """Sorted set: ``<tenant>/<sha256>`` of each uploaded input -> when a job last named it, or it was last
+        uploaded (ms): what the retention pass reads (pipeline/state/inputs.py)."""
+        return self._k("inputs:used")
 
     @property
     def meta(self) -> str:
@@ -275,6 +242,17 @@ class TenantKeys:
         """Hash: endpoint id -> JSON endpoint (url, types, created_at, secrets with the end of each rotated one's
         overlap): the tenant's webhook endpoints (pipeline/webhooks/endpoints.py)."""
         return self._k("webhooks")
+
+    @property
+    def inputs(self) -> str:
+        """Hash: sha256 -> JSON input (name, sha256, bytes, content_type, created_at), and ``total``: the bytes of
+        all of them, held against the quota (pipeline/state/inputs.py)."""
+        return self._k("inputs")
+
+    def input_jobs(self, sha256: str) -> str:
+        """Set: id of each job admitted naming the input since it was last pruned of finished jobs (by a delete,
+        or the retention pass when it is large): an unfinished job among them keeps the input."""
+        return self._k(f"input:{sha256}:jobs")
 
     def idempotency(self, key: str) -> str:
         """String: the idempotency record of ``key`` as earlier versions wrote it (``idem_read`` in

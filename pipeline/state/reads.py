@@ -8,6 +8,7 @@ import orjson
 
 from pipeline.errors import UnknownTenant
 from pipeline.state import archive, keys, redisconn
+from pipeline.state.inputs import TOTAL
 from pipeline.state.keys import SERVER_BLOCKS, JobKeys, TenantKeys
 
 
@@ -60,15 +61,18 @@ class Reads:
         return None if raw is None else orjson.loads(raw)
 
     def referenced_blobs(self) -> set[str]:
-        """The sha256 of every output any job still on record holds (one round trip per tenant)."""
+        """The sha256 of every output any job still on record holds, and of every uploaded input (one round
+        trip per tenant)."""
         digests: set[str] = set()
         for tenant in self.tenants():
             job_ids = self.redis.zrange(TenantKeys(tenant).jobs, 0, -1)
             pipe = self.redis.pipeline(transaction=False)
+            pipe.hkeys(TenantKeys(tenant).inputs)  # field `total` aside, each one an input's sha256
             for job_id in job_ids:
                 pipe.hgetall(JobKeys(job_id).outputs)
                 pipe.hget(JobKeys(job_id).record, archive.FIELD)
-            replies = pipe.execute()
+            inputs, *replies = pipe.execute()
+            digests.update(field for field in inputs if field != TOTAL)
             for live, packed in zip(replies[::2], replies[1::2], strict=True):
                 digests.update(output["sha256"] for output in archive.outputs(live, packed).values())
         return digests

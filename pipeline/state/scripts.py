@@ -96,6 +96,9 @@ class Code(IntEnum):
     INFEASIBLE = 18
     UNSUPPORTED = 19
     PROMPT_KEPT = 20
+    INPUT_UNKNOWN = 21
+    OVER_QUOTA = 22
+    IN_USE = 23
 
 
 #: The codes of a script that changed state; its other codes are refusals, which write nothing or

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import orjson
 import redis
@@ -18,22 +18,22 @@ from pipeline.errors import (
     DeadlineExceeded,
     DeadlineInfeasible,
     DispatchPaused,
+    InputUnknown,
     InvalidRequest,
     OverLimit,
     UnknownTenant,
     WrongShards,
 )
+from pipeline.inputs import InputName
 from pipeline.settings import (
     DEFAULT_IDEMPOTENCY_TTL_SECONDS,
     DEFAULT_BATCH_MAX_WAIT_SECONDS,
-    DEFAULT_INTERACTIVE_TARGET_SECONDS,
-    DEFAULT_PROVIDER_CAP,
-    DEFAULT_QUEUE_CAP_BATCH,
-    DEFAULT_QUEUE_CAP_INTERACTIVE,
     Settings,
 )
 from pipeline.state import keys, redisconn
+from pipeline.state.admission import FleetLimits
 from pipeline.state.controls import Controls
+from pipeline.state.inputs import admission_keys
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.scripts import Code, ReplicationTimeout, Scripts
 from pipeline.state.calls import CALL_MS, Calls
@@ -75,22 +75,6 @@ class Admission:
     ceiling: int = 0
     #: When a created job was admitted, on Redis's clock (ms).
     created_ms: int = 0
-
-
-@dataclass(frozen=True)
-class FleetLimits:
-    """Admission's fleet-wide figures: the dispatch slots that serve the queue, and the defaults of the
-    per-class queue caps and the interactive target wait (``reckon admission set`` overrides these two)."""
-
-    slots: int = DEFAULT_PROVIDER_CAP
-    queue_cap_interactive: int = DEFAULT_QUEUE_CAP_INTERACTIVE
-    queue_cap_batch: int = DEFAULT_QUEUE_CAP_BATCH
-    interactive_target_s: int = DEFAULT_INTERACTIVE_TARGET_SECONDS
-
-    @classmethod
-    def of(cls, settings: Settings) -> FleetLimits:
-        return cls(sum(settings.caps().values()), settings.queue_cap_interactive, settings.queue_cap_batch,
-                   settings.interactive_target_seconds)
 
 
 def _overrun(claim: Claim, units: int, over: int) -> None:
@@ -149,22 +133,26 @@ class Store(Controls):
         self, tenant: str, idem_key: str, job_id: str, *, fingerprint: str, ceiling: int,
         fields: dict[str, str], workflow: bytes, status: int, idem_ttl_s: int,
         outbox_delay_ms: int, now_ms: int | None = None, supersedes: str = "",
-        limits: FleetLimits = FleetLimits(), replay_only: bool = False,
+        limits: FleetLimits = FleetLimits(), replay_only: bool = False, inputs: Sequence[InputName] = (),
     ) -> Admission:
+        """``inputs``: the uploaded inputs the workflow names; InputUnknown if the tenant lacks one of them."""
         t, j, older = TenantKeys(tenant), JobKeys(job_id), JobKeys(supersedes or job_id)
         windows, first = t.idempotency_windows(now_ms, idem_ttl_s)
+        input_keys, input_args = admission_keys(tenant, inputs)
         reply = self.scripts(
             "admit",
             [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
              older.record, older.events, t.retry, j.workflow, t.done, older.workflow, t.shard.wake, t.limits,
-             *t.shard.globals, t.shard.admission, t.shard.fleet, *older.parts, *windows],
+             *t.shard.globals, t.shard.admission, t.shard.fleet, *older.parts, *windows, *input_keys],
             [at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
              orjson.dumps(fields), status, supersedes, workflow, limits.slots, limits.queue_cap_interactive,
              limits.queue_cap_batch, limits.interactive_target_s, keys.shard_count(), self.retention,
-             int(replay_only), first, idem_key],
+             int(replay_only), first, idem_key, *input_args],
             durable=True,
         )
         code = Code(reply[0])
+        if code is Code.INPUT_UNKNOWN:
+            raise InputUnknown(tuple(reply[1:]))
         if code is Code.UNKNOWN_TENANT:
             raise UnknownTenant(tenant)
         if code is Code.NOT_FOUND:

@@ -12,18 +12,21 @@ from pipeline import faultpoints
 from pipeline.errors import (
     IdempotencyConflict,
     IdempotencyKeyReused,
+    InputUnknown,
     InsufficientAllowance,
     InvalidRequest,
     UnsupportedWorkflow,
 )
 from pipeline.fleet import highest_price
+from pipeline.inputs import names_in
 from pipeline.needs import needs_of
 from pipeline.settings import Settings
 from pipeline.state import ids
 from pipeline.state.jobs import State, cost_plan, fingerprint, first_response, parse_request
 from pipeline.state.offers import Routes
 from pipeline.state.scripts import Code, ReplicationTimeout
-from pipeline.state.store import Admission, FleetLimits, Store
+from pipeline.state.admission import FleetLimits
+from pipeline.state.store import Admission, Store
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,9 @@ class Admitter:
         request = parse_request(body, self.settings)
         if request.supersedes and ids.tenant_of(request.supersedes) != tenant:
             raise InvalidRequest("supersedes", "no such job")
+        named = names_in(request.workflow)  # checked before anything is written (docs/api.md "Inputs")
+        if named.refused:
+            raise InputUnknown(named.refused, problem="input-not-allowed")
         needs = needs_of(request.workflow)
         route = self.routes.route(needs)
         # reserved at the highest price of the servers that may run it (docs/costs.md "The reservation")
@@ -72,6 +78,8 @@ class Admitter:
         }  # created_at, updated_at and deadline: the admission script stamps them on Redis's clock
         if not route.every:  # only these servers can run it: a claim takes a slot on one of them
             record["servers"] = ",".join(route.servers)
+        if named.inputs:  # the job's view lists them; the worker puts each on its server
+            record["inputs"] = ",".join(i.sha256 for i in named.inputs)
         if needs.checkpoint:  # a claim prefers a server that last loaded it (lua/_slots.lua `take_slot`): a
             record["ckpt"] = hashlib.sha256(needs.checkpoint.encode()).hexdigest()[:16]  # digest, not the name
         try:
@@ -81,6 +89,7 @@ class Admitter:
                 idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
                 outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000), limits=self.limits,
                 replay_only=not route.servers,  # no server can run it: a retry of an admitted request replays
+                inputs=named.inputs,
             )
         except ReplicationTimeout as lagging:  # written on the primary, not known to survive it: 503
             if lagging.reply and Code(lagging.reply[0]) is Code.CREATED:

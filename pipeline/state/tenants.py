@@ -25,6 +25,10 @@ MAX_WEIGHT = 1000.0
 #: interactive tag past the batch band of the parked set (lua/_slots.lua ``finish_tag``).
 MIN_WEIGHT = 0.001
 
+#: The fields of a tenant's limits an operator sets (``reckon tenant set``).
+LIMITS = ("max_inflight", "rate", "burst", "weight", "input_quota")
+
+
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
@@ -82,14 +86,16 @@ def set_disabled(client: redis.Redis, tenant: str, disabled: bool) -> None:
 
 
 def set_limits(client: redis.Redis, tenant: str, *, max_inflight: int | None = None, rate: float | None = None,
-               burst: int | None = None, weight: float | None = None) -> dict[str, str]:
+               burst: int | None = None, weight: float | None = None,
+               input_quota: int | None = None) -> dict[str, str]:
     """Set the tenant's admission limits (None leaves one as it is; 0 removes it): jobs in flight, and a
     submission rate (jobs per second) with its burst (default: the rate, at least 1); and its weight in
     fair dispatch (1 when unset: a tenant of weight 3 is served three times the cost of one of weight 1
-    while both wait). Returns them."""
+    while both wait); and the bytes its uploaded inputs may hold (``input_quota``; 0: back to
+    ``RECKON_INPUT_QUOTA_BYTES``). Returns them."""
     _require(client, tenant)
     key = TenantKeys(tenant).limits
-    if (max_inflight or 0) < 0 or (rate or 0) < 0 or (burst is not None and burst < 1):
+    if (max_inflight or 0) < 0 or (rate or 0) < 0 or (burst is not None and burst < 1) or (input_quota or 0) < 0:
         raise TenantError("limits are non-negative (burst at least 1)")
     if weight is not None and not (MIN_WEIGHT <= weight <= MAX_WEIGHT):
         raise TenantError(f"a weight is at least {MIN_WEIGHT:g} and at most {MAX_WEIGHT:g}")
@@ -108,9 +114,13 @@ def set_limits(client: redis.Redis, tenant: str, *, max_inflight: int | None = N
             pipe.hset(key, "burst", burst)
         if weight is not None:
             pipe.hset(key, "weight", f"{weight:g}")
+        if input_quota == 0:
+            pipe.hdel(key, "input_quota")
+        elif input_quota is not None:
+            pipe.hset(key, "input_quota", input_quota)
         pipe.execute()
     return {_text(k): _text(v) for k, v in client.hgetall(key).items()
-            if _text(k) in ("max_inflight", "rate", "burst", "weight")}
+            if _text(k) in LIMITS}
 
 
 def is_disabled(client: redis.Redis, tenant: str) -> bool:

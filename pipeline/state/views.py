@@ -16,7 +16,7 @@ VIEW_FIELDS = (
     "id", "state", "kind", "priority", "outputs_requested", "attempt_count", "attempts_not_sent",
     "price", "ceiling", "reserved", "charged", "uncertain", "settled",
     "cancel_requested", "obsolete", "external_effect",
-    "deadline", "created_at", "updated_at", "error_class", "error_reason", "error_detail",
+    "deadline", "created_at", "updated_at", "error_class", "error_reason", "error_detail", "inputs",
 )
 
 

@@ -35,6 +35,7 @@ from typing import Callable
 from pipeline import faultpoints
 from pipeline.settings import Settings
 from pipeline.state import fairness, history, keys, status
+from pipeline.state.inputs import InputStore
 from pipeline.state.keys import TenantKeys
 from pipeline.state.redisconn import name_connections, open_pools
 from pipeline.state.slots import KEEP_EVERY_MS
@@ -51,6 +52,9 @@ TAKE_BATCH = 20
 #: A sweeper that starts drops the heartbeat fields of sweepers silent this long (ms), so the hash
 #: names the sweepers of the last hour, not every pid since install.
 FORGET_MS = 3_600_000
+
+#: How often the sweeper looks for inputs past their retention (ms): one range read per shard.
+INPUTS_EVERY_MS = 60_000
 
 #: How far apart the fairness samples the sweeper compares are (ms).
 FAIR_WINDOW_MS = 60_000
@@ -77,6 +81,9 @@ class Sweeper:
         #: When the sweeper last kept the servers' slots (monotonic ms).
         self.kept_ms = float("-inf")
         self.name = f"{socket.gethostname()}/{os.getpid()}"
+        #: When the sweeper last looked for inputs past their retention (monotonic ms).
+        self.inputs_ms = float("-inf")
+        self.inputs = InputStore(store.redis, store.scripts)
         #: When the last pass began (ms, Redis's clock).
         self.pass_ms = 0
 
@@ -179,6 +186,22 @@ class Sweeper:
             self.store.slots.keep(self.servers)
             self.kept_ms = now
 
+    def expire_inputs(self) -> int:
+        """Every INPUTS_EVERY_MS: remove the inputs no job has named for ``RECKON_INPUT_RETENTION_SECONDS``
+        and no unfinished job uses, and prune the large sets of jobs of the inputs named last
+        (pipeline/state/inputs.py); how many inputs went. Two commands per shard when nothing is due, and a
+        set's size for each input named last (10 at most)."""
+        now = time.monotonic() * 1000
+        if now - self.inputs_ms < INPUTS_EVERY_MS:
+            return 0
+        self.inputs_ms = now
+        retention_ms = self.settings.input_retention_seconds * 1000
+        removed = 0
+        for shard in keys.shards():
+            removed += len(self.inputs.expire(shard, retention_ms=retention_ms, now_ms=self.now_ms()))
+            self.inputs.prune(shard)
+        return removed
+
     def forget_stopped(self) -> list[str]:
         """Drop the heartbeat fields of sweepers silent for ``FORGET_MS``; their names."""
         now = self.now_ms()
@@ -203,6 +226,8 @@ class Sweeper:
                 moved = self.sweep_once()
                 history.record(self.store.redis, self.pass_ms, lambda: status.snapshot(self.store, self.servers))
                 self.measure_fairness()
+                if expired := self.expire_inputs():
+                    moved["inputs_expired"] = expired
                 if moved:
                     log.info("sweep: %s", dict(moved))
             except Exception:  # keep sweeping: one bad pass must not stop recovery

@@ -41,10 +41,15 @@ def test_the_deployed_api_passes_every_schemathesis_check(web, tenant, tmp_path)
     assert status == 202, body
     job_id = orjson.loads(body)["id"]
     config = tmp_path / "schemathesis.toml"
-    config.write_text(f'[auth.openapi.bearer]\nbearer = "{api_key}"\n\n[parameters]\n"path.job_id" = "{job_id}"\n')
+    # POST /v1/inputs takes any bytes that are a file ComfyUI reads: schemathesis's "invalid" bodies for it are
+    # real files (a GIF sample for image/gif), rightly taken; its other checks still run (st_hooks.py MAGIC)
+    config.write_text(f'[auth.openapi.bearer]\nbearer = "{api_key}"\n\n[parameters]\n"path.job_id" = "{job_id}"\n\n'
+                      '[checks]\nenabled = true\n\n'
+                      '[[operations]]\ninclude-path = "/v1/inputs"\ninclude-method = "POST"\n'
+                      'checks.negative_data_rejection.enabled = false\n')
     result = subprocess.run(
         [str(BIN / "st"), "--no-color", "--config-file", str(config), "run", f"{web.url}/openapi.json",
-         "--checks", "all", "--max-examples", "50", "--seed", "1"],
+         "--max-examples", "50", "--seed", "1"],
         env=os.environ | {"SCHEMATHESIS_HOOKS": HOOKS, "RECKON_TEST_JOB_ID": job_id},
         cwd=tmp_path, capture_output=True, text=True, timeout=100,
     )
@@ -60,4 +65,4 @@ def test_spec_documents_exactly_the_routes_the_app_serves(settings: Settings, st
     operator_pages = {"/ui", "/ui/status.json",  # behind the operator token, not a tenant's key: not in the spec
                       "/ui/jobs", "/ui/jobs/{job_id}", "/ui/jobs/{job_id}.json", "/ui/jobs.json"}
     assert set(spec["paths"]) == served - operator_pages and operator_pages < served
-    assert len(served) == 22
+    assert len(served) == 24

@@ -234,7 +234,7 @@ def built_keys() -> set[str]:
                  ShardKeys(0).webhook_exhausted("whk"), ShardKeys(0).webhook_due("whk"),
                  keys.api_key("sha"),
                  keys.tenant_disabled(tenant), keys.tenant_api_keys(tenant), TenantKeys(tenant).idempotency("idk"),
-                 TenantKeys(tenant).idempotency_window(424242)}
+                 TenantKeys(tenant).idempotency_window(424242), TenantKeys(tenant).input_jobs("sha")}
         for holder in holders:
             for name, member in inspect.getmembers(type(holder)):
                 if isinstance(member, property) and isinstance(value := getattr(holder, name), str):

@@ -104,6 +104,10 @@ def test_jobs_by_state_job_events_and_tenant_show(store, capsys, admit, make_exe
     assert code == 0 and shown["jobs"] == {"completed": 1, "queued": 1}
     assert shown["limits"] == {"max_inflight": "5", "rate": "2.0", "burst": "2"} and shown["disabled"] is False
     assert shown["ledger"]["settled"] == 10
+    assert run(store, capsys, "tenant", "set", "acme", "--input-quota", "5000")[0] == 0
+    assert orjson.loads(run(store, capsys, "tenant", "show", "acme")[1])["limits"]["input_quota"] == "5000"
+    assert run(store, capsys, "tenant", "set", "acme", "--input-quota", "0")[0] == 0  # back to the setting
+    assert "input_quota" not in orjson.loads(run(store, capsys, "tenant", "show", "acme")[1])["limits"]
     assert run(store, capsys, "tenant", "show", "nobody")[0] == 1
 
 

@@ -1,6 +1,6 @@
 """reckon's Python client: ``Client`` and the exceptions it raises (reckon's docs/client.md).
 
-``client`` holds the calls, ``errors`` the exception tree (one class per problem type of the API),
+``client`` holds the calls (jobs, their events and outputs, uploaded inputs), ``errors`` the exception tree (one class per problem type of the API),
 ``retry`` the waits between tries, ``sse`` the event stream's parser and ``transport`` one HTTP
 exchange over the standard library. Imports nothing but the standard library, and nothing of the
 server's packages: it installs on its own (``pip install ./client``).
@@ -14,6 +14,10 @@ from reckon.client.errors import (
     DeadlineExceeded,
     DeadlineInfeasible,
     IdempotencyKeyReused,
+    InputInUse,
+    InputNotFound,
+    InputQuotaExceeded,
+    InputUnknown,
     InsufficientAllowance,
     IntegrityError,
     InvalidRequest,
@@ -37,7 +41,8 @@ from reckon.client.retry import Backoff
 
 __all__ = [
     "Backoff", "Client", "Conflict", "DeadlineExceeded", "DeadlineInfeasible", "IdempotencyKeyReused",
-    "InsufficientAllowance", "IntegrityError", "InvalidRequest", "JobFinished", "JobNotFound", "MaxCostTooLow",
+    "InputInUse", "InputNotFound", "InputQuotaExceeded", "InputUnknown", "InsufficientAllowance", "IntegrityError",
+    "InvalidRequest", "JobFinished", "JobNotFound", "MaxCostTooLow",
     "NotFound", "OutputMissing", "OutputNotFound", "OverLimit", "ProtocolError", "RateLimited", "ReckonError",
     "RequestInProgress", "ServerError", "Unauthorized", "Unavailable", "UnsupportedWorkflow", "idempotency_key",
 ]

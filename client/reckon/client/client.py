@@ -1,4 +1,5 @@
-"""``Client``: submit a job once per intent, wait for it, follow its events, download its outputs.
+"""``Client``: upload inputs, submit a job once per intent, wait for it, follow its events, download
+its outputs.
 
 Every call retries what may succeed unchanged (no answer, ``409 idempotency-request-in-progress``,
 429, 502, 503, 504) with the same request, within its deadline; any other refusal raises its type
@@ -95,6 +96,15 @@ class Client:
         data = json.dumps(body, allow_nan=False).encode()  # once: every try sends the same bytes
         headers = {"Idempotency-Key": idempotency_key(intent), "Content-Type": "application/json"}
         return self._call("POST", "/v1/jobs", json_object, body=data, headers=headers)
+
+    def upload(self, source: str | os.PathLike[str] | bytes, content_type: str | None = None) -> dict[str, Any]:
+        """Upload an input (a path, or the bytes) for this tenant's jobs and return the answer: ``name`` (what a
+        workflow writes where a loader takes a file: ``LoadImage``'s ``image``, ``LoadAudio``'s ``audio``,
+        ``LoadVideo``'s ``file``), ``sha256``, ``bytes``, ``content_type``. ``content_type`` None lets the API
+        tell it from the bytes. The same bytes again give the same answer, so a retry is harmless."""
+        data = bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+        headers = {"Content-Type": content_type or "application/octet-stream"}
+        return self._call("POST", "/v1/inputs", json_object, body=data, headers=headers)
 
     def job(self, job_id: str) -> dict[str, Any]:
         """The job view: state, outputs (index, sha256, bytes, href), cost, error."""

@@ -84,6 +84,11 @@ class IdempotencyKeyReused(InvalidRequest):
     """422 ``idempotency-key-reused``: the intent was submitted before with a different body."""
 
 
+class InputUnknown(InvalidRequest):
+    """422 ``input-unknown`` or ``input-not-allowed``: the workflow names a file the tenant has not uploaded
+    (``problem['names']``)."""
+
+
 class Unauthorized(ReckonError):
     """401 ``unauthorized``: an unknown or revoked API key, or a key of a disabled tenant."""
 
@@ -104,6 +109,10 @@ class OutputNotFound(NotFound):
     """404 ``output-not-found``: no output stored at that index."""
 
 
+class InputNotFound(NotFound):
+    """404 ``input-not-found``: the tenant has no input of that sha256."""
+
+
 class Conflict(ReckonError):
     """409: the request does not apply in the job's (or the key's) state."""
 
@@ -116,6 +125,14 @@ class RequestInProgress(Conflict):
 
 class JobFinished(Conflict):
     """409 ``job-finished``: a cancel of a completed or failed job."""
+
+
+class InputInUse(Conflict):
+    """409 ``input-in-use``: unfinished jobs name the input (``problem['jobs']``); delete it once they end."""
+
+
+class InputQuotaExceeded(ReckonError):
+    """507 ``input-quota-exceeded``: the tenant's inputs would hold more bytes than its quota."""
 
 
 class OutputMissing(ReckonError):
@@ -153,12 +170,16 @@ _BY_NAME: dict[str, type[ReckonError]] = {
     "idempotency-request-in-progress": RequestInProgress,
     "job-finished": JobFinished,
     "output-missing": OutputMissing,
+    "input-unknown": InputUnknown,
+    "input-not-allowed": InputUnknown,
+    "input-not-found": InputNotFound,
+    "input-in-use": InputInUse,
 }
 
 _BY_STATUS: dict[int, type[ReckonError]] = {
     400: InvalidRequest, 401: Unauthorized, 402: InsufficientAllowance, 404: NotFound, 405: InvalidRequest,
     409: Conflict, 410: OutputMissing, 413: InvalidRequest, 415: InvalidRequest, 422: InvalidRequest,
-    429: RateLimited, 502: Unavailable, 503: Unavailable, 504: Unavailable,
+    429: RateLimited, 502: Unavailable, 503: Unavailable, 504: Unavailable, 507: InputQuotaExceeded,
 }
 
 
