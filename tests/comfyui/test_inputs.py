@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.blobs.local import BlobStore
 from pipeline.fleet import Server
-from pipeline.inputs import SUBFOLDER, name_for
+from pipeline.inputs import SUBFOLDER
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
@@ -28,6 +28,7 @@ from pipeline.work.executor import Executor
 from tests.comfyui.conftest import RealComfyUI
 from tests.comfyui.test_adapter import save
 from tests.comfyui.test_end_to_end import ended, executions
+from tests.inputs import upload as upload_input
 from tests.pipeline.conftest import InProcess
 
 
@@ -43,13 +44,13 @@ def folder(comfyui: RealComfyUI) -> Path:
 
 
 class Upload:
-    """A 64x64 PNG of one colour in the blob store, as ``POST /v1/inputs`` leaves it."""
+    """A 64x64 PNG of one colour uploaded by tenant acme, as ``POST /v1/inputs`` leaves it."""
 
-    def __init__(self, settings, comfyui: RealComfyUI) -> None:
+    def __init__(self, store, settings, comfyui: RealComfyUI) -> None:
         self.seed = f"input-{comfyui.color()}-{threading.get_ident()}"
         self.data = png(self.seed, 64)
-        self.sha256 = BlobStore(settings.blob_dir).put(self.data)
-        self.name = name_for(self.sha256, "image/png")
+        self.name = upload_input(store, settings, self.data)
+        self.sha256 = self.name[7:71]
         self.rgb = hashlib.sha256(self.seed.encode()).digest()[:3]  # png()'s colour
 
     def on_server(self, comfyui: RealComfyUI) -> list[Path]:
@@ -58,11 +59,11 @@ class Upload:
 
 
 @pytest.fixture
-def upload(settings, comfyui: RealComfyUI) -> Iterator[Any]:
+def upload(store, settings, admit, comfyui: RealComfyUI) -> Iterator[Any]:
     made: list[Upload] = []
 
     def make() -> Upload:
-        made.append(Upload(settings, comfyui))
+        made.append(Upload(store, settings, comfyui))
         return made[-1]
 
     yield make

@@ -5,7 +5,6 @@ stored blob)."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -17,19 +16,19 @@ import orjson
 import pytest
 
 from pipeline.blobs.local import BlobStore
-from pipeline.inputs import SUBFOLDER
 from tests.comfyui.conftest import RealComfyUI
 from tests.comfyui.test_adapter import empty, save
 from tests.comfyui.test_end_to_end import ended, executions, stack  # noqa: F401 - the stack fixture
+from tests.inputs import upload
 
 #: Frames of the tiny videos and animations: 64x64 EmptyImages.
 FRAMES = 3
 
 
 @pytest.fixture
-def wav(comfyui: RealComfyUI) -> Iterator[str]:
-    """A quarter second of noise as a WAV in ComfyUI's input folder, under reckon's subfolder, named
-    as an upload is (``reckon/<sha256>.wav``); removed after the test."""
+def wav(store, settings, admit, comfyui: RealComfyUI) -> Iterator[str]:
+    """A quarter second of noise as a WAV uploaded by tenant acme (the worker puts it in ComfyUI's input
+    folder, under reckon's subfolder, ``reckon/<sha256>.wav``); removed from there after the test."""
     out = io.BytesIO()
     with av.open(out, "w", format="wav") as container:
         stream = container.add_stream("pcm_s16le", rate=8000, layout="mono")
@@ -38,11 +37,8 @@ def wav(comfyui: RealComfyUI) -> Iterator[str]:
         frame.sample_rate, frame.pts = 8000, 0
         container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
-    data = out.getvalue()
-    name = f"{SUBFOLDER}/{hashlib.sha256(data).hexdigest()}.wav"
+    name = upload(store, settings, out.getvalue())
     path = comfyui.directory / "ComfyUI" / "input" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
     try:
         yield name
     finally:

@@ -8,10 +8,10 @@ from urllib.request import urlopen
 import orjson
 
 from pipeline.blobs.local import BlobStore
-from pipeline.inputs import name_for
 from pipeline.providers.sim.comfy import png
 from tests.conftest import wait_until
 from tests.faults.test_crashes import finished, setup
+from tests.inputs import upload
 
 
 def sim_inputs(stack) -> dict:
@@ -19,10 +19,11 @@ def sim_inputs(stack) -> dict:
         return orjson.loads(resp.read())
 
 
-def test_worker_killed_mid_upload_completes_charged_once(stack, redis_client, store) -> None:
+def test_worker_killed_mid_upload_completes_charged_once(stack, redis_client, store, settings) -> None:
     auth = setup(stack, redis_client)
     blobs = BlobStore(stack.env["RECKON_BLOB_DIR"])
-    names = [name_for(blobs.put(png(seed, 16)), "image/png") for seed in ("crash-a", "crash-b")]
+    names = [upload(store, settings, png(seed, 16), blob_dir=stack.env["RECKON_BLOB_DIR"])
+             for seed in ("crash-a", "crash-b")]
     workflow = {"1": {"class_type": "LoadImage", "inputs": {"image": names[0]}},
                 "2": {"class_type": "LoadImageMask", "inputs": {"image": names[1], "channel": "alpha"}},
                 "9": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "crash"}}}

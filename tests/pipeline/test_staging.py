@@ -9,7 +9,6 @@ import pytest
 
 from pipeline.blobs.local import BlobStore
 from pipeline.errors import AttemptFailed, InvalidInput, ProviderAuthFailed
-from pipeline.inputs import name_for
 from pipeline.providers import sim as simulated
 from pipeline.providers.null import NullProvider
 from pipeline.providers.sim.comfy import png
@@ -18,6 +17,7 @@ from pipeline.work.broker import Publisher
 from pipeline.work.executor import Executor
 from pipeline.work.staging import MAX_GIVEN_BACK
 from pipeline.work.sweeper import Sweeper
+from tests.inputs import upload
 from tests.pipeline.conftest import single
 
 
@@ -30,10 +30,10 @@ def invert(*names: str) -> dict:
     return graph
 
 
-def put(settings, seed: str) -> tuple[bytes, str]:
-    """An input's bytes in the blob store, as ``POST /v1/inputs`` leaves them; (bytes, its name)."""
+def put(store, settings, seed: str) -> tuple[bytes, str]:
+    """An input of tenant acme, as ``POST /v1/inputs`` leaves it; (bytes, its name)."""
     data = png(seed, 16)
-    return data, name_for(BlobStore(settings.blob_dir).put(data), "image/png")
+    return data, upload(store, settings, data)
 
 
 def inputs(server: simulated.SimServer) -> dict[str, bytes]:
@@ -52,7 +52,7 @@ def sweep(store, settings, ahead: float) -> dict:
 
 def test_an_input_is_uploaded_once_before_the_prompt_and_kept_for_the_next_job(
         store, settings, admit, make_executor, sim) -> None:
-    data, name = put(settings, "a")
+    data, name = put(store, settings, "a")
     executor = make_executor(sim)
     first = admit("k1", workflow=invert(name))
     assert executor.run(first) is True
@@ -68,7 +68,7 @@ def test_an_input_is_uploaded_once_before_the_prompt_and_kept_for_the_next_job(
 
 def test_a_file_of_another_size_at_the_name_is_replaced_not_saved_beside(
         store, settings, admit, make_executor, sim) -> None:
-    data, name = put(settings, "b")
+    data, name = put(store, settings, "b")
     with sim.sim.cond:
         sim.sim.inputs[name] = data[:20]  # a truncated copy
     job_id = admit(workflow=invert(name))
@@ -78,7 +78,7 @@ def test_a_file_of_another_size_at_the_name_is_replaced_not_saved_beside(
 
 
 def test_two_inputs_each_uploaded(store, settings, admit, make_executor, sim) -> None:
-    (one, a), (two, b) = put(settings, "c1"), put(settings, "c2")
+    (one, a), (two, b) = put(store, settings, "c1"), put(store, settings, "c2")
     job_id = admit(workflow=invert(a, b, a))
     assert make_executor(sim).run(job_id) is True
     assert inputs(sim) == {a: one, b: two} and sim.sim.uploads == 2
@@ -86,7 +86,7 @@ def test_two_inputs_each_uploaded(store, settings, admit, make_executor, sim) ->
 
 def test_a_refused_upload_gives_the_attempt_back_unsent_and_uncharged(
         store, settings, admit, make_executor, sim) -> None:
-    data, name = put(settings, "d")
+    data, name = put(store, settings, "d")
     sim.sim.faults = [{"kind": "upload_error", "status": 500}]
     job_id = admit(workflow=invert(name))
     executor = make_executor(sim)
@@ -106,7 +106,7 @@ def test_a_refused_upload_gives_the_attempt_back_unsent_and_uncharged(
 
 def test_a_server_that_always_refuses_uploads_fails_the_job_after_a_few_tries(
         store, settings, admit, make_executor, sim) -> None:
-    _, name = put(settings, "e")
+    _, name = put(store, settings, "e")
     sim.sim.faults = [{"kind": "upload_error", "status": 400, "times": 100}]
     job_id = admit(workflow=invert(name))
     executor = make_executor(sim)
@@ -124,7 +124,8 @@ def test_a_server_that_always_refuses_uploads_fails_the_job_after_a_few_tries(
 
 
 def test_an_input_gone_from_the_blob_store_fails_the_job_uncharged(store, settings, admit, make_executor, sim) -> None:
-    name = name_for("0" * 64, "image/png")  # never stored
+    _, name = put(store, settings, "gone")
+    BlobStore(settings.blob_dir).path(name[7:71]).unlink()  # its bytes lost from the store since the upload
     job_id = admit(workflow=invert(name))
     assert make_executor(sim).run(job_id) is True
     job = store.job(job_id)
@@ -135,7 +136,7 @@ def test_an_input_gone_from_the_blob_store_fails_the_job_uncharged(store, settin
 
 def test_an_input_that_vanished_before_the_prompt_is_uploaded_again_not_failed(
         store, settings, admit, make_executor, sim) -> None:
-    data, name = put(settings, "f")
+    data, name = put(store, settings, "f")
     sim.sim.faults = [{"kind": "lose_inputs"}]  # its input folder emptied after the check
     job_id = admit(workflow=invert(name))
     executor = make_executor(sim)
@@ -154,7 +155,7 @@ def test_a_refusal_with_every_input_present_stands(store, settings, admit, make_
     """A graph the server refuses for another reason fails as invalid input, though it names an input."""
     server = simulated.start(nodes=["LoadImage"])  # SaveImage unknown to it: refused whatever the inputs
     try:
-        _, name = put(settings, "g")
+        _, name = put(store, settings, "g")
         job_id = admit(workflow=invert(name))
         with pytest.raises(AttemptFailed) as failed:
             make_executor(server).run(job_id)
@@ -168,10 +169,10 @@ def test_a_job_with_inputs_costs_the_redis_commands_of_one_without(
         store, settings, admit, make_executor, sim, redis_client) -> None:
     """The check is the memory: staging sends no Redis command, uploading or not (a long lease: no renewal)."""
     executor = make_executor(sim, lease_seconds=60.0)
-    data, held = put(settings, "i1")
+    data, held = put(store, settings, "i1")
     with sim.sim.cond:
         sim.sim.inputs[held] = data
-    _, new = put(settings, "i2")
+    _, new = put(store, settings, "i2")
 
     def commands(job_id: str) -> int:
         before = sum(v["calls"] for v in redis_client.info("commandstats").values())
@@ -188,7 +189,7 @@ def test_a_job_with_inputs_costs_the_redis_commands_of_one_without(
 
 def test_a_check_the_server_fails_is_the_servers_fault_not_the_jobs(store, settings, admit, make_executor, sim) -> None:
     """A 5xx to the check: the server is marked and the attempt given back; a 401: its credentials."""
-    _, name = put(settings, "j")
+    _, name = put(store, settings, "j")
     sim.sim.faults = [{"kind": "read_error", "path": "/view", "status": 503}]
     job_id = admit(workflow=invert(name))
     assert make_executor(sim).run(job_id) is True
@@ -206,7 +207,7 @@ def test_a_check_the_server_fails_is_the_servers_fault_not_the_jobs(store, setti
 def test_the_null_provider_keeps_what_it_was_given(store, settings, admit) -> None:
     provider = NullProvider()
     executor = Executor(store, single(provider), BlobStore(settings.blob_dir), settings)
-    data, name = put(settings, "k")
+    data, name = put(store, settings, "k")
     filename = name.removeprefix("reckon/")
     assert provider.input_size(filename) is None
     for key in ("k1", "k2"):
