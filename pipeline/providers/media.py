@@ -25,10 +25,13 @@ from pipeline.mediatypes import sniff, type_for_name
 from pipeline.providers.containers import MUXERS, remux
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-#: Ancillary PNG chunks kept because they change how pixels show (colour, transparency, size,
-#: animation). Critical chunks (upper-case first letter: IHDR, PLTE, IDAT, IEND) are always kept.
-PNG_KEEP = frozenset({b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"iCCP", b"cICP", b"mDCV", b"cLLI", b"sBIT",
-                      b"pHYs", b"bKGD", b"acTL", b"fcTL", b"fdAT"})
+#: PNG chunks kept: the critical ones PNG defines (an unknown chunk is dropped whatever the case of
+#: its name) and the ancillary ones that change how pixels show (colour, transparency, size, animation).
+PNG_KEEP = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"iCCP",
+                      b"cICP", b"mDCV", b"cLLI", b"sBIT", b"pHYs", b"bKGD", b"acTL", b"fcTL", b"fdAT"})
+#: Kept PNG chunks of a fixed size: one of another size is malformed (its extra bytes could carry anything).
+PNG_SIZES = {b"IHDR": 13, b"IEND": 0, b"gAMA": 4, b"sRGB": 1, b"cHRM": 32, b"pHYs": 9, b"acTL": 8, b"fcTL": 26,
+             b"cICP": 4, b"cLLI": 8, b"mDCV": 24}
 #: WEBP chunks kept: image data, alpha, animation, colour profile (EXIF and XMP go).
 WEBP_KEEP = frozenset({b"VP8 ", b"VP8L", b"VP8X", b"ALPH", b"ANIM", b"ANMF", b"ICCP"})
 #: VP8X flag bits announcing EXIF (0x08) and XMP (0x04) chunks; cleared when those go.
@@ -68,7 +71,7 @@ def describe(data: bytes, filename: str, *, uncleaned: frozenset[str] = frozense
 
 
 def strip_png(data: bytes) -> bytes:
-    """The PNG with only critical and display chunks; anything after IEND is dropped too."""
+    """The PNG with only the chunks of PNG_KEEP; anything after IEND is dropped too."""
     kept = [PNG_SIGNATURE]
     offset = len(PNG_SIGNATURE)
     while True:
@@ -79,7 +82,9 @@ def strip_png(data: bytes) -> bytes:
         end = offset + 12 + length
         if end > len(data):
             raise OutputMalformed("png_truncated")
-        if tag[:1].isupper() or tag in PNG_KEEP:
+        if PNG_SIZES.get(tag, length) != length:
+            raise OutputMalformed("png_chunk_size")
+        if tag in PNG_KEEP:
             kept.append(data[offset:end])
         if tag == b"IEND":
             return b"".join(kept)

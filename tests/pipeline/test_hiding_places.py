@@ -1,0 +1,40 @@
+"""Where else a custom node could hide the workflow in an image it saves, beyond the metadata
+blocks each format names: chunks, segments and extensions a decoder skips or does not need, each
+carrying a canary that no cleaned file may hold (review of issue 31 by attack)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from pipeline.errors import OutputMalformed
+from pipeline.providers.media import describe
+from pipeline.providers.sim.comfy import png
+from tests.pipeline.test_media import chunk, png_chunks
+
+CANARY = b'{"prompt": "canary-51d0e2"}'
+
+
+def png_with(*chunks: bytes) -> bytes:
+    """The simulator's PNG with ``chunks`` right after its IHDR."""
+    plain = png("seed")
+    return plain[:33] + b"".join(chunks) + plain[33:]
+
+
+def test_a_png_loses_chunks_it_does_not_know_whatever_their_case() -> None:
+    """An unknown chunk whose name starts upper-case (a "critical" one no decoder knows) is not kept
+    for its case: only the critical chunks PNG defines are."""
+    clean, kind = describe(png_with(chunk(b"PRoM", CANARY), chunk(b"WFLO", CANARY)), "x.png")
+    assert kind == "image/png" and CANARY not in clean
+    assert [tag for tag, _ in png_chunks(clean)] == [b"IHDR", b"IDAT", b"IEND"]
+
+
+@pytest.mark.parametrize("data", [
+    png("seed")[:8] + chunk(b"IHDR", png("seed")[16:29] + CANARY) + png("seed")[33:],  # IHDR is 13 bytes
+    png("seed")[:-12] + chunk(b"IEND", CANARY),  # IEND is empty
+    png_with(chunk(b"gAMA", b"\x00\x00\xb1\x8f" + CANARY)),  # gAMA is 4 bytes
+])
+def test_a_png_chunk_longer_than_its_format_is_never_stored(data: bytes) -> None:
+    with pytest.raises(OutputMalformed):
+        describe(data, "x.png")
