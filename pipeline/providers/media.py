@@ -34,6 +34,10 @@ PNG_SIZES = {b"IHDR": 13, b"IEND": 0, b"gAMA": 4, b"sRGB": 1, b"cHRM": 32, b"pHY
              b"cICP": 4, b"cLLI": 8, b"mDCV": 24}
 #: WEBP chunks kept: image data, alpha, animation, colour profile (EXIF and XMP go).
 WEBP_KEEP = frozenset({b"VP8 ", b"VP8L", b"VP8X", b"ALPH", b"ANIM", b"ANMF", b"ICCP"})
+#: Chunks kept inside an animation frame (``ANMF``): its image data and alpha; unknown ones go.
+WEBP_FRAME_KEEP = frozenset({b"VP8 ", b"VP8L", b"ALPH"})
+#: WEBP chunks of a fixed size: one of another size is malformed (its extra bytes could carry anything).
+WEBP_SIZES = {b"VP8X": 10, b"ANIM": 6}
 #: VP8X flag bits announcing EXIF (0x08) and XMP (0x04) chunks; cleared when those go.
 WEBP_METADATA_FLAGS = 0x08 | 0x04
 #: JPEG APPn markers kept: APP0 (JFIF), APP2 (ICC profile), APP14 (Adobe colour transform).
@@ -92,28 +96,46 @@ def strip_png(data: bytes) -> bytes:
 
 
 def strip_webp(data: bytes) -> bytes:
-    """The WEBP without EXIF, XMP or unknown chunks, its VP8X flags and RIFF size made to match."""
+    """The WEBP without EXIF, XMP or unknown chunks (in an animation frame too), its VP8X flags and
+    RIFF size made to match."""
     (riff_size,) = struct.unpack_from("<I", data, 4)
     if riff_size + 8 > len(data):
         raise OutputMalformed("webp_truncated")
     kept: list[bytes] = []
-    offset = 12
-    while offset < riff_size + 8:
-        if offset + 8 > len(data):
+    for tag, payload in _riff_chunks(data, 12, riff_size + 8):
+        if WEBP_SIZES.get(tag, len(payload)) != len(payload):
+            raise OutputMalformed("webp_chunk_size")
+        if tag == b"VP8X":
+            payload = bytes((payload[0] & ~WEBP_METADATA_FLAGS,)) + payload[1:]
+        elif tag == b"ANMF":  # a frame: its 16-byte header, then its own chunks (a spec'd place for unknown ones)
+            if len(payload) < 16:
+                raise OutputMalformed("webp_truncated")
+            payload = payload[:16] + b"".join(_riff_chunk(frame_tag, frame) for frame_tag, frame in
+                                              _riff_chunks(payload, 16, len(payload)) if frame_tag in WEBP_FRAME_KEEP)
+        elif tag not in WEBP_KEEP:
+            continue
+        kept.append(_riff_chunk(tag, payload))
+    body = b"WEBP" + b"".join(kept)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def _riff_chunks(data: bytes, offset: int, end: int) -> list[tuple[bytes, bytes]]:
+    """(tag, payload) of every RIFF chunk from ``offset`` to ``end``."""
+    chunks = []
+    while offset < end:
+        if offset + 8 > end:
             raise OutputMalformed("webp_truncated")
         tag = data[offset:offset + 4]
         (length,) = struct.unpack_from("<I", data, offset + 4)
-        end = offset + 8 + length + (length & 1)  # chunks are padded to an even size
-        if end > len(data):
+        if offset + 8 + length > end:
             raise OutputMalformed("webp_truncated")
-        if tag == b"VP8X" and length >= 1:
-            flags = data[offset + 8] & ~WEBP_METADATA_FLAGS
-            kept.append(data[offset:offset + 8] + bytes((flags,)) + data[offset + 9:end])
-        elif tag in WEBP_KEEP:
-            kept.append(data[offset:end])
-        offset = end
-    body = b"WEBP" + b"".join(kept)
-    return b"RIFF" + struct.pack("<I", len(body)) + body
+        chunks.append((tag, data[offset + 8:offset + 8 + length]))
+        offset += 8 + length + (length & 1)  # chunks are padded to an even size
+    return chunks
+
+
+def _riff_chunk(tag: bytes, payload: bytes) -> bytes:
+    return tag + struct.pack("<I", len(payload)) + payload + b"\x00" * (len(payload) & 1)
 
 
 def strip_jpeg(data: bytes) -> bytes:

@@ -38,3 +38,27 @@ def test_a_png_loses_chunks_it_does_not_know_whatever_their_case() -> None:
 def test_a_png_chunk_longer_than_its_format_is_never_stored(data: bytes) -> None:
     with pytest.raises(OutputMalformed):
         describe(data, "x.png")
+
+
+def riff(tag: bytes, payload: bytes) -> bytes:
+    return tag + struct.pack("<I", len(payload)) + payload + b"\x00" * (len(payload) & 1)
+
+
+def animated_webp(*frame_extra: bytes) -> bytes:
+    """A one-frame animated WEBP whose frame (``ANMF``) holds its image and then ``frame_extra`` chunks."""
+    frame = riff(b"ANMF", bytes(16) + riff(b"VP8L", b"\x2f" + b"\x01" * 6) + b"".join(frame_extra))
+    body = b"WEBP" + riff(b"VP8X", b"\x02" + bytes(9)) + riff(b"ANIM", bytes(6)) + frame
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def test_an_animated_webp_frame_loses_the_chunks_it_may_carry_beyond_its_image() -> None:
+    """The WEBP spec lets an animation frame hold unknown chunks after its image: one holds the canary."""
+    clean, kind = describe(animated_webp(riff(b"XTRA", CANARY), riff(b"EXIF", CANARY)), "x.webp")
+    assert (clean, kind) == (animated_webp(), "image/webp")
+    assert describe(clean, "x.webp") == (clean, kind)
+
+
+def test_a_webp_header_longer_than_its_format_is_never_stored() -> None:
+    body = b"WEBP" + riff(b"VP8X", bytes(10) + CANARY) + riff(b"VP8L", b"\x2f" + b"\x01" * 6)
+    with pytest.raises(OutputMalformed):
+        describe(b"RIFF" + struct.pack("<I", len(body)) + body, "x.webp")
