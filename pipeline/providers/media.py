@@ -40,9 +40,12 @@ WEBP_FRAME_KEEP = frozenset({b"VP8 ", b"VP8L", b"ALPH"})
 WEBP_SIZES = {b"VP8X": 10, b"ANIM": 6}
 #: VP8X flag bits announcing EXIF (0x08) and XMP (0x04) chunks; cleared when those go.
 WEBP_METADATA_FLAGS = 0x08 | 0x04
-#: JPEG APPn markers kept: APP0 (JFIF), APP2 (ICC profile), APP14 (Adobe colour transform).
-#: APP1 (EXIF, XMP), the other APPn and COM (0xFE) go.
-JPEG_KEEP_APP = frozenset({0xE0, 0xE2, 0xEE})
+#: JPEG segments kept whole: frame headers (SOF0-15), Huffman and arithmetic tables (DHT 0xC4, DAC
+#: 0xCC), quantization tables, DNL, restart interval, hierarchical DHP and EXP, scan headers. Of APPn
+#: only APP0 (a JFIF header), APP2 (an ICC profile) and APP14 (Adobe's colour transform) are kept,
+#: each only holding that (``_jpeg_payload``); APP1 (EXIF, XMP), the other APPn, COM (0xFE) and the
+#: reserved JPGn (0xF0-0xFD) go, before the first scan and between scans.
+JPEG_KEEP = frozenset(range(0xC0, 0xD0)) - {0xC8} | {0xDB, 0xDC, 0xDD, 0xDE, 0xDF, 0xDA}
 #: GIF application extensions kept: the animation loop count (NETSCAPE2.0 and its ANIMEXTS1.0 twin).
 GIF_KEEP_APP = (b"NETSCAPE2.0", b"ANIMEXTS1.0")
 #: Content types whose metadata reckon removes; any other is refused unless the operator allows it.
@@ -139,29 +142,63 @@ def _riff_chunk(tag: bytes, payload: bytes) -> bytes:
 
 
 def strip_jpeg(data: bytes) -> bytes:
-    """The JPEG without EXIF, XMP, comments or other APPn segments before its first scan; scans unchanged."""
+    """The JPEG with only the segments of JPEG_KEEP (and APP0, APP2, APP14 holding what they are for),
+    before its first scan and between scans; scans unchanged, nothing after EOI."""
     kept = [data[:2]]
     offset = 2
     while True:
-        if offset + 4 > len(data) or data[offset] != 0xFF:
+        if offset + 2 > len(data) or data[offset] != 0xFF:
             raise OutputMalformed("jpeg_malformed")
         marker = data[offset + 1]
         if marker == 0xFF:  # a fill byte before a marker
             offset += 1
             continue
+        if marker == 0xD9:  # end of image: nothing after it
+            return b"".join(kept) + b"\xff\xd9"
+        if offset + 4 > len(data):
+            raise OutputMalformed("jpeg_truncated")
         (length,) = struct.unpack_from(">H", data, offset + 2)
         end = offset + 2 + length
         if length < 2 or end > len(data):
             raise OutputMalformed("jpeg_truncated")
-        metadata = marker == 0xFE or (0xE0 <= marker <= 0xEF and marker not in JPEG_KEEP_APP)
-        if marker == 0xDA:  # start of scan: image data up to EOI (escaped: no FFD9 inside), nothing after
-            eoi = data.find(b"\xff\xd9", end)
-            if eoi < 0:
-                raise OutputMalformed("jpeg_truncated")
-            return b"".join(kept) + data[offset:eoi + 2]
-        if not metadata:
-            kept.append(data[offset:end])
+        payload = _jpeg_payload(marker, data[offset + 4:end])
+        if payload is not None:
+            kept.append(bytes((0xFF, marker)) + struct.pack(">H", len(payload) + 2) + payload)
         offset = end
+        if marker == 0xDA:  # start of scan: its entropy-coded data runs to the next marker
+            scan_end = _jpeg_scan_end(data, end)
+            kept.append(data[end:scan_end])
+            offset = scan_end
+
+
+def _jpeg_payload(marker: int, payload: bytes) -> bytes | None:
+    """What is kept of a segment: tables, frame and scan headers whole; APP0 as a JFIF header without
+    thumbnail, APP2 as an ICC profile, APP14 as Adobe's 12 bytes; None for anything else."""
+    if marker in JPEG_KEEP:
+        return payload
+    if marker == 0xE0 and payload.startswith(b"JFIF\x00") and len(payload) >= 14:
+        return payload[:12] + b"\x00\x00"  # thumbnail width and height 0: no thumbnail
+    if marker == 0xE2 and payload.startswith(b"ICC_PROFILE\x00"):
+        return payload
+    if marker == 0xEE and payload.startswith(b"Adobe") and len(payload) >= 12:
+        return payload[:12]
+    return None
+
+
+def _jpeg_scan_end(data: bytes, offset: int) -> int:
+    """Where the entropy-coded data from ``offset`` ends: at the first marker other than a stuffed
+    zero, a restart (RST0-7) or a fill byte."""
+    while True:
+        offset = data.find(b"\xff", offset)
+        if offset < 0 or offset + 1 >= len(data):
+            raise OutputMalformed("jpeg_truncated")
+        following = data[offset + 1]
+        if following == 0x00 or 0xD0 <= following <= 0xD7:
+            offset += 2
+        elif following == 0xFF:
+            offset += 1
+        else:
+            return offset
 
 
 def strip_gif(data: bytes) -> bytes:

@@ -62,3 +62,36 @@ def test_a_webp_header_longer_than_its_format_is_never_stored() -> None:
     body = b"WEBP" + riff(b"VP8X", bytes(10) + CANARY) + riff(b"VP8L", b"\x2f" + b"\x01" * 6)
     with pytest.raises(OutputMalformed):
         describe(b"RIFF" + struct.pack("<I", len(body)) + body, "x.webp")
+
+
+def segment(marker: int, payload: bytes) -> bytes:
+    return bytes((0xFF, marker)) + struct.pack(">H", len(payload) + 2) + payload
+
+
+JFIF = b"JFIF\x00\x01\x02\x00\x00\x01\x00\x01\x00\x00"  # version 1.2, no units, 1:1, no thumbnail
+ADOBE = b"Adobe\x00\x64\x00\x00\x00\x00\x01"
+HEADER = segment(0xDB, bytes(65)) + segment(0xC2, b"\x08\x00\x01\x00\x01\x01\x01\x11\x00") + segment(0xC4, bytes(17))
+SCAN = segment(0xDA, b"\x01\x01\x00\x00\x3f\x00") + b"\x12\xff\x00\x34\xff\xd0\x56"  # a stuffed byte, a restart
+
+
+def progressive(*between: bytes, app: bytes = b"") -> bytes:
+    """A progressive JPEG of two scans with ``between`` them (the format allows tables, COM and APPn there)."""
+    return b"\xff\xd8" + segment(0xE0, JFIF) + app + HEADER + SCAN + b"".join(between) + SCAN + b"\xff\xd9"
+
+
+def test_a_jpeg_loses_comments_and_appn_between_its_scans() -> None:
+    data = progressive(segment(0xFE, CANARY), segment(0xE1, b"Exif\x00\x00" + CANARY), segment(0xC4, bytes(17)))
+    clean, kind = describe(data, "x.jpg")
+    assert (clean, kind) == (progressive(segment(0xC4, bytes(17))), "image/jpeg")  # the table between scans kept
+
+
+@pytest.mark.parametrize(("app", "kept"), [
+    (segment(0xE0, CANARY), b""),  # an APP0 that is not JFIF
+    (segment(0xE0, JFIF[:12] + b"\x01\x01" + b"\x00" * 3 + CANARY), segment(0xE0, JFIF)),  # a "thumbnail"
+    (segment(0xE2, CANARY), b""),  # an APP2 that is not an ICC profile (FlashPix, MPF, anything)
+    (segment(0xEE, ADOBE + CANARY), segment(0xEE, ADOBE)),  # an Adobe segment longer than its 12 bytes
+    (segment(0xEE, CANARY), b""),
+    (segment(0xF0, CANARY), b""),  # JPG0..JPG13: reserved extensions no decoder reads
+], ids=["app0", "jfif-thumbnail", "app2", "adobe-longer", "app14", "jpg0"])
+def test_a_jpeg_keeps_app0_app2_app14_only_for_what_they_are_for(app: bytes, kept: bytes) -> None:
+    assert describe(progressive(app=app), "x.jpg") == (progressive(app=kept), "image/jpeg")
