@@ -203,7 +203,8 @@ def _jpeg_scan_end(data: bytes, offset: int) -> int:
 
 def strip_gif(data: bytes) -> bytes:
     """The GIF without comments, plain-text blocks or application extensions other than the loop
-    count; header, colour tables, graphic controls and image data unchanged, nothing after the trailer."""
+    count; header, colour tables and image data unchanged, graphic controls and the loop count as
+    their format's few bytes (``_gif_extension``), nothing after the trailer."""
     if len(data) < 13:
         raise OutputMalformed("gif_truncated")
     offset = 13 + _gif_table(data[10])
@@ -220,13 +221,23 @@ def strip_gif(data: bytes) -> bytes:
         elif block == 0x21 and offset + 2 <= len(data):  # extension: label, then sub-blocks
             label = data[offset + 1]
             end = _gif_sub_blocks(data, offset + 2)
-            application = data[offset + 3:offset + 14] if data[offset + 2:offset + 3] == b"\x0b" else b""
-            if label == 0xF9 or (label == 0xFF and application in GIF_KEEP_APP):
-                kept.append(data[offset:end])
+            kept.append(_gif_extension(label, data[offset + 2:end]))
         else:
             raise OutputMalformed("gif_malformed")
         offset = end
     raise OutputMalformed("gif_truncated")
+
+
+def _gif_extension(label: int, blocks: bytes) -> bytes:
+    """What is kept of an extension (its sub-blocks ``blocks``): a graphic control as its 4 bytes, a
+    loop count (``GIF_KEEP_APP``) as its identifier and loop sub-block; nothing of any other, nor any
+    further sub-block of these (each could carry anything)."""
+    if label == 0xF9 and blocks[:1] == b"\x04" and len(blocks) >= 6:
+        return b"\x21\xf9" + blocks[:5] + b"\x00"
+    if label == 0xFF and blocks[:1] == b"\x0b" and blocks[1:12] in GIF_KEEP_APP and blocks[12:14] == b"\x03\x01":
+        if len(blocks) >= 17:
+            return b"\x21\xff" + blocks[:16] + b"\x00"
+    return b""
 
 
 def _gif_table(flags: int) -> int:

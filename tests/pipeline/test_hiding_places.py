@@ -11,7 +11,7 @@ import pytest
 from pipeline.errors import OutputMalformed
 from pipeline.providers.media import describe
 from pipeline.providers.sim.comfy import png
-from tests.pipeline.test_media import chunk, png_chunks
+from tests.pipeline.test_media import GIF_CONTROL, GIF_LOOP, chunk, gif, png_chunks, sub_blocks
 
 CANARY = b'{"prompt": "canary-51d0e2"}'
 
@@ -95,3 +95,16 @@ def test_a_jpeg_loses_comments_and_appn_between_its_scans() -> None:
 ], ids=["app0", "jfif-thumbnail", "app2", "adobe-longer", "app14", "jpg0"])
 def test_a_jpeg_keeps_app0_app2_app14_only_for_what_they_are_for(app: bytes, kept: bytes) -> None:
     assert describe(progressive(app=app), "x.jpg") == (progressive(app=kept), "image/jpeg")
+
+
+@pytest.mark.parametrize("extension", [
+    b"\x21\xf9\x04\x00\x0a\x00\x00" + sub_blocks(CANARY),  # a graphic control with sub-blocks after its 4 bytes
+    b"\x21\xff\x0bNETSCAPE2.0\x03\x01\x00\x00" + sub_blocks(CANARY),  # the loop count, then more
+    b"\x21\xff\x0bNETSCAPE2.0" + sub_blocks(CANARY),  # the loop's identifier, no loop sub-block
+    b"\x21\xff\x0bANIMEXTS1.0\x03\x01\x00\x00" + sub_blocks(CANARY),
+], ids=["control", "netscape-more", "netscape-other", "animexts-more"])
+def test_a_gif_keeps_of_its_control_and_loop_extensions_only_their_own_bytes(extension: bytes) -> None:
+    clean, kind = describe(gif(extension, frames=2), "x.gif")
+    assert kind == "image/gif" and CANARY not in clean
+    assert clean in (gif(frames=2), gif(GIF_CONTROL, frames=2), gif(GIF_LOOP, frames=2),
+                     gif(GIF_LOOP.replace(b"NETSCAPE2.0", b"ANIMEXTS1.0"), frames=2))
