@@ -1,11 +1,13 @@
-"""Where else a custom node could hide the workflow in an image it saves, beyond the metadata
-blocks each format names: chunks, segments and extensions a decoder skips or does not need, each
-carrying a canary that no cleaned file may hold (review of issue 31 by attack)."""
+"""Where else a custom node could hide the workflow in a file it saves, beyond the metadata blocks
+each format names: chunks, segments and extensions a decoder skips or does not need, a codec's
+private header, each carrying a canary that no cleaned file may hold (review of issue 31 by attack)."""
 
 from __future__ import annotations
 
+import io
 import struct
 
+import av
 import pytest
 
 from pipeline.errors import OutputMalformed
@@ -108,3 +110,59 @@ def test_a_gif_keeps_of_its_control_and_loop_extensions_only_their_own_bytes(ext
     assert kind == "image/gif" and CANARY not in clean
     assert clean in (gif(frames=2), gif(GIF_CONTROL, frames=2), gif(GIF_LOOP, frames=2),
                      gif(GIF_LOOP.replace(b"NETSCAPE2.0", b"ANIMEXTS1.0"), frames=2))
+
+
+def vorbis_comment(*comments: bytes) -> bytes:
+    """A Vorbis comment header (the second of a Vorbis stream's three) holding ``comments``."""
+    return (b"\x03vorbis" + struct.pack("<I", 6) + b"reckon" + struct.pack("<I", len(comments))
+            + b"".join(struct.pack("<I", len(text)) + text for text in comments) + b"\x01")
+
+
+def xiph_lace(headers: list[bytes]) -> bytes:
+    """Headers as Matroska's CodecPrivate holds them: count-1, the lengths (but the last's), the headers."""
+    sizes = b"".join(b"\xff" * (len(header) // 255) + bytes((len(header) % 255,)) for header in headers[:-1])
+    return bytes((len(headers) - 1,)) + sizes + b"".join(headers)
+
+
+def xiph_split(private: bytes) -> list[bytes]:
+    count, offset, sizes = private[0] + 1, 1, []
+    for _ in range(count - 1):
+        size = 0
+        while private[offset] == 0xFF:
+            size, offset = size + 255, offset + 1
+        sizes.append(size + private[offset])
+        offset += 1
+    sizes.append(len(private) - offset - sum(sizes))
+    headers = []
+    for size in sizes:
+        headers.append(private[offset:offset + size])
+        offset += size
+    return headers
+
+
+@pytest.mark.parametrize("muxer", ["webm", "matroska"])
+def test_a_vorbis_stream_loses_the_comments_its_codec_private_data_carries(muxer: str) -> None:
+    """Matroska keeps a Vorbis stream's three headers in CodecPrivate, the comment header (tags any
+    libvorbis writer may fill) among them; a stream copy copies it as it is."""
+    out = io.BytesIO()
+    with av.open(out, "w", format=muxer) as container:
+        stream = container.add_stream("vorbis", rate=44100, layout="stereo", options={"strict": "experimental"})
+        packets = []
+        for i in range(8):
+            frame = av.AudioFrame(format="fltp", layout="stereo", samples=1024)
+            for plane in frame.planes:
+                plane.update(bytes(plane.buffer_size))
+            frame.sample_rate, frame.pts = 44100, i * 1024
+            packets += stream.encode(frame)
+        packets += stream.encode(None)
+        headers = xiph_split(stream.codec_context.extradata)
+        stream.codec_context.extradata = xiph_lace([headers[0], vorbis_comment(b"prompt=" + CANARY), headers[2]])
+        for packet in packets:
+            container.mux(packet)
+    data = out.getvalue()
+    assert data.count(CANARY) == 1  # in CodecPrivate: the test can fail
+    clean, _ = describe(data, "x.webm")
+    assert CANARY not in clean
+    with av.open(io.BytesIO(clean)) as container:  # a decoder still reads it: the headers it needs are there
+        assert xiph_split(container.streams.audio[0].codec_context.extradata)[1] == vorbis_comment()[:7] + bytes(8) + b"\x01"
+        assert sum(frame.samples for frame in container.decode(audio=0)) > 0
