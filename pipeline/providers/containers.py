@@ -22,6 +22,7 @@ import io
 import av
 
 from pipeline.errors import OutputMalformed
+from pipeline.providers.frames import flac_frame, mp3_frame
 
 #: Content type -> the FFmpeg muxer that writes it again.
 MUXERS = {
@@ -67,15 +68,28 @@ def _remux(data: bytes, muxer: str) -> bytes:
                 copy = target.add_stream_from_template(stream)
                 for key in list(copy.metadata):  # none today; a template that carried tags must not
                     del copy.metadata[key]
-                if stream.codec_context.name in EMPTY_COMMENTS and stream.codec_context.extradata:
+                if stream.codec.canonical_name in EMPTY_COMMENTS and stream.codec_context.extradata:
                     copy.codec_context.extradata = _without_comments(stream.codec_context.extradata,
-                                                                     EMPTY_COMMENTS[stream.codec_context.name])
+                                                                     EMPTY_COMMENTS[stream.codec.canonical_name])
                 copies[stream.index] = copy
+            codecs = {stream.index: stream.codec.canonical_name for stream in kept}
+            last: dict[int, av.Packet | None] = {index: None for index, codec in codecs.items() if codec == "flac"}
             for packet in source.demux(kept):
                 if not packet.size:  # the demuxer's flush packet at the end: nothing to write
                     continue
-                packet.stream = copies[packet.stream.index]
-                target.mux(packet)
+                index = packet.stream.index
+                if index in last:  # one packet held back: the last one is cut to its frame
+                    packet, last[index] = last[index], packet
+                elif codecs[index] == "mp3":
+                    packet = _cut(packet, mp3_frame(bytes(packet)))
+                if packet is not None:
+                    packet.stream = copies[index]
+                    target.mux(packet)
+            for index, packet in last.items():
+                if packet is not None:
+                    packet = _cut(packet, flac_frame(bytes(packet)))
+                    packet.stream = copies[index]
+                    target.mux(packet)
     return out.getvalue()
 
 
@@ -97,6 +111,16 @@ def _without_comments(private: bytes, empty: bytes) -> bytes:
         raise ValueError("xiph_headers")
     lengths = b"\xff" * (len(identification) // 255) + bytes((len(identification) % 255, len(empty)))
     return b"\x02" + lengths + identification + empty + setup
+
+
+def _cut(packet: av.Packet, frame: bytes | None) -> av.Packet | None:
+    """``packet`` holding only ``frame``, its timing kept; None if there is no frame to keep."""
+    if frame is None or len(frame) == packet.size:
+        return None if frame is None else packet
+    cut = av.Packet(frame)
+    cut.pts, cut.dts, cut.duration, cut.time_base = packet.pts, packet.dts, packet.duration, packet.time_base
+    cut.is_keyframe = packet.is_keyframe
+    return cut
 
 
 def _kept(stream: av.stream.Stream) -> bool:

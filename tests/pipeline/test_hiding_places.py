@@ -13,6 +13,7 @@ import pytest
 from pipeline.errors import OutputMalformed
 from pipeline.providers.media import describe
 from pipeline.providers.sim.comfy import png
+from tests.pipeline.test_containers import FILES
 from tests.pipeline.test_media import GIF_CONTROL, GIF_LOOP, chunk, gif, png_chunks, sub_blocks
 
 CANARY = b'{"prompt": "canary-51d0e2"}'
@@ -166,3 +167,26 @@ def test_a_vorbis_stream_loses_the_comments_its_codec_private_data_carries(muxer
     with av.open(io.BytesIO(clean)) as container:  # a decoder still reads it: the headers it needs are there
         assert xiph_split(container.streams.audio[0].codec_context.extradata)[1] == vorbis_comment()[:7] + bytes(8) + b"\x01"
         assert sum(frame.samples for frame in container.decode(audio=0)) > 0
+
+
+def packets(data: bytes) -> list[bytes]:
+    with av.open(io.BytesIO(data)) as container:
+        return [bytes(packet) for packet in container.demux() if packet.size]
+
+
+@pytest.mark.parametrize("content_type", ["audio/mpeg", "audio/flac"])
+def test_bytes_appended_after_the_last_audio_frame_are_not_kept(content_type: str) -> None:
+    """A raw audio stream (MP3, FLAC) ends where the file ends: its parser hands bytes appended after
+    the last frame (the workflow, as a custom node may append it) over with that frame, or alone."""
+    data = FILES[content_type]()
+    clean, kind = describe(data + CANARY, "x")
+    assert kind == content_type and CANARY not in clean
+    assert clean == describe(data, "x")[0]  # every frame kept as it was
+
+
+def test_bytes_between_two_mp3_frames_are_not_kept() -> None:
+    data = FILES["audio/mpeg"]()
+    frames = packets(data)
+    cut = len(data) - sum(map(len, frames[5:]))
+    clean, _ = describe(data[:cut] + CANARY + data[cut:], "x.mp3")
+    assert CANARY not in clean and clean == describe(data, "x")[0]
