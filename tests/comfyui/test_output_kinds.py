@@ -27,9 +27,10 @@ FRAMES = 3
 
 
 @pytest.fixture
-def wav(comfyui: RealComfyUI) -> Iterator[str]:
-    """A quarter second of noise as a WAV in ComfyUI's input folder, under reckon's subfolder, named
-    as an upload is (``reckon/<sha256>.wav``); removed after the test."""
+def wav(comfyui: RealComfyUI, settings) -> Iterator[str]:
+    """A quarter second of noise as a WAV in the blob store (as ``POST /v1/inputs`` leaves it: the
+    worker reads an input from there) and in ComfyUI's input folder, under reckon's subfolder, named
+    as an upload is (``reckon/<sha256>.wav``); removed from the folder after the test."""
     out = io.BytesIO()
     with av.open(out, "w", format="wav") as container:
         stream = container.add_stream("pcm_s16le", rate=8000, layout="mono")
@@ -39,6 +40,7 @@ def wav(comfyui: RealComfyUI) -> Iterator[str]:
         container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     data = out.getvalue()
+    BlobStore(settings.blob_dir).put(data)
     name = f"{SUBFOLDER}/{hashlib.sha256(data).hexdigest()}.wav"
     path = comfyui.directory / "ComfyUI" / "input" / name
     path.parent.mkdir(parents=True, exist_ok=True)
