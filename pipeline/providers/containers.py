@@ -7,8 +7,9 @@ same format and nothing else: no container or stream tags, no chapters, no attac
 subtitle or data streams, no cover art (an attached picture). The muxer writes no tag of its
 own (``fflags=+bitexact``: no ``encoder`` tag, a fixed Matroska segment id, so the same input
 gives the same bytes) and no ID3 block for MP3. The codecs' own headers are copied as they are
-(an H.264 stream's parameter sets, FLAC's STREAMINFO); Ogg's muxer rebuilds a Vorbis or Opus
-comment header from the (now empty) tags.
+(an H.264 stream's parameter sets, FLAC's STREAMINFO), but for a Vorbis or Theora comment header:
+Ogg's muxer rebuilds it (and Opus's) from the (now empty) tags, Matroska's would copy it from the
+codec's private data, so it is replaced by an empty one (``EMPTY_COMMENTS``).
 
 The result is opened again and must show the same streams; a file its magic bytes call a
 container that PyAV cannot read, or that keeps no stream, raises OutputMalformed.
@@ -21,6 +22,7 @@ import io
 import av
 
 from pipeline.errors import OutputMalformed
+from pipeline.providers.frames import flac_frame, mp3_frame
 
 #: Content type -> the FFmpeg muxer that writes it again.
 MUXERS = {
@@ -36,6 +38,10 @@ OWN_TAGS = frozenset({"major_brand", "minor_version", "compatible_brands", "enco
                       "vendor_id", "DURATION"})
 #: Stream types that are the media itself; everything else (subtitles, data, attachments) goes.
 KEPT_TYPES = ("audio", "video")
+#: Codecs whose private data (Matroska's CodecPrivate) holds their three Xiph headers, the second a
+#: comment header any writer may fill with tags: it is replaced by this one, empty (no vendor, no
+#: comment). Ogg's muxer rebuilds it from the stream's tags anyway; Matroska's copies it as it is.
+EMPTY_COMMENTS = {"vorbis": b"\x03vorbis" + bytes(8) + b"\x01", "theora": b"\x81theora" + bytes(8)}
 
 
 def remux(data: bytes, content_type: str) -> bytes:
@@ -62,13 +68,59 @@ def _remux(data: bytes, muxer: str) -> bytes:
                 copy = target.add_stream_from_template(stream)
                 for key in list(copy.metadata):  # none today; a template that carried tags must not
                     del copy.metadata[key]
+                if stream.codec.canonical_name in EMPTY_COMMENTS and stream.codec_context.extradata:
+                    copy.codec_context.extradata = _without_comments(stream.codec_context.extradata,
+                                                                     EMPTY_COMMENTS[stream.codec.canonical_name])
                 copies[stream.index] = copy
+            codecs = {stream.index: stream.codec.canonical_name for stream in kept}
+            last: dict[int, av.Packet | None] = {index: None for index, codec in codecs.items() if codec == "flac"}
             for packet in source.demux(kept):
                 if not packet.size:  # the demuxer's flush packet at the end: nothing to write
                     continue
-                packet.stream = copies[packet.stream.index]
-                target.mux(packet)
+                index = packet.stream.index
+                if index in last:  # one packet held back: the last one is cut to its frame
+                    packet, last[index] = last[index], packet
+                elif codecs[index] == "mp3":
+                    packet = _cut(packet, mp3_frame(bytes(packet)))
+                if packet is not None:
+                    packet.stream = copies[index]
+                    target.mux(packet)
+            for index, packet in last.items():
+                if packet is not None:
+                    packet = _cut(packet, flac_frame(bytes(packet)))
+                    packet.stream = copies[index]
+                    target.mux(packet)
     return out.getvalue()
+
+
+def _without_comments(private: bytes, empty: bytes) -> bytes:
+    """Xiph-laced headers (a count less one, the sizes of all but the last, then the headers) with the
+    second, the comment header, replaced by ``empty``."""
+    count, offset, sizes = private[0] + 1, 1, []
+    if count != 3:
+        raise ValueError("xiph_headers")
+    for _ in range(count - 1):
+        size = 0
+        while private[offset] == 0xFF:
+            size, offset = size + 255, offset + 1
+        sizes.append(size + private[offset])
+        offset += 1
+    identification = private[offset:offset + sizes[0]]
+    setup = private[offset + sizes[0] + sizes[1]:]
+    if len(setup) <= 0:
+        raise ValueError("xiph_headers")
+    lengths = b"\xff" * (len(identification) // 255) + bytes((len(identification) % 255, len(empty)))
+    return b"\x02" + lengths + identification + empty + setup
+
+
+def _cut(packet: av.Packet, frame: bytes | None) -> av.Packet | None:
+    """``packet`` holding only ``frame``, its timing kept; None if there is no frame to keep."""
+    if frame is None or len(frame) == packet.size:
+        return None if frame is None else packet
+    cut = av.Packet(frame)
+    cut.pts, cut.dts, cut.duration, cut.time_base = packet.pts, packet.dts, packet.duration, packet.time_base
+    cut.is_keyframe = packet.is_keyframe
+    return cut
 
 
 def _kept(stream: av.stream.Stream) -> bool:

@@ -13,7 +13,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
@@ -34,8 +34,13 @@ DEFAULT_TIMEOUT = 10.0
 #: caller gives its own limit (an output download): a server that trickles bytes, each inside the
 #: read timeout, cannot hold a thread (the watcher's, a worker's) for longer.
 DEFAULT_TOTAL = 2 * DEFAULT_TIMEOUT
-#: Bytes asked of the socket at a time while a response's body is read.
+#: Bytes asked of the socket at a time while a response's body is read, and handed to it at a time
+#: while a request's body is sent (each block within the timeout).
 CHUNK = 64 * 1024
+#: Bytes per second a request's body is allowed at least: it may take ``total`` plus its size at
+#: this rate to go out (an input's upload over a slow link), each block of it within the timeout,
+#: never longer (a server reading it a little at a time cannot hold a thread).
+DEFAULT_SEND_RATE = 1024 * 1024
 #: Retry-After delay-seconds: ASCII digits only (``str.isdigit`` also accepts "²", which float refuses).
 _SECONDS_RE = re.compile(r"[0-9]{1,9}")
 #: Methods that change nothing at the server: an answer lost to them is safe to ask again.
@@ -50,13 +55,15 @@ class Response:
 
 
 class HttpTransport:
-    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT, total: float = DEFAULT_TOTAL) -> None:
-        """``timeout``: connect and each read; ``total``: a whole answer, unless a request says."""
+    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT, total: float = DEFAULT_TOTAL,
+                 send_rate: float = DEFAULT_SEND_RATE) -> None:
+        """``timeout``: connect, each read and each block sent; ``total``: a whole answer, unless a
+        request says; ``send_rate``: bytes per second a request's body is allowed beyond ``total``."""
         parts = urlsplit(base_url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.https = parts.scheme == "https"
-        self.timeout, self.total = timeout, total
+        self.timeout, self.total, self.send_rate = timeout, total, send_rate
 
     def request(self, method: str, path: str, body: bytes | None = None, *,
                 accept: Collection[int] = (), limit: float | None = None,
@@ -72,14 +79,18 @@ class HttpTransport:
                 conn.connect()
             except OSError as exc:  # refused, unroutable, or no answer to connect: nothing was sent
                 raise Unreachable("connect_failed") from exc
-            headers = {"Content-Type": content_type} if body is not None else {}
+            headers = {"Content-Type": content_type, "Content-Length": str(len(body))} if body is not None else {}
+            sent_by = time.monotonic() + self.total + len(body or b"") / self.send_rate
             until = None
             try:
-                conn.request(method, path, body=body, headers=headers)
+                conn.request(method, path, body=None if body is None else _blocks(body, sent_by), headers=headers)
                 until = time.monotonic() + (self.total if limit is None else limit)
                 response = _read(conn, until, self.timeout)
             except (OSError, http.client.HTTPException) as exc:
-                reason = "response_too_slow" if until is not None and time.monotonic() >= until else "response_lost"
+                if until is None:
+                    reason = "request_too_slow" if time.monotonic() >= sent_by else "response_lost"
+                else:
+                    reason = "response_too_slow" if time.monotonic() >= until else "response_lost"
                 if method in SAFE:
                     raise Transient(reason) from exc
                 raise UnknownOutcome(reason) from exc
@@ -88,6 +99,15 @@ class HttpTransport:
         if response.status not in accept:
             raise_for_status(method, response)
         return response
+
+
+def _blocks(body: bytes, sent_by: float) -> Iterator[memoryview]:
+    """``body`` in blocks of CHUNK (each sent within the socket's timeout), none once ``sent_by`` has passed."""
+    view = memoryview(body)
+    for start in range(0, len(view), CHUNK):
+        if time.monotonic() >= sent_by:
+            raise TimeoutError("request_too_slow")
+        yield view[start:start + CHUNK]
 
 
 def _read(conn: http.client.HTTPConnection, until: float, timeout: float) -> Response:

@@ -25,17 +25,27 @@ from pipeline.mediatypes import sniff, type_for_name
 from pipeline.providers.containers import MUXERS, remux
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-#: Ancillary PNG chunks kept because they change how pixels show (colour, transparency, size,
-#: animation). Critical chunks (upper-case first letter: IHDR, PLTE, IDAT, IEND) are always kept.
-PNG_KEEP = frozenset({b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"iCCP", b"cICP", b"mDCV", b"cLLI", b"sBIT",
-                      b"pHYs", b"bKGD", b"acTL", b"fcTL", b"fdAT"})
+#: PNG chunks kept: the critical ones PNG defines (an unknown chunk is dropped whatever the case of
+#: its name) and the ancillary ones that change how pixels show (colour, transparency, size, animation).
+PNG_KEEP = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"iCCP",
+                      b"cICP", b"mDCV", b"cLLI", b"sBIT", b"pHYs", b"bKGD", b"acTL", b"fcTL", b"fdAT"})
+#: Kept PNG chunks of a fixed size: one of another size is malformed (its extra bytes could carry anything).
+PNG_SIZES = {b"IHDR": 13, b"IEND": 0, b"gAMA": 4, b"sRGB": 1, b"cHRM": 32, b"pHYs": 9, b"acTL": 8, b"fcTL": 26,
+             b"cICP": 4, b"cLLI": 8, b"mDCV": 24}
 #: WEBP chunks kept: image data, alpha, animation, colour profile (EXIF and XMP go).
 WEBP_KEEP = frozenset({b"VP8 ", b"VP8L", b"VP8X", b"ALPH", b"ANIM", b"ANMF", b"ICCP"})
+#: Chunks kept inside an animation frame (``ANMF``): its image data and alpha; unknown ones go.
+WEBP_FRAME_KEEP = frozenset({b"VP8 ", b"VP8L", b"ALPH"})
+#: WEBP chunks of a fixed size: one of another size is malformed (its extra bytes could carry anything).
+WEBP_SIZES = {b"VP8X": 10, b"ANIM": 6}
 #: VP8X flag bits announcing EXIF (0x08) and XMP (0x04) chunks; cleared when those go.
 WEBP_METADATA_FLAGS = 0x08 | 0x04
-#: JPEG APPn markers kept: APP0 (JFIF), APP2 (ICC profile), APP14 (Adobe colour transform).
-#: APP1 (EXIF, XMP), the other APPn and COM (0xFE) go.
-JPEG_KEEP_APP = frozenset({0xE0, 0xE2, 0xEE})
+#: JPEG segments kept whole: frame headers (SOF0-15), Huffman and arithmetic tables (DHT 0xC4, DAC
+#: 0xCC), quantization tables, DNL, restart interval, hierarchical DHP and EXP, scan headers. Of APPn
+#: only APP0 (a JFIF header), APP2 (an ICC profile) and APP14 (Adobe's colour transform) are kept,
+#: each only holding that (``_jpeg_payload``); APP1 (EXIF, XMP), the other APPn, COM (0xFE) and the
+#: reserved JPGn (0xF0-0xFD) go, before the first scan and between scans.
+JPEG_KEEP = frozenset(range(0xC0, 0xD0)) - {0xC8} | {0xDB, 0xDC, 0xDD, 0xDE, 0xDF, 0xDA}
 #: GIF application extensions kept: the animation loop count (NETSCAPE2.0 and its ANIMEXTS1.0 twin).
 GIF_KEEP_APP = (b"NETSCAPE2.0", b"ANIMEXTS1.0")
 #: Content types whose metadata reckon removes; any other is refused unless the operator allows it.
@@ -68,7 +78,7 @@ def describe(data: bytes, filename: str, *, uncleaned: frozenset[str] = frozense
 
 
 def strip_png(data: bytes) -> bytes:
-    """The PNG with only critical and display chunks; anything after IEND is dropped too."""
+    """The PNG with only the chunks of PNG_KEEP; anything after IEND is dropped too."""
     kept = [PNG_SIGNATURE]
     offset = len(PNG_SIGNATURE)
     while True:
@@ -79,7 +89,9 @@ def strip_png(data: bytes) -> bytes:
         end = offset + 12 + length
         if end > len(data):
             raise OutputMalformed("png_truncated")
-        if tag[:1].isupper() or tag in PNG_KEEP:
+        if PNG_SIZES.get(tag, length) != length:
+            raise OutputMalformed("png_chunk_size")
+        if tag in PNG_KEEP:
             kept.append(data[offset:end])
         if tag == b"IEND":
             return b"".join(kept)
@@ -87,59 +99,112 @@ def strip_png(data: bytes) -> bytes:
 
 
 def strip_webp(data: bytes) -> bytes:
-    """The WEBP without EXIF, XMP or unknown chunks, its VP8X flags and RIFF size made to match."""
+    """The WEBP without EXIF, XMP or unknown chunks (in an animation frame too), its VP8X flags and
+    RIFF size made to match."""
     (riff_size,) = struct.unpack_from("<I", data, 4)
     if riff_size + 8 > len(data):
         raise OutputMalformed("webp_truncated")
     kept: list[bytes] = []
-    offset = 12
-    while offset < riff_size + 8:
-        if offset + 8 > len(data):
-            raise OutputMalformed("webp_truncated")
-        tag = data[offset:offset + 4]
-        (length,) = struct.unpack_from("<I", data, offset + 4)
-        end = offset + 8 + length + (length & 1)  # chunks are padded to an even size
-        if end > len(data):
-            raise OutputMalformed("webp_truncated")
-        if tag == b"VP8X" and length >= 1:
-            flags = data[offset + 8] & ~WEBP_METADATA_FLAGS
-            kept.append(data[offset:offset + 8] + bytes((flags,)) + data[offset + 9:end])
-        elif tag in WEBP_KEEP:
-            kept.append(data[offset:end])
-        offset = end
+    for tag, payload in _riff_chunks(data, 12, riff_size + 8):
+        if WEBP_SIZES.get(tag, len(payload)) != len(payload):
+            raise OutputMalformed("webp_chunk_size")
+        if tag == b"VP8X":
+            payload = bytes((payload[0] & ~WEBP_METADATA_FLAGS,)) + payload[1:]
+        elif tag == b"ANMF":  # a frame: its 16-byte header, then its own chunks (a spec'd place for unknown ones)
+            if len(payload) < 16:
+                raise OutputMalformed("webp_truncated")
+            payload = payload[:16] + b"".join(_riff_chunk(frame_tag, frame) for frame_tag, frame in
+                                              _riff_chunks(payload, 16, len(payload)) if frame_tag in WEBP_FRAME_KEEP)
+        elif tag not in WEBP_KEEP:
+            continue
+        kept.append(_riff_chunk(tag, payload))
     body = b"WEBP" + b"".join(kept)
     return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
+def _riff_chunks(data: bytes, offset: int, end: int) -> list[tuple[bytes, bytes]]:
+    """(tag, payload) of every RIFF chunk from ``offset`` to ``end``."""
+    chunks = []
+    while offset < end:
+        if offset + 8 > end:
+            raise OutputMalformed("webp_truncated")
+        tag = data[offset:offset + 4]
+        (length,) = struct.unpack_from("<I", data, offset + 4)
+        if offset + 8 + length > end:
+            raise OutputMalformed("webp_truncated")
+        chunks.append((tag, data[offset + 8:offset + 8 + length]))
+        offset += 8 + length + (length & 1)  # chunks are padded to an even size
+    return chunks
+
+
+def _riff_chunk(tag: bytes, payload: bytes) -> bytes:
+    return tag + struct.pack("<I", len(payload)) + payload + b"\x00" * (len(payload) & 1)
+
+
 def strip_jpeg(data: bytes) -> bytes:
-    """The JPEG without EXIF, XMP, comments or other APPn segments before its first scan; scans unchanged."""
+    """The JPEG with only the segments of JPEG_KEEP (and APP0, APP2, APP14 holding what they are for),
+    before its first scan and between scans; scans unchanged, nothing after EOI."""
     kept = [data[:2]]
     offset = 2
     while True:
-        if offset + 4 > len(data) or data[offset] != 0xFF:
+        if offset + 2 > len(data) or data[offset] != 0xFF:
             raise OutputMalformed("jpeg_malformed")
         marker = data[offset + 1]
         if marker == 0xFF:  # a fill byte before a marker
             offset += 1
             continue
+        if marker == 0xD9:  # end of image: nothing after it
+            return b"".join(kept) + b"\xff\xd9"
+        if offset + 4 > len(data):
+            raise OutputMalformed("jpeg_truncated")
         (length,) = struct.unpack_from(">H", data, offset + 2)
         end = offset + 2 + length
         if length < 2 or end > len(data):
             raise OutputMalformed("jpeg_truncated")
-        metadata = marker == 0xFE or (0xE0 <= marker <= 0xEF and marker not in JPEG_KEEP_APP)
-        if marker == 0xDA:  # start of scan: image data up to EOI (escaped: no FFD9 inside), nothing after
-            eoi = data.find(b"\xff\xd9", end)
-            if eoi < 0:
-                raise OutputMalformed("jpeg_truncated")
-            return b"".join(kept) + data[offset:eoi + 2]
-        if not metadata:
-            kept.append(data[offset:end])
+        payload = _jpeg_payload(marker, data[offset + 4:end])
+        if payload is not None:
+            kept.append(bytes((0xFF, marker)) + struct.pack(">H", len(payload) + 2) + payload)
         offset = end
+        if marker == 0xDA:  # start of scan: its entropy-coded data runs to the next marker
+            scan_end = _jpeg_scan_end(data, end)
+            kept.append(data[end:scan_end])
+            offset = scan_end
+
+
+def _jpeg_payload(marker: int, payload: bytes) -> bytes | None:
+    """What is kept of a segment: tables, frame and scan headers whole; APP0 as a JFIF header without
+    thumbnail, APP2 as an ICC profile, APP14 as Adobe's 12 bytes; None for anything else."""
+    if marker in JPEG_KEEP:
+        return payload
+    if marker == 0xE0 and payload.startswith(b"JFIF\x00") and len(payload) >= 14:
+        return payload[:12] + b"\x00\x00"  # thumbnail width and height 0: no thumbnail
+    if marker == 0xE2 and payload.startswith(b"ICC_PROFILE\x00"):
+        return payload
+    if marker == 0xEE and payload.startswith(b"Adobe") and len(payload) >= 12:
+        return payload[:12]
+    return None
+
+
+def _jpeg_scan_end(data: bytes, offset: int) -> int:
+    """Where the entropy-coded data from ``offset`` ends: at the first marker other than a stuffed
+    zero, a restart (RST0-7) or a fill byte."""
+    while True:
+        offset = data.find(b"\xff", offset)
+        if offset < 0 or offset + 1 >= len(data):
+            raise OutputMalformed("jpeg_truncated")
+        following = data[offset + 1]
+        if following == 0x00 or 0xD0 <= following <= 0xD7:
+            offset += 2
+        elif following == 0xFF:
+            offset += 1
+        else:
+            return offset
 
 
 def strip_gif(data: bytes) -> bytes:
     """The GIF without comments, plain-text blocks or application extensions other than the loop
-    count; header, colour tables, graphic controls and image data unchanged, nothing after the trailer."""
+    count; header, colour tables and image data unchanged, graphic controls and the loop count as
+    their format's few bytes (``_gif_extension``), nothing after the trailer."""
     if len(data) < 13:
         raise OutputMalformed("gif_truncated")
     offset = 13 + _gif_table(data[10])
@@ -156,13 +221,23 @@ def strip_gif(data: bytes) -> bytes:
         elif block == 0x21 and offset + 2 <= len(data):  # extension: label, then sub-blocks
             label = data[offset + 1]
             end = _gif_sub_blocks(data, offset + 2)
-            application = data[offset + 3:offset + 14] if data[offset + 2:offset + 3] == b"\x0b" else b""
-            if label == 0xF9 or (label == 0xFF and application in GIF_KEEP_APP):
-                kept.append(data[offset:end])
+            kept.append(_gif_extension(label, data[offset + 2:end]))
         else:
             raise OutputMalformed("gif_malformed")
         offset = end
     raise OutputMalformed("gif_truncated")
+
+
+def _gif_extension(label: int, blocks: bytes) -> bytes:
+    """What is kept of an extension (its sub-blocks ``blocks``): a graphic control as its 4 bytes, a
+    loop count (``GIF_KEEP_APP``) as its identifier and loop sub-block; nothing of any other, nor any
+    further sub-block of these (each could carry anything)."""
+    if label == 0xF9 and blocks[:1] == b"\x04" and len(blocks) >= 6:
+        return b"\x21\xf9" + blocks[:5] + b"\x00"
+    if label == 0xFF and blocks[:1] == b"\x0b" and blocks[1:12] in GIF_KEEP_APP and blocks[12:14] == b"\x03\x01":
+        if len(blocks) >= 17:
+            return b"\x21\xff" + blocks[:16] + b"\x00"
+    return b""
 
 
 def _gif_table(flags: int) -> int:

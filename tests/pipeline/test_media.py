@@ -73,7 +73,8 @@ def jpeg(*segments: tuple[int, bytes], scan: bytes = b"\x12\xff\x00\x34") -> byt
 
 
 def test_jpeg_loses_exif_xmp_and_comments_and_keeps_what_decoding_needs() -> None:
-    kept = [(0xE0, b"JFIF\x00"), (0xE2, b"ICC_PROFILE\x00"), (0xDB, b"\x00" * 5), (0xEE, b"Adobe")]
+    kept = [(0xE0, b"JFIF\x00\x01\x02\x00\x00\x01\x00\x01\x00\x00"), (0xE2, b"ICC_PROFILE\x00"), (0xDB, b"\x00" * 5),
+            (0xEE, b"Adobe\x00\x64\x00\x00\x00\x00\x01")]
     data = jpeg(kept[0], (0xE1, b'Exif\x00\x00prompt:{"secret": 1}'), kept[1], (0xFE, b"secret"), kept[2],
                 (0xED, b"Photoshop secret"), kept[3])
     clean, kind = describe(data + b"trailing secret", "x.jpg")
