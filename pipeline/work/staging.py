@@ -19,6 +19,7 @@ disk) gives the attempt back too, never fails the job as invalid input (``submit
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -57,6 +58,7 @@ class Staging:
     def __init__(self, store: Store, blobs: Blobs, *, kept: int = SIZES_KEPT) -> None:
         self.store, self.blobs, self.kept = store, blobs, kept
         self._sizes: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()  # the process's worker threads share the sizes
 
     def stage(self, claim: Claim, provider: Provider, heartbeat: Held) -> None:
         """Make sure the server has every input the attempt's workflow names."""
@@ -104,9 +106,7 @@ class Staging:
         """Upload ``name`` unless the server has it at its size; a file of another size is ours
         holding other bytes (a truncated upload): replaced."""
         held = provider.input_size(name.filename)
-        size = self._sizes.get(name.sha256)
-        if held is not None and size is not None and held == size:
-            self._sizes.move_to_end(name.sha256)
+        if held is not None and held == self._size(name.sha256):
             return
         data = self._read(name)
         if held == len(data):
@@ -114,9 +114,17 @@ class Staging:
         provider.upload_input(name.filename, data, overwrite=held is not None)
         faultpoints.reached("input_uploaded")
 
+    def _size(self, sha256: str) -> int | None:
+        """The input's size if this process read it lately (marked as used now), else None."""
+        with self._lock:
+            size = self._sizes.get(sha256)
+            if size is not None:
+                self._sizes.move_to_end(sha256)
+            return size
+
     def _has(self, provider: Provider, name: InputName) -> bool:
         held = provider.input_size(name.filename)
-        return held is not None and held == self._sizes.get(name.sha256, held)
+        return held is not None and held == (self._size(name.sha256) or held)
 
     def _read(self, name: InputName) -> bytes:
         """The input's bytes from the blob store (its size remembered); InputMissing if not there."""
@@ -126,8 +134,9 @@ class Staging:
             raise InputMissing("input_blob_missing") from exc
         except BlobUnreadable as exc:  # the store failing now: another attempt may read it
             raise InputNotStaged("input_blob_unreadable") from exc
-        self._sizes[name.sha256] = len(data)
-        self._sizes.move_to_end(name.sha256)
-        while len(self._sizes) > self.kept:
-            self._sizes.popitem(last=False)
+        with self._lock:
+            self._sizes[name.sha256] = len(data)
+            self._sizes.move_to_end(name.sha256)
+            while len(self._sizes) > self.kept:
+                self._sizes.popitem(last=False)
         return data
