@@ -103,11 +103,13 @@ def wait_for(check, timeout: float = 30.0, what: str = "bench: a process did not
 
 
 @contextlib.contextmanager
-def private_store() -> Iterator[Store]:
-    """A Store over a private redis-server (AOF off) on a free loopback port, stopped on exit."""
+def private_store(config: Path | None = None) -> Iterator[Store]:
+    """A Store over a private redis-server (AOF off) on a free loopback port, stopped on exit; with
+    ``config`` (e.g. ops/redis.conf: its listpack bounds, as deployed) read from that file first."""
     port = free_port()
     with tempfile.TemporaryDirectory() as workdir:
-        server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
+        server = subprocess.Popen(["redis-server", *([str(config)] if config else []), "--port", str(port),
+                                   "--bind", "127.0.0.1", "--dir", workdir,
                                    "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
         try:
             store = Store(connect_url(f"redis://127.0.0.1:{port}/0"))

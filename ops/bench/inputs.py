@@ -14,41 +14,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import contextlib
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ops.bench.benchlib import free_port, wait_for  # noqa: E402
+from ops.bench.benchlib import private_store  # noqa: E402
 from pipeline.inputs import name_for  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.state.inputs import Input, InputStore  # noqa: E402
 from pipeline.state.keys import TenantKeys  # noqa: E402
-from pipeline.state.redisconn import connect_url  # noqa: E402
 from pipeline.state.store import Store  # noqa: E402
 from pipeline.state.submit import Admitter  # noqa: E402
 from pipeline.state.tenants import create_tenant  # noqa: E402
-
-
-@contextlib.contextmanager
-def private_store() -> Iterator[Store]:
-    """A Store over a private redis-server as deployed (ops/redis.conf: its listpack bounds), AOF off."""
-    port = free_port()
-    with tempfile.TemporaryDirectory() as workdir:
-        server = subprocess.Popen(["redis-server", str(ROOT / "ops/redis.conf"), "--port", str(port), "--dir",
-                                   workdir, "--appendonly", "no", "--save", ""], stdout=subprocess.DEVNULL)
-        try:
-            store = Store(connect_url(f"redis://127.0.0.1:{port}/0"))
-            wait_for(lambda: store.redis.ping())
-            yield store
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
 
 
 def commands(store: Store, call: Callable[[], Any]) -> int:
@@ -84,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = dataclasses.replace(Settings.from_env(), providers="gpu=http://127.0.0.1:9;cap=1000",
                                    queue_cap_interactive=10**6)
-    with private_store() as store:
+    with private_store(ROOT / "ops/redis.conf") as store:
         create_tenant(store.redis, "acme", 10**12)
         stored = InputStore(store.redis, store.scripts)
         admitter = Admitter(store, lambda job_id, priority: None, settings)

@@ -94,23 +94,40 @@ def _remux(data: bytes, muxer: str) -> bytes:
 
 
 def _without_comments(private: bytes, empty: bytes) -> bytes:
-    """Xiph-laced headers (a count less one, the sizes of all but the last, then the headers) with the
-    second, the comment header, replaced by ``empty``."""
-    count, offset, sizes = private[0] + 1, 1, []
-    if count != 3:
+    """Xiph-laced Vorbis or Theora headers with the second, the comment header, replaced by ``empty``."""
+    headers = xiph_split(private)
+    if len(headers) != 3 or not headers[2]:
         raise ValueError("xiph_headers")
-    for _ in range(count - 1):
-        size = 0
-        while private[offset] == 0xFF:
-            size, offset = size + 255, offset + 1
-        sizes.append(size + private[offset])
-        offset += 1
-    identification = private[offset:offset + sizes[0]]
-    setup = private[offset + sizes[0] + sizes[1]:]
-    if len(setup) <= 0:
+    return xiph_lace([headers[0], empty, headers[2]])
+
+
+def xiph_split(private: bytes) -> list[bytes]:
+    """The headers Xiph lacing holds (a count less one, the sizes of all but the last, then the headers,
+    as Matroska's CodecPrivate keeps them); ValueError if the sizes run past the bytes."""
+    try:
+        count, offset, sizes = private[0] + 1, 1, []
+        for _ in range(count - 1):
+            size = 0
+            while private[offset] == 0xFF:
+                size, offset = size + 255, offset + 1
+            sizes.append(size + private[offset])
+            offset += 1
+    except IndexError:
+        raise ValueError("xiph_headers") from None
+    sizes.append(len(private) - offset - sum(sizes))
+    if sizes[-1] < 0:
         raise ValueError("xiph_headers")
-    lengths = b"\xff" * (len(identification) // 255) + bytes((len(identification) % 255, len(empty)))
-    return b"\x02" + lengths + identification + empty + setup
+    headers = []
+    for size in sizes:
+        headers.append(private[offset:offset + size])
+        offset += size
+    return headers
+
+
+def xiph_lace(headers: list[bytes]) -> bytes:
+    """``headers`` Xiph-laced (the inverse of ``xiph_split``)."""
+    sizes = b"".join(b"\xff" * (len(header) // 255) + bytes((len(header) % 255,)) for header in headers[:-1])
+    return bytes((len(headers) - 1,)) + sizes + b"".join(headers)
 
 
 def _cut(packet: av.Packet, frame: bytes | None) -> av.Packet | None:

@@ -11,6 +11,7 @@ import av
 import pytest
 
 from pipeline.errors import OutputMalformed
+from pipeline.providers.containers import xiph_lace, xiph_split
 from pipeline.providers.media import describe
 from pipeline.providers.sim.comfy import png
 from tests.pipeline.test_containers import FILES
@@ -117,28 +118,6 @@ def vorbis_comment(*comments: bytes) -> bytes:
     """A Vorbis comment header (the second of a Vorbis stream's three) holding ``comments``."""
     return (b"\x03vorbis" + struct.pack("<I", 6) + b"reckon" + struct.pack("<I", len(comments))
             + b"".join(struct.pack("<I", len(text)) + text for text in comments) + b"\x01")
-
-
-def xiph_lace(headers: list[bytes]) -> bytes:
-    """Headers as Matroska's CodecPrivate holds them: count-1, the lengths (but the last's), the headers."""
-    sizes = b"".join(b"\xff" * (len(header) // 255) + bytes((len(header) % 255,)) for header in headers[:-1])
-    return bytes((len(headers) - 1,)) + sizes + b"".join(headers)
-
-
-def xiph_split(private: bytes) -> list[bytes]:
-    count, offset, sizes = private[0] + 1, 1, []
-    for _ in range(count - 1):
-        size = 0
-        while private[offset] == 0xFF:
-            size, offset = size + 255, offset + 1
-        sizes.append(size + private[offset])
-        offset += 1
-    sizes.append(len(private) - offset - sum(sizes))
-    headers = []
-    for size in sizes:
-        headers.append(private[offset:offset + size])
-        offset += size
-    return headers
 
 
 @pytest.mark.parametrize("muxer", ["webm", "matroska"])

@@ -50,6 +50,19 @@ def sweep(store, settings, ahead: float) -> dict:
     return Sweeper(store, Publisher(actors.broker), settings, clock=lambda: time.time() + ahead).sweep_once()
 
 
+def given_back_then_run(store, settings, admit, executor, workflow: dict, sim) -> str:
+    """Admit ``workflow``; its first attempt is given back unsent and uncharged, the retry runs; the job id."""
+    job_id = admit(workflow=workflow)
+    assert executor.run(job_id) is True
+    job = store.job(job_id)
+    assert (job["state"], job["error_class"], job["submitted"], job["settled"]) == (
+        "retry_wait", "input_not_staged", "0", "0")
+    assert charges(sim) == [] and sim.sim.queue() == {"queue_running": [], "queue_pending": []}
+    assert sweep(store, settings, ahead=2)["retries_promoted"] == 1
+    assert executor.run(job_id) is True
+    return job_id
+
+
 def test_an_input_is_uploaded_once_before_the_prompt_and_kept_for_the_next_job(
         store, settings, admit, make_executor, sim) -> None:
     data, name = put(store, settings, "a")
@@ -88,15 +101,7 @@ def test_a_refused_upload_gives_the_attempt_back_unsent_and_uncharged(
         store, settings, admit, make_executor, sim) -> None:
     data, name = put(store, settings, "d")
     sim.sim.faults = [{"kind": "upload_error", "status": 500}]
-    job_id = admit(workflow=invert(name))
-    executor = make_executor(sim)
-    assert executor.run(job_id) is True
-    job = store.job(job_id)
-    assert (job["state"], job["error_class"], job["submitted"], job["settled"]) == (
-        "retry_wait", "input_not_staged", "0", "0")
-    assert charges(sim) == [] and sim.sim.queue() == {"queue_running": [], "queue_pending": []}
-    assert sweep(store, settings, ahead=2)["retries_promoted"] == 1
-    assert executor.run(job_id) is True
+    job_id = given_back_then_run(store, settings, admit, make_executor(sim), invert(name), sim)
     job = store.job(job_id)
     assert (job["state"], job["attempts_not_sent"], job["settled"]) == ("completed", "1", "10")
     assert [(a["state"], a["error_class"]) for a in store.attempts(job_id)] == [
@@ -138,14 +143,7 @@ def test_an_input_that_vanished_before_the_prompt_is_uploaded_again_not_failed(
         store, settings, admit, make_executor, sim) -> None:
     data, name = put(store, settings, "f")
     sim.sim.faults = [{"kind": "lose_inputs"}]  # its input folder emptied after the check
-    job_id = admit(workflow=invert(name))
-    executor = make_executor(sim)
-    assert executor.run(job_id) is True
-    job = store.job(job_id)
-    assert (job["state"], job["error_class"], job["submitted"], job["settled"]) == (
-        "retry_wait", "input_not_staged", "0", "0")
-    assert sweep(store, settings, ahead=2)["retries_promoted"] == 1
-    assert executor.run(job_id) is True
+    job_id = given_back_then_run(store, settings, admit, make_executor(sim), invert(name), sim)
     job = store.job(job_id)
     assert (job["state"], job["settled"]) == ("completed", "10")
     assert sim.sim.uploads == 2 and inputs(sim) == {name: data} and len(charges(sim)) == 1
