@@ -172,6 +172,32 @@ def test_a_job_naming_its_tenants_input_lists_it_and_one_naming_any_other_is_422
     assert store.redis.smembers(TenantKeys("acme").input_jobs(sha)) == {job.json["id"]}
 
 
+def test_another_tenants_input_by_any_other_route_comfyui_reads_is_422_writing_nothing(
+        client, submit, tenant, store) -> None:
+    """An object's member (Load3D reads the names in its ``image`` object), the subfolder whole, another
+    spelling of the path, or a name computed by another node: none reaches another tenant's bytes."""
+    mine, theirs = tenant("acme"), tenant("other")
+    name = upload(client, mine, PNG).json["name"]
+    routes = {
+        "in an object": ({"1": {"class_type": "Load3D", "inputs": {
+            "model_file": "3d/x.glb", "image": {"image": name, "mask": name, "normal": name, "lineart": name,
+                                                 "recording": "", "camera_info": {}}, "width": 64, "height": 64}}},
+            "input-unknown", [name]),
+        "the folder": ({"1": {"class_type": "LoadImageSetFromFolderNode",
+                              "inputs": {"folder": "reckon", "resize_method": "None"}}},
+                       "input-not-allowed", ["reckon"]),
+        "annotated": (loads(f"{name} [input]"), "input-not-allowed", [f"{name} [input]"]),
+        "computed": ({"1": {"class_type": "StringConcatenate",
+                            "inputs": {"string_a": "reck", "string_b": name[4:], "delimiter": ""}},
+                      "2": {"class_type": "LoadImage", "inputs": {"image": ["1", 0]}}},
+                     "input-not-allowed", ["LoadImage.image linked to another node's output"]),
+    }
+    for case, (workflow, problem, names) in routes.items():
+        resp = submit(theirs, "k1", body=job_body(workflow=workflow))
+        assert (resp.status_code, resp.json["type"], resp.json["names"]) == (422, P + problem, names), case
+    assert store.redis.zcard(TenantKeys("other").jobs) == 0 and store.ledger("other")["reserved"] == 0
+
+
 def test_the_fingerprint_covers_the_inputs_a_job_names(client, submit, tenant) -> None:
     key = tenant()
     one, two = upload(client, key, PNG).json["name"], upload(client, key, JPEG).json["name"]
