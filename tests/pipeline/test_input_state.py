@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pipeline.blobs.local import BlobStore
-from pipeline.errors import InputInUse
+from pipeline.errors import InputInUse, InputUnknown
 from pipeline.inputs import name_for
 from pipeline.state import keys
 from pipeline.state.inputs import RECHECK_MS, Input, InputStore
@@ -154,3 +154,36 @@ def test_blob_gc_keeps_every_inputs_bytes(store, inputs, settings, tenant) -> No
     assert store.referenced_blobs() == {stored.sha256}
     assert blobs.collect(store.referenced_blobs(), min_age_s=0) == (1, 1)
     assert blobs.read(stored.sha256) == kept and not blobs.path(orphan).exists()
+
+
+def test_a_replayed_job_holds_its_inputs_again_and_one_whose_input_is_gone_is_not_replayed(
+        store, inputs, submit) -> None:
+    """A failed job leaves its inputs' sets (it is finished); ``reckon dlq replay`` queues it again days later:
+    it must hold each input again (a DELETE or the retention pass must wait for it), and a job whose input was
+    deleted meanwhile must not be queued naming bytes that are gone."""
+    kept, gone = item(b"kept"), item(b"gone")
+    for each in (kept, gone):
+        inputs.put("acme", each, default_quota=10**9)
+    failed = {}
+    for key, named in (("k1", [kept.name]), ("k2", [kept.name, gone.name])):
+        job_id = submit(key, *named)
+        claim = store.claim(job_id, worker="w", lease_ms=60_000, operation_id=f"op-{key}", servers={"s": 2})
+        store.finish(claim, "failed", error_class="invalid_input", reason="invalid_input")
+        failed[key] = job_id
+    assert inputs.delete("acme", gone.sha256) == gone  # both jobs failed: nothing uses it
+    queued = submit("k3", kept.name)
+    with pytest.raises(InputInUse):  # which drops the failed jobs from the input's set
+        inputs.delete("acme", kept.sha256)
+    store.cancel(queued)
+    store.replay(failed["k1"])
+    assert store.job(failed["k1"])["state"] == "queued"
+    with pytest.raises(InputInUse) as busy:  # the queued job keeps its input, as when it was admitted
+        inputs.delete("acme", kept.sha256)
+    assert busy.value.jobs == (failed["k1"],)
+    used = store.redis.zscore(TenantKeys("acme").shard.inputs_used, f"acme/{kept.sha256}")
+    assert used >= int(store.job(failed["k1"])["updated_at"])  # its retention counts from the replay
+    with pytest.raises(InputUnknown):
+        store.replay(failed["k2"])
+    assert store.job(failed["k2"])["state"] == "failed"
+    assert store.ledger("acme")["reserved"] == int(store.job(failed["k1"])["ceiling"])  # the refused one: nothing
+    assert store.redis.smembers(TenantKeys("acme").input_jobs(kept.sha256)) == {failed["k1"]}
