@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any
 
 import falcon
 
@@ -31,17 +32,32 @@ ALIASES = {"image/jpg": "image/jpeg", "audio/x-wav": "audio/wav", "audio/wave": 
 
 def read_upload(req: falcon.Request, limit: int) -> bytes:
     """The body, at most ``limit`` bytes: a Content-Length above it is refused before anything is read, a
-    body without one (chunked) as soon as it passes the limit."""
+    body without one (chunked) as soon as it passes the limit. A body that ends before its Content-Length,
+    or chunked and cut before its last chunk (the client stopped sending), is 400: what came is not the file."""
     if (req.content_length or 0) > limit:
         raise _too_large(limit)
     chunked = req.content_length is None and req.env.get("wsgi.input_terminated")
     stream = req.stream if chunked else req.bounded_stream
     data = bytearray()
-    while chunk := stream.read(min(CHUNK, limit + 1 - len(data))):
+    while chunk := _read(stream, min(CHUNK, limit + 1 - len(data))):
         data += chunk
         if len(data) > limit:
             raise _too_large(limit)
+    if req.content_length is not None and len(data) < req.content_length:
+        raise _incomplete()
     return bytes(data)
+
+
+def _read(stream: Any, size: int) -> bytes:
+    try:
+        return bytes(stream.read(size))
+    except Exception:  # the server's reader: a chunked body cut short, a connection lost or timed out
+        raise _incomplete() from None
+
+
+def _incomplete() -> Problem:
+    return Problem(400, "input-incomplete", "Input incomplete",
+                   "the body ended before the file did (the client stopped sending); nothing was stored")
 
 
 def _too_large(limit: int) -> Problem:
