@@ -26,10 +26,12 @@ ACCEPTED = frozenset(t for t in EXTENSIONS if kind_of(t) in ("image", "audio", "
 EXPIRE_BATCH = 100
 #: An input past its retention that an unfinished job still uses is looked at again this much later (ms).
 RECHECK_MS = 600_000
-#: The retention pass also prunes the sets of jobs of the shard's PRUNE_INPUTS most recently named inputs that
-#: hold more than PRUNE_ABOVE jobs, PRUNE_SAMPLE of their members at a time (an input named without pause is
-#: never due for expiry, and its set would otherwise grow by every job that names it).
-PRUNE_INPUTS = 10
+#: The retention pass also prunes the sets of jobs of the shard's inputs named since its last pass that hold
+#: more than PRUNE_ABOVE jobs, PRUNE_SAMPLE of their members at a time (an input named without pause is never
+#: due for expiry, and its set would otherwise grow by every job that names it): their sizes PRUNE_BATCH inputs
+#: a round trip, at most PRUNE_BATCHES round trips a pass (the rest from there the next pass).
+PRUNE_BATCH = 500
+PRUNE_BATCHES = 10
 PRUNE_ABOVE = 1000
 PRUNE_SAMPLE = 200
 #: Times the delete step is tried when jobs keep being admitted naming the input between read and step.
@@ -135,18 +137,29 @@ class InputStore:
                 continue
         return removed
 
-    def prune(self, shard: keys.ShardKeys, *, above: int = PRUNE_ABOVE, sample: int = PRUNE_SAMPLE) -> int:
-        """Drop finished jobs from the large sets of the shard's most recently named inputs; how many. Two
-        commands a pass when no set is large: the recent inputs, then their sizes in one round trip."""
-        members = self.redis.zrevrange(shard.inputs_used, 0, PRUNE_INPUTS - 1)
-        sets = [TenantKeys(tenant).input_jobs(sha256) for tenant, _, sha256 in (m.partition("/") for m in members)]
-        pipe = self.redis.pipeline(transaction=False)
-        for key in sets:
-            pipe.scard(key)
+    def prune(self, shard: keys.ShardKeys, *, since_ms: int, above: int = PRUNE_ABOVE,
+              sample: int = PRUNE_SAMPLE) -> tuple[int, int]:
+        """Drop finished jobs from the large sets of the shard's inputs named since ``since_ms``: (how many,
+        where the next pass starts). A set grows only when its input is named, and that is the input's last
+        use, so these are all the sets that grew. One range read a pass when none was named, then one round
+        trip of sizes per PRUNE_BATCH inputs named."""
         removed = 0
-        for key, size in zip(sets, pipe.execute() if sets else [], strict=True):
-            if size > above:
-                job_ids = self.redis.srandmember(key, sample)
-                reply = self.scripts("input-prune", [key, *(JobKeys(job_id).record for job_id in job_ids)], job_ids)
-                removed += int(reply[1])
-        return removed
+        for _ in range(PRUNE_BATCHES):
+            named = self.redis.zrangebyscore(shard.inputs_used, since_ms, "+inf", start=0, num=PRUNE_BATCH,
+                                             withscores=True)
+            if not named:
+                break
+            sets = [TenantKeys(tenant).input_jobs(sha256)
+                    for tenant, _, sha256 in (member.partition("/") for member, _ in named)]
+            pipe = self.redis.pipeline(transaction=False)
+            for key in sets:
+                pipe.scard(key)
+            for key, size in zip(sets, pipe.execute(), strict=True):
+                if size > above:
+                    job_ids = self.redis.srandmember(key, sample)
+                    reply = self.scripts("input-prune", [key, *(JobKeys(job_id).record for job_id in job_ids)], job_ids)
+                    removed += int(reply[1])
+            since_ms = int(named[-1][1]) + 1  # an input named again since has a later last use: not missed
+            if len(named) < PRUNE_BATCH:
+                break
+        return removed, since_ms
