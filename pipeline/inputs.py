@@ -29,8 +29,9 @@ from pipeline.mediatypes import EXTENSIONS
 SUBFOLDER = "reckon"
 #: Node class -> the input that names a file of ComfyUI's input folder (ComfyUI v0.3.64's loaders).
 LOADERS = {"LoadImage": "image", "LoadImageMask": "image", "LoadAudio": "audio", "LoadVideo": "file"}
-#: Node class -> every input that names a file or folder of ComfyUI's input folder (ComfyUI v0.3.64's
-#: core nodes): a link into one is refused, since the linked node computes the name after admission.
+#: Node class -> every input that names a file or folder of a server's (ComfyUI v0.3.64's core nodes: its
+#: input folder, or its output folder for LoadImageOutput): each one, as a loader's file input, takes only
+#: an input's name, literally (a link is computed by another node after admission).
 READERS = {**{node: (name,) for node, name in LOADERS.items()}, "LoadLatent": ("latent",),
            "Load3D": ("model_file", "image"), "Load3DAnimation": ("model_file", "image"),
            "LoadImageSetNode": ("images",), "LoadImageSetFromFolderNode": ("folder",),
@@ -83,16 +84,17 @@ def names_in(workflow: dict[str, Any]) -> Named:
         if not isinstance(inputs, dict):
             continue
         class_type = spec.get("class_type")
-        loader_input = LOADERS.get(class_type)  # type: ignore[arg-type]
         reads = READERS.get(class_type, ())  # type: ignore[arg-type]
         for key, value in inputs.items():
             if key in reads and isinstance(value, list):
                 refused.append(f"{class_type}.{key} linked to another node's output")
+            elif key in reads and not isinstance(value, str):
+                refused.append(f"{class_type}.{key} not a file's name")
             for text in _strings(value):
                 match = NAME_RE.fullmatch(text)
                 if match:
                     found.setdefault(text, InputName(match.group(1), match.group(2)))
-                elif (key == loader_input and text is value) or SUBFOLDER_RE.search(text):
+                elif (key in reads and text is value) or SUBFOLDER_RE.search(text):
                     refused.append(text)
     return Named(tuple(found.values()), tuple(dict.fromkeys(refused)))
 

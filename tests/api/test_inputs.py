@@ -175,14 +175,20 @@ def test_a_job_naming_its_tenants_input_lists_it_and_one_naming_any_other_is_422
 def test_another_tenants_input_by_any_other_route_comfyui_reads_is_422_writing_nothing(
         client, submit, tenant, store) -> None:
     """An object's member (Load3D reads the names in its ``image`` object), the subfolder whole, another
-    spelling of the path, or a name computed by another node: none reaches another tenant's bytes."""
+    spelling of the path, a name computed by another node, a node that reads the output folder: none reaches
+    another tenant's bytes."""
     mine, theirs = tenant("acme"), tenant("other")
     name = upload(client, mine, PNG).json["name"]
     routes = {
-        "in an object": ({"1": {"class_type": "Load3D", "inputs": {
+        "in an object": ({"1": {"class_type": "SomeCustomLoader", "inputs": {"files": {"image": [name]}}}},
+                         "input-unknown", [name]),
+        "Load3D's object": ({"1": {"class_type": "Load3D", "inputs": {
             "model_file": "3d/x.glb", "image": {"image": name, "mask": name, "normal": name, "lineart": name,
                                                  "recording": "", "camera_info": {}}, "width": 64, "height": 64}}},
-            "input-unknown", [name]),
+            "input-not-allowed", ["3d/x.glb", "Load3D.image not a file's name"]),
+        "another job's output": ({"1": {"class_type": "LoadImageOutput",
+                                        "inputs": {"image": "ComfyUI_00001_.png [output]"}}},
+                                 "input-not-allowed", ["ComfyUI_00001_.png [output]"]),
         "the folder": ({"1": {"class_type": "LoadImageSetFromFolderNode",
                               "inputs": {"folder": "reckon", "resize_method": "None"}}},
                        "input-not-allowed", ["reckon"]),

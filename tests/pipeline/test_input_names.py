@@ -70,8 +70,7 @@ def test_every_other_spelling_that_reaches_the_subfolder_is_refused_however_deep
 
 
 def test_a_name_inside_an_object_is_an_input_and_a_link_into_a_file_input_is_refused() -> None:
-    nested = {"1": {"class_type": "Load3D", "inputs": {"model_file": "3d/x.glb",
-                                                       "image": {"image": f"reckon/{SHA}.png", "mask": ""}}}}
+    nested = {"1": {"class_type": "SomeCustomLoader", "inputs": {"paths": {"image": f"reckon/{SHA}.png", "n": 2}}}}
     assert names_in(nested).inputs == (InputName(SHA, "png"),)  # checked against the tenant's, and staged
     linked = {"1": {"class_type": "StringConcatenate",
                     "inputs": {"string_a": "reck", "string_b": f"on/{SHA}.png", "delimiter": ""}},
@@ -83,3 +82,19 @@ def test_a_name_inside_an_object_is_an_input_and_a_link_into_a_file_input_is_ref
     for _ in range(5000):  # nesting no recursion would survive
         deep = [deep]
     assert names_in({"1": {"class_type": "X", "inputs": {"v": deep}}}).inputs == (InputName(OTHER, "wav"),)
+
+
+def test_every_node_that_reads_a_servers_files_takes_only_an_inputs_name() -> None:
+    """LoadImageOutput reads ComfyUI's output folder (other jobs' outputs, other tenants' among them); Load3D the
+    names in its ``image`` object; LoadLatent and the folder loaders any file or folder of the input folder."""
+    workflow = {
+        "1": {"class_type": "LoadImageOutput", "inputs": {"image": "ComfyUI_00001_.png [output]"}},
+        "2": {"class_type": "Load3D", "inputs": {"model_file": "3d/x.glb", "image": {"image": "x.png [output]"}}},
+        "3": {"class_type": "LoadLatent", "inputs": {"latent": "ComfyUI_00001_.latent [output]"}},
+        "4": {"class_type": "LoadImageSetFromFolderNode", "inputs": {"folder": "3d"}},
+        "5": {"class_type": "WebcamCapture", "inputs": {"image": f"reckon/{SHA}.png", "width": 64}},
+    }
+    named = names_in(workflow)
+    assert named.refused == ("ComfyUI_00001_.png [output]", "3d/x.glb", "Load3D.image not a file's name",
+                             "ComfyUI_00001_.latent [output]", "3d")
+    assert named.inputs == (InputName(SHA, "png"),)
