@@ -100,14 +100,15 @@ def names_in(workflow: dict[str, Any]) -> Named:
 
 
 def _strings(value: Any) -> list[str]:
-    """Every string in ``value``, through lists and objects (a loop: no nesting depth can overflow it)."""
+    """Every string in ``value``, through lists and objects, keys and values (a loop: no nesting depth can
+    overflow it)."""
     strings, todo = [], [value]
     while todo:
         item = todo.pop()
         if isinstance(item, str):
             strings.append(item)
-        elif isinstance(item, dict):
-            todo.extend(reversed(list(item.values())))
+        elif isinstance(item, dict):  # its keys too: a custom node may read them as names
+            todo.extend(reversed([part for pair in item.items() for part in pair]))
         elif isinstance(item, list):
             todo.extend(reversed(item))
     return strings

@@ -60,6 +60,7 @@ def test_a_name_comes_from_the_content_type_sniffed_from_the_bytes() -> None:
     {"class_type": "LoadImageTextSetFromFolderNode", "inputs": {"folder": "reckon/"}},
     {"class_type": "Load3D", "inputs": {"model_file": "3d/x.glb", "image": {"image": f"./reckon/{SHA}.png"}}},
     {"class_type": "SomeCustomLoader", "inputs": {"paths": {"list": [f"reckon/{SHA}.png [input]"]}}},
+    {"class_type": "SomeCustomLoader", "inputs": {"paths": {f"./reckon/{SHA}.png": 1}}},
 ])
 def test_every_other_spelling_that_reaches_the_subfolder_is_refused_however_deep(node) -> None:
     """What ComfyUI would read from ``input/reckon/`` by another spelling (get_annotated_filepath strips the
