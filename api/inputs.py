@@ -98,9 +98,9 @@ class Inputs:
         sha256 = hashlib.sha256(data).hexdigest()
         item = Input(name_for(sha256, content_type), sha256, len(data), content_type)
         if self.inputs.get(tenant, sha256) is None:  # new to the tenant: refused now if over its quota anyway
-            held, quota = self.inputs.held(tenant, self.settings.input_quota_bytes)
-            if held + item.bytes > quota:
-                raise _over_quota(OverQuota(held, quota, item.bytes))
+            held, quota, count = self.inputs.held(tenant, self.settings.input_quota_bytes)
+            if held + item.bytes > quota or count >= self.settings.input_max_count:
+                raise _over_quota(OverQuota(held, quota, item.bytes, count, self.settings.input_max_count))
         try:  # every time, before the record: it may have been deleted since the read, its blob collected
             self.blobs.put(data)
         except BlobUnwritable:
@@ -108,7 +108,8 @@ class Inputs:
                           "the blob store did not take the bytes; nothing was recorded",
                           headers={"Retry-After": "5"}) from None
         try:
-            stored, created = self.inputs.put(tenant, item, default_quota=self.settings.input_quota_bytes)
+            stored, created = self.inputs.put(tenant, item, default_quota=self.settings.input_quota_bytes,
+                                              max_inputs=self.settings.input_max_count)
         except OverQuota as over:
             raise _over_quota(over) from None
         resp.status = falcon.HTTP_201 if created else falcon.HTTP_200
@@ -118,7 +119,7 @@ class Inputs:
 
 def _over_quota(over: OverQuota) -> Problem:
     return Problem(507, "input-quota-exceeded", "Input quota exceeded", str(over),
-                   held=over.held, quota=over.quota, bytes=over.size)
+                   held=over.held, quota=over.quota, bytes=over.size, inputs=over.inputs, max_inputs=over.max_inputs)
 
 
 class OneInput:

@@ -301,8 +301,8 @@ SPEC: dict[str, Any] = {
                                 "(input-incomplete)"),
                 "413": _problem("larger than RECKON_INPUT_MAX_BYTES (input-too-large, with limit)"),
                 "415": _problem("bytes no loader of ComfyUI reads, or not of the type declared (input-type-unsupported)"),
-                "507": _problem("the tenant's inputs would hold more than its quota (input-quota-exceeded, with held, "
-                                "quota, bytes)"),
+                "507": _problem("the tenant's inputs would hold more than its quota, or it keeps the most inputs "
+                                "it may already (input-quota-exceeded, with held, quota, bytes, inputs, max_inputs)"),
                 **_AUTH, "503": _problem("job state or the blob store cannot be written now (state-unavailable, "
                                          "input-unavailable); Retry-After; nothing was recorded")}}},
         "/v1/inputs/{sha256}": {

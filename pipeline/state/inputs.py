@@ -15,6 +15,7 @@ import orjson
 from pipeline.errors import InputInUse, OverQuota
 from pipeline.inputs import InputName
 from pipeline.mediatypes import EXTENSIONS, kind_of
+from pipeline.settings import DEFAULT_INPUT_MAX_COUNT
 from pipeline.state import keys
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.scripts import Code, Scripts
@@ -77,26 +78,28 @@ class InputStore:
         raw = self.redis.hget(TenantKeys(tenant).inputs, sha256)
         return None if raw is None else Input.of(raw)
 
-    def held(self, tenant: str, default_quota: int) -> tuple[int, int]:
-        """(bytes the tenant keeps, its quota): a read before the blob is put, so that an upload the
-        quota refuses anyway writes no blob (the put step checks again, atomically)."""
+    def held(self, tenant: str, default_quota: int) -> tuple[int, int, int]:
+        """(bytes the tenant keeps, its quota, inputs it keeps): a read before the blob is put, so that an
+        upload the quota refuses anyway writes no blob (the put step checks again, atomically)."""
         t = TenantKeys(tenant)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hget(t.inputs, TOTAL)
         pipe.hget(t.limits, "input_quota")
-        total, quota = pipe.execute()
-        return int(total or 0), int(quota) if quota else default_quota
+        pipe.hlen(t.inputs)
+        total, quota, fields = pipe.execute()
+        return int(total or 0), int(quota) if quota else default_quota, max(0, fields - 1)
 
-    def put(self, tenant: str, item: Input, *, default_quota: int, now_ms: int | None = None) -> tuple[Input, bool]:
+    def put(self, tenant: str, item: Input, *, default_quota: int, max_inputs: int = DEFAULT_INPUT_MAX_COUNT,
+            now_ms: int | None = None) -> tuple[Input, bool]:
         """Record ``item`` (its bytes are stored already); (the input, whether it is new). OverQuota if the
-        tenant's inputs would then hold more bytes than its quota."""
+        tenant's inputs would then hold more bytes than its quota, or it keeps ``max_inputs`` already."""
         t = TenantKeys(tenant)
         reply = self.scripts("input-put", [t.inputs, t.limits, t.shard.inputs_used],
                              ["" if now_ms is None else now_ms, tenant, item.sha256, item.name, item.bytes, item.content_type,
-                              default_quota], durable=True)
+                              default_quota, max_inputs], durable=True)
         code = Code(reply[0])
         if code is Code.OVER_QUOTA:
-            raise OverQuota(int(reply[1]), int(reply[2]), item.bytes)
+            raise OverQuota(int(reply[1]), int(reply[2]), item.bytes, int(reply[3]), max_inputs)
         return Input.of(reply[1]), code is Code.CREATED
 
     def delete(self, tenant: str, sha256: str) -> Input | None:
