@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any
 
 import falcon
 
@@ -31,17 +32,32 @@ ALIASES = {"image/jpg": "image/jpeg", "audio/x-wav": "audio/wav", "audio/wave": 
 
 def read_upload(req: falcon.Request, limit: int) -> bytes:
     """The body, at most ``limit`` bytes: a Content-Length above it is refused before anything is read, a
-    body without one (chunked) as soon as it passes the limit."""
+    body without one (chunked) as soon as it passes the limit. A body that ends before its Content-Length,
+    or chunked and cut before its last chunk (the client stopped sending), is 400: what came is not the file."""
     if (req.content_length or 0) > limit:
         raise _too_large(limit)
     chunked = req.content_length is None and req.env.get("wsgi.input_terminated")
     stream = req.stream if chunked else req.bounded_stream
     data = bytearray()
-    while chunk := stream.read(min(CHUNK, limit + 1 - len(data))):
+    while chunk := _read(stream, min(CHUNK, limit + 1 - len(data))):
         data += chunk
         if len(data) > limit:
             raise _too_large(limit)
+    if req.content_length is not None and len(data) < req.content_length:
+        raise _incomplete()
     return bytes(data)
+
+
+def _read(stream: Any, size: int) -> bytes:
+    try:
+        return bytes(stream.read(size))
+    except Exception:  # the server's reader: a chunked body cut short, a connection lost or timed out
+        raise _incomplete() from None
+
+
+def _incomplete() -> Problem:
+    return Problem(400, "input-incomplete", "Input incomplete",
+                   "the body ended before the file did (the client stopped sending); nothing was stored")
 
 
 def _too_large(limit: int) -> Problem:
@@ -82,9 +98,9 @@ class Inputs:
         sha256 = hashlib.sha256(data).hexdigest()
         item = Input(name_for(sha256, content_type), sha256, len(data), content_type)
         if self.inputs.get(tenant, sha256) is None:  # new to the tenant: refused now if over its quota anyway
-            held, quota = self.inputs.held(tenant, self.settings.input_quota_bytes)
-            if held + item.bytes > quota:
-                raise _over_quota(OverQuota(held, quota, item.bytes))
+            held, quota, count = self.inputs.held(tenant, self.settings.input_quota_bytes)
+            if held + item.bytes > quota or count >= self.settings.input_max_count:
+                raise _over_quota(OverQuota(held, quota, item.bytes, count, self.settings.input_max_count))
         try:  # every time, before the record: it may have been deleted since the read, its blob collected
             self.blobs.put(data)
         except BlobUnwritable:
@@ -92,7 +108,8 @@ class Inputs:
                           "the blob store did not take the bytes; nothing was recorded",
                           headers={"Retry-After": "5"}) from None
         try:
-            stored, created = self.inputs.put(tenant, item, default_quota=self.settings.input_quota_bytes)
+            stored, created = self.inputs.put(tenant, item, default_quota=self.settings.input_quota_bytes,
+                                              max_inputs=self.settings.input_max_count)
         except OverQuota as over:
             raise _over_quota(over) from None
         resp.status = falcon.HTTP_201 if created else falcon.HTTP_200
@@ -102,7 +119,7 @@ class Inputs:
 
 def _over_quota(over: OverQuota) -> Problem:
     return Problem(507, "input-quota-exceeded", "Input quota exceeded", str(over),
-                   held=over.held, quota=over.quota, bytes=over.size)
+                   held=over.held, quota=over.quota, bytes=over.size, inputs=over.inputs, max_inputs=over.max_inputs)
 
 
 class OneInput:

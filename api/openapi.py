@@ -297,11 +297,12 @@ SPEC: dict[str, Any] = {
                         "headers": {"Location": {"schema": {"type": "string"}}}},
                 "200": {**_json(_INPUT, "the tenant has these bytes already: the same answer"),
                         "headers": {"Location": {"schema": {"type": "string"}}}},
-                "400": _problem("an empty body (input-empty)"),
+                "400": _problem("an empty body (input-empty), or one cut short: the client stopped sending "
+                                "(input-incomplete)"),
                 "413": _problem("larger than RECKON_INPUT_MAX_BYTES (input-too-large, with limit)"),
                 "415": _problem("bytes no loader of ComfyUI reads, or not of the type declared (input-type-unsupported)"),
-                "507": _problem("the tenant's inputs would hold more than its quota (input-quota-exceeded, with held, "
-                                "quota, bytes)"),
+                "507": _problem("the tenant's inputs would hold more than its quota, or it keeps the most inputs "
+                                "it may already (input-quota-exceeded, with held, quota, bytes, inputs, max_inputs)"),
                 **_AUTH, "503": _problem("job state or the blob store cannot be written now (state-unavailable, "
                                          "input-unavailable); Retry-After; nothing was recorded")}}},
         "/v1/inputs/{sha256}": {

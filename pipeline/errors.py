@@ -229,11 +229,14 @@ class InputUnknown(InvalidRequest):
 
 
 class OverQuota(ReckonError):
-    """An upload would take the tenant's inputs over its quota of bytes (HTTP 507)."""
+    """An upload would take the tenant's inputs over its quota of bytes, or their number over the most it may
+    keep (HTTP 507)."""
 
-    def __init__(self, held: int, quota: int, size: int) -> None:
-        super().__init__(f"the tenant's inputs hold {held} bytes of its {quota}; this one has {size}")
-        self.held, self.quota, self.size = held, quota, size
+    def __init__(self, held: int, quota: int, size: int, inputs: int = 0, max_inputs: int = 0) -> None:
+        what = f"the tenant has {inputs} inputs, the most it may keep" if max_inputs and inputs >= max_inputs \
+            else f"the tenant's inputs hold {held} bytes of its {quota}; this one has {size}"
+        super().__init__(what)
+        self.held, self.quota, self.size, self.inputs, self.max_inputs = held, quota, size, inputs, max_inputs
 
 
 class InputInUse(ReckonError):

@@ -61,9 +61,12 @@ DEFAULT_MAX_BODY_BYTES = 512 * 1024
 DEFAULT_MAX_WORKFLOW_BYTES = 256 * 1024
 DEFAULT_DEADLINE_SECONDS = 3600
 #: Uploaded inputs (docs/api.md "Inputs"): the largest one (413 above it), the bytes a tenant may keep
-#: (507 above them; ``reckon tenant set --input-quota`` overrides it), and how long one no job names is kept.
+#: (507 above them; ``reckon tenant set --input-quota`` overrides it), how many inputs it may keep (507
+#: above: each costs Redis about 800 bytes and the blob store a file, whatever its size), and how long one
+#: no job names is kept.
 DEFAULT_INPUT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_INPUT_QUOTA_BYTES = 1024 * 1024 * 1024
+DEFAULT_INPUT_MAX_COUNT = 10_000
 DEFAULT_INPUT_RETENTION_SECONDS = 30 * 24 * 3600
 #: An admitted job not known to be in the broker after this long is published again; so is
 #: any queued (or reconciling) job not claimed within it, the window doubling per redelivery.
@@ -191,6 +194,7 @@ class Settings:
     default_deadline_seconds: int = DEFAULT_DEADLINE_SECONDS
     input_max_bytes: int = DEFAULT_INPUT_MAX_BYTES
     input_quota_bytes: int = DEFAULT_INPUT_QUOTA_BYTES
+    input_max_count: int = DEFAULT_INPUT_MAX_COUNT
     input_retention_seconds: int = DEFAULT_INPUT_RETENTION_SECONDS
     outbox_grace_seconds: float = DEFAULT_OUTBOX_GRACE_SECONDS
     sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS
@@ -295,6 +299,7 @@ class Settings:
             "default_deadline_seconds": ("RECKON_DEFAULT_DEADLINE_SECONDS", int),
             "input_max_bytes": ("RECKON_INPUT_MAX_BYTES", int),
             "input_quota_bytes": ("RECKON_INPUT_QUOTA_BYTES", int),
+            "input_max_count": ("RECKON_INPUT_MAX_COUNT", int),
             "input_retention_seconds": ("RECKON_INPUT_RETENTION_SECONDS", int),
             "outbox_grace_seconds": ("RECKON_OUTBOX_GRACE_SECONDS", float),
             "sweep_interval_seconds": ("RECKON_SWEEP_INTERVAL_SECONDS", float),

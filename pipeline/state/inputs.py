@@ -15,6 +15,7 @@ import orjson
 from pipeline.errors import InputInUse, OverQuota
 from pipeline.inputs import InputName
 from pipeline.mediatypes import EXTENSIONS, kind_of
+from pipeline.settings import DEFAULT_INPUT_MAX_COUNT
 from pipeline.state import keys
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.scripts import Code, Scripts
@@ -26,10 +27,12 @@ ACCEPTED = frozenset(t for t in EXTENSIONS if kind_of(t) in ("image", "audio", "
 EXPIRE_BATCH = 100
 #: An input past its retention that an unfinished job still uses is looked at again this much later (ms).
 RECHECK_MS = 600_000
-#: The retention pass also prunes the sets of jobs of the shard's PRUNE_INPUTS most recently named inputs that
-#: hold more than PRUNE_ABOVE jobs, PRUNE_SAMPLE of their members at a time (an input named without pause is
-#: never due for expiry, and its set would otherwise grow by every job that names it).
-PRUNE_INPUTS = 10
+#: The retention pass also prunes the sets of jobs of the shard's inputs named since its last pass that hold
+#: more than PRUNE_ABOVE jobs, PRUNE_SAMPLE of their members at a time (an input named without pause is never
+#: due for expiry, and its set would otherwise grow by every job that names it): their sizes PRUNE_BATCH inputs
+#: a round trip, at most PRUNE_BATCHES round trips a pass (the rest from there the next pass).
+PRUNE_BATCH = 500
+PRUNE_BATCHES = 10
 PRUNE_ABOVE = 1000
 PRUNE_SAMPLE = 200
 #: Times the delete step is tried when jobs keep being admitted naming the input between read and step.
@@ -75,26 +78,28 @@ class InputStore:
         raw = self.redis.hget(TenantKeys(tenant).inputs, sha256)
         return None if raw is None else Input.of(raw)
 
-    def held(self, tenant: str, default_quota: int) -> tuple[int, int]:
-        """(bytes the tenant keeps, its quota): a read before the blob is put, so that an upload the
-        quota refuses anyway writes no blob (the put step checks again, atomically)."""
+    def held(self, tenant: str, default_quota: int) -> tuple[int, int, int]:
+        """(bytes the tenant keeps, its quota, inputs it keeps): a read before the blob is put, so that an
+        upload the quota refuses anyway writes no blob (the put step checks again, atomically)."""
         t = TenantKeys(tenant)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hget(t.inputs, TOTAL)
         pipe.hget(t.limits, "input_quota")
-        total, quota = pipe.execute()
-        return int(total or 0), int(quota) if quota else default_quota
+        pipe.hlen(t.inputs)
+        total, quota, fields = pipe.execute()
+        return int(total or 0), int(quota) if quota else default_quota, max(0, fields - 1)
 
-    def put(self, tenant: str, item: Input, *, default_quota: int, now_ms: int | None = None) -> tuple[Input, bool]:
+    def put(self, tenant: str, item: Input, *, default_quota: int, max_inputs: int = DEFAULT_INPUT_MAX_COUNT,
+            now_ms: int | None = None) -> tuple[Input, bool]:
         """Record ``item`` (its bytes are stored already); (the input, whether it is new). OverQuota if the
-        tenant's inputs would then hold more bytes than its quota."""
+        tenant's inputs would then hold more bytes than its quota, or it keeps ``max_inputs`` already."""
         t = TenantKeys(tenant)
         reply = self.scripts("input-put", [t.inputs, t.limits, t.shard.inputs_used],
                              ["" if now_ms is None else now_ms, tenant, item.sha256, item.name, item.bytes, item.content_type,
-                              default_quota], durable=True)
+                              default_quota, max_inputs], durable=True)
         code = Code(reply[0])
         if code is Code.OVER_QUOTA:
-            raise OverQuota(int(reply[1]), int(reply[2]), item.bytes)
+            raise OverQuota(int(reply[1]), int(reply[2]), item.bytes, int(reply[3]), max_inputs)
         return Input.of(reply[1]), code is Code.CREATED
 
     def delete(self, tenant: str, sha256: str) -> Input | None:
@@ -135,18 +140,29 @@ class InputStore:
                 continue
         return removed
 
-    def prune(self, shard: keys.ShardKeys, *, above: int = PRUNE_ABOVE, sample: int = PRUNE_SAMPLE) -> int:
-        """Drop finished jobs from the large sets of the shard's most recently named inputs; how many. Two
-        commands a pass when no set is large: the recent inputs, then their sizes in one round trip."""
-        members = self.redis.zrevrange(shard.inputs_used, 0, PRUNE_INPUTS - 1)
-        sets = [TenantKeys(tenant).input_jobs(sha256) for tenant, _, sha256 in (m.partition("/") for m in members)]
-        pipe = self.redis.pipeline(transaction=False)
-        for key in sets:
-            pipe.scard(key)
+    def prune(self, shard: keys.ShardKeys, *, since_ms: int, above: int = PRUNE_ABOVE,
+              sample: int = PRUNE_SAMPLE) -> tuple[int, int]:
+        """Drop finished jobs from the large sets of the shard's inputs named since ``since_ms``: (how many,
+        where the next pass starts). A set grows only when its input is named, and that is the input's last
+        use, so these are all the sets that grew. One range read a pass when none was named, then one round
+        trip of sizes per PRUNE_BATCH inputs named."""
         removed = 0
-        for key, size in zip(sets, pipe.execute() if sets else [], strict=True):
-            if size > above:
-                job_ids = self.redis.srandmember(key, sample)
-                reply = self.scripts("input-prune", [key, *(JobKeys(job_id).record for job_id in job_ids)], job_ids)
-                removed += int(reply[1])
-        return removed
+        for _ in range(PRUNE_BATCHES):
+            named = self.redis.zrangebyscore(shard.inputs_used, since_ms, "+inf", start=0, num=PRUNE_BATCH,
+                                             withscores=True)
+            if not named:
+                break
+            sets = [TenantKeys(tenant).input_jobs(sha256)
+                    for tenant, _, sha256 in (member.partition("/") for member, _ in named)]
+            pipe = self.redis.pipeline(transaction=False)
+            for key in sets:
+                pipe.scard(key)
+            for key, size in zip(sets, pipe.execute(), strict=True):
+                if size > above:
+                    job_ids = self.redis.srandmember(key, sample)
+                    reply = self.scripts("input-prune", [key, *(JobKeys(job_id).record for job_id in job_ids)], job_ids)
+                    removed += int(reply[1])
+            since_ms = int(named[-1][1]) + 1  # an input named again since has a later last use: not missed
+            if len(named) < PRUNE_BATCH:
+                break
+        return removed, since_ms

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.errors import InsufficientAllowance
+from pipeline.errors import InputUnknown, InsufficientAllowance
 from pipeline.state import keys
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.reads import Reads
@@ -97,15 +97,20 @@ class Sweeps(Reads):
         return reply[1], reply[2]
 
     def replay(self, job_id: str, *, now_ms: int | None = None) -> None:
+        """Queue a failed job again; InputUnknown (its sha256s) if the tenant no longer has an input it names."""
         j = JobKeys(job_id)
         t = j.tenant
+        digests = [d for d in (self.redis.hget(j.record, "inputs") or "").split(",") if d]  # fixed at admission
+        input_keys = [t.inputs, t.shard.inputs_used, *(t.input_jobs(d) for d in digests)] if digests else []
         reply = self.scripts(
             "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, t.done, t.shard.wake,
-             *t.shard.globals],
-            [at(now_ms)]
+             *t.shard.globals, *input_keys],
+            [at(now_ms), *digests]
         )
         if Code(reply[0]) is Code.INSUFFICIENT_ALLOWANCE:
             raise InsufficientAllowance(reply[1], reply[2])
+        if Code(reply[0]) is Code.INPUT_UNKNOWN:
+            raise InputUnknown(tuple(reply[1:]))
         self._check(reply, j)
 
     def _check(self, reply: list[Any], job: JobKeys) -> list[Any]:

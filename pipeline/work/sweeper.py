@@ -84,6 +84,7 @@ class Sweeper:
         #: When the sweeper last looked for inputs past their retention (monotonic ms).
         self.inputs_ms = float("-inf")
         self.inputs = InputStore(store.redis, store.scripts)
+        self.pruned_to: dict[str, int] = {}  # shard's inputs-by-last-use key -> where its next prune starts (ms)
         #: When the last pass began (ms, Redis's clock).
         self.pass_ms = 0
 
@@ -188,9 +189,9 @@ class Sweeper:
 
     def expire_inputs(self) -> int:
         """Every INPUTS_EVERY_MS: remove the inputs no job has named for ``RECKON_INPUT_RETENTION_SECONDS``
-        and no unfinished job uses, and prune the large sets of jobs of the inputs named last
-        (pipeline/state/inputs.py); how many inputs went. Two commands per shard when nothing is due, and a
-        set's size for each input named last (10 at most)."""
+        and no unfinished job uses, and prune the large sets of jobs of the inputs named since the last pass
+        (pipeline/state/inputs.py); how many inputs went. Two commands per shard when nothing is due and no
+        input was named since, and a set's size for each input named since (one round trip per 500)."""
         now = time.monotonic() * 1000
         if now - self.inputs_ms < INPUTS_EVERY_MS:
             return 0
@@ -198,8 +199,11 @@ class Sweeper:
         retention_ms = self.settings.input_retention_seconds * 1000
         removed = 0
         for shard in keys.shards():
-            removed += len(self.inputs.expire(shard, retention_ms=retention_ms, now_ms=self.now_ms()))
-            self.inputs.prune(shard)
+            now_ms = self.now_ms()
+            removed += len(self.inputs.expire(shard, retention_ms=retention_ms, now_ms=now_ms))
+            # a sweeper's first pass starts at the two passes before it
+            since = self.pruned_to.get(shard.inputs_used, now_ms - 2 * INPUTS_EVERY_MS)
+            self.pruned_to[shard.inputs_used] = self.inputs.prune(shard, since_ms=since)[1]
         return removed
 
     def forget_stopped(self) -> list[str]:

@@ -13,6 +13,7 @@ from falcon import testing
 from api.app import create_app
 from api.inputs import read_upload
 from pipeline.blobs.local import BlobStore
+from pipeline.state.inputs import Input, InputStore
 from pipeline.state.keys import TenantKeys
 from pipeline.state.tenants import set_limits
 
@@ -146,6 +147,28 @@ def test_the_quota_refuses_with_507_writing_no_blob_and_an_operator_override_lif
     assert store.redis.hget(TenantKeys("acme").inputs, "total") == str(2065 + 1034)
 
 
+def test_the_number_of_inputs_is_bounded_too_whatever_their_size(settings, store, tenant) -> None:
+    """Each input costs Redis about 800 bytes and the blob store a file: within a quota of bytes alone, 9-byte
+    inputs by the hundred million would pass (1 GiB / 9 bytes)."""
+    client = testing.TestClient(create_app(dataclasses.replace(settings, input_max_count=2), store=store))
+    key = tenant()
+    tiny = [b"\x89PNG\r\n\x1a\n" + bytes([n]) for n in range(3)]  # 9 bytes each
+    assert [upload(client, key, data).status_code for data in tiny[:2]] == [201, 201]
+    resp = upload(client, key, tiny[2])
+    assert (resp.status_code, resp.json["type"], resp.json["inputs"], resp.json["max_inputs"]) == \
+        (507, P + "input-quota-exceeded", 2, 2)
+    assert not BlobStore(settings.blob_dir).path(hashlib.sha256(tiny[2]).hexdigest()).exists()
+    assert upload(client, key, tiny[0]).status_code == 200  # one it has already is no new input
+    with pytest.raises(Exception) as over:  # the step checks again: two uploads at once cannot both pass
+        InputStore(store.redis, store.scripts).put("acme", Input(f"reckon/{'0' * 64}.png", "0" * 64, 9, "image/png"),
+                                                  default_quota=10**9, max_inputs=2)
+    assert (type(over.value).__name__, over.value.inputs) == ("OverQuota", 2)
+    gone = client.simulate_delete(f"/v1/inputs/{hashlib.sha256(tiny[0]).hexdigest()}", headers=auth(key))
+    assert gone.status_code == 204
+    assert upload(client, key, tiny[2]).status_code == 201
+    assert store.redis.hlen(TenantKeys("acme").inputs) == 3  # two inputs and `total`
+
+
 def test_a_job_naming_its_tenants_input_lists_it_and_one_naming_any_other_is_422_writing_nothing(
         client, submit, tenant, store) -> None:
     mine, theirs = tenant("acme"), tenant("other")
@@ -170,6 +193,38 @@ def test_a_job_naming_its_tenants_input_lists_it_and_one_naming_any_other_is_422
         assert store.redis.zcard(TenantKeys(who).jobs) == (2 if who == "acme" else 0)
     assert store.ledger("other")["reserved"] == 0
     assert store.redis.smembers(TenantKeys("acme").input_jobs(sha)) == {job.json["id"]}
+
+
+def test_another_tenants_input_by_any_other_route_comfyui_reads_is_422_writing_nothing(
+        client, submit, tenant, store) -> None:
+    """An object's member (Load3D reads the names in its ``image`` object), the subfolder whole, another
+    spelling of the path, a name computed by another node, a node that reads the output folder: none reaches
+    another tenant's bytes."""
+    mine, theirs = tenant("acme"), tenant("other")
+    name = upload(client, mine, PNG).json["name"]
+    routes = {
+        "in an object": ({"1": {"class_type": "SomeCustomLoader", "inputs": {"files": {"image": [name]}}}},
+                         "input-unknown", [name]),
+        "Load3D's object": ({"1": {"class_type": "Load3D", "inputs": {
+            "model_file": "3d/x.glb", "image": {"image": name, "mask": name, "normal": name, "lineart": name,
+                                                 "recording": "", "camera_info": {}}, "width": 64, "height": 64}}},
+            "input-not-allowed", ["3d/x.glb", "Load3D.image not a file's name"]),
+        "another job's output": ({"1": {"class_type": "LoadImageOutput",
+                                        "inputs": {"image": "ComfyUI_00001_.png [output]"}}},
+                                 "input-not-allowed", ["ComfyUI_00001_.png [output]"]),
+        "the folder": ({"1": {"class_type": "LoadImageSetFromFolderNode",
+                              "inputs": {"folder": "reckon", "resize_method": "None"}}},
+                       "input-not-allowed", ["reckon"]),
+        "annotated": (loads(f"{name} [input]"), "input-not-allowed", [f"{name} [input]"]),
+        "computed": ({"1": {"class_type": "StringConcatenate",
+                            "inputs": {"string_a": "reck", "string_b": name[4:], "delimiter": ""}},
+                      "2": {"class_type": "LoadImage", "inputs": {"image": ["1", 0]}}},
+                     "input-not-allowed", ["LoadImage.image linked to another node's output"]),
+    }
+    for case, (workflow, problem, names) in routes.items():
+        resp = submit(theirs, "k1", body=job_body(workflow=workflow))
+        assert (resp.status_code, resp.json["type"], resp.json["names"]) == (422, P + problem, names), case
+    assert store.redis.zcard(TenantKeys("other").jobs) == 0 and store.ledger("other")["reserved"] == 0
 
 
 def test_the_fingerprint_covers_the_inputs_a_job_names(client, submit, tenant) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pipeline.blobs.local import BlobStore
-from pipeline.errors import InputInUse
+from pipeline.errors import InputInUse, InputUnknown
 from pipeline.inputs import name_for
 from pipeline.state import keys
 from pipeline.state.inputs import RECHECK_MS, Input, InputStore
@@ -125,7 +125,7 @@ def test_the_sweeper_expires_inputs_once_a_minute_at_one_range_read_per_shard(st
     sweeper.inputs_ms -= 60_000
     assert commands_of(store, sweeper.expire_inputs) > 0 and store.redis.zcard(TenantKeys("acme").shard.inputs_used) == 0
     sweeper.inputs_ms -= 60_000
-    # none due, none left: a ZRANGEBYSCORE and a ZREVRANGE (the inputs named last, whose sets it prunes) a shard
+    # none due, none left: two ZRANGEBYSCORE a shard (the inputs due, and those named since the last pass)
     assert commands_of(store, sweeper.expire_inputs) == 2 * keys.shard_count()
 
 
@@ -136,8 +136,8 @@ def test_the_pass_prunes_finished_jobs_from_the_large_sets_of_inputs_in_use(stor
     for job_id in jobs[:3]:
         store.cancel(job_id)
     shard, members = TenantKeys("acme").shard, TenantKeys("acme").input_jobs(stored.sha256)
-    assert inputs.prune(shard, above=5) == 0 and store.redis.scard(members) == 5  # not above the bound: left
-    assert inputs.prune(shard, above=4, sample=10) == 3
+    assert inputs.prune(shard, since_ms=0, above=5)[0] == 0 and store.redis.scard(members) == 5  # not above: left
+    assert inputs.prune(shard, since_ms=0, above=4, sample=10)[0] == 3
     assert store.redis.smembers(members) == set(jobs[3:])
     with pytest.raises(InputInUse) as busy:
         inputs.delete("acme", stored.sha256)
@@ -154,3 +154,56 @@ def test_blob_gc_keeps_every_inputs_bytes(store, inputs, settings, tenant) -> No
     assert store.referenced_blobs() == {stored.sha256}
     assert blobs.collect(store.referenced_blobs(), min_age_s=0) == (1, 1)
     assert blobs.read(stored.sha256) == kept and not blobs.path(orphan).exists()
+
+
+def test_a_replayed_job_holds_its_inputs_again_and_one_whose_input_is_gone_is_not_replayed(
+        store, inputs, submit) -> None:
+    """A failed job leaves its inputs' sets (it is finished); ``reckon dlq replay`` queues it again days later:
+    it must hold each input again (a DELETE or the retention pass must wait for it), and a job whose input was
+    deleted meanwhile must not be queued naming bytes that are gone."""
+    kept, gone = item(b"kept"), item(b"gone")
+    for each in (kept, gone):
+        inputs.put("acme", each, default_quota=10**9)
+    failed = {}
+    for key, named in (("k1", [kept.name]), ("k2", [kept.name, gone.name])):
+        job_id = submit(key, *named)
+        claim = store.claim(job_id, worker="w", lease_ms=60_000, operation_id=f"op-{key}", servers={"s": 2})
+        store.finish(claim, "failed", error_class="invalid_input", reason="invalid_input")
+        failed[key] = job_id
+    assert inputs.delete("acme", gone.sha256) == gone  # both jobs failed: nothing uses it
+    queued = submit("k3", kept.name)
+    with pytest.raises(InputInUse):  # which drops the failed jobs from the input's set
+        inputs.delete("acme", kept.sha256)
+    store.cancel(queued)
+    store.replay(failed["k1"])
+    assert store.job(failed["k1"])["state"] == "queued"
+    with pytest.raises(InputInUse) as busy:  # the queued job keeps its input, as when it was admitted
+        inputs.delete("acme", kept.sha256)
+    assert busy.value.jobs == (failed["k1"],)
+    used = store.redis.zscore(TenantKeys("acme").shard.inputs_used, f"acme/{kept.sha256}")
+    assert used >= int(store.job(failed["k1"])["updated_at"])  # its retention counts from the replay
+    with pytest.raises(InputUnknown):
+        store.replay(failed["k2"])
+    assert store.job(failed["k2"])["state"] == "failed"
+    assert store.ledger("acme")["reserved"] == int(store.job(failed["k1"])["ceiling"])  # the refused one: nothing
+    assert store.redis.smembers(TenantKeys("acme").input_jobs(kept.sha256)) == {failed["k1"]}
+
+
+def test_the_pass_prunes_the_set_of_every_input_named_since_the_last_pass_not_only_the_last_ten(
+        store, inputs, submit) -> None:
+    """A set grows only when its input is named, and being named is its last use: a pass that looks at every
+    input named since the last one sees every set that grew. Looking at the 10 named last only, the set of an
+    input named a minute before ten others never shrank, however many of its jobs had ended."""
+    since = store.server_ms()  # the last pass
+    busy, _ = inputs.put("acme", item(b"busy"), default_quota=10**9)
+    jobs = [submit(f"b{n}", busy.name) for n in range(6)]
+    for job_id in jobs[:5]:
+        store.cancel(job_id)
+    for n in range(10):  # then ten other inputs named, each after it
+        other, _ = inputs.put("acme", item(b"other %d" % n), default_quota=10**9)
+        submit(f"o{n}", other.name)
+    shard, members = TenantKeys("acme").shard, TenantKeys("acme").input_jobs(busy.sha256)
+    removed, after = inputs.prune(shard, since_ms=since, above=4, sample=10)
+    assert (removed, store.redis.smembers(members)) == (5, {jobs[5]})
+    assert after >= int(store.job(jobs[5])["created_at"])  # the next pass starts where this one ended
+    assert inputs.prune(shard, since_ms=after, above=0) == (0, after)  # nothing named since
