@@ -100,7 +100,8 @@ CLASSES = {
     "internal-error": ServerError, "queue-full": Unavailable, "load-shed": Unavailable,
     "state-unavailable": Unavailable, "replication-timeout": Unavailable, "output-unavailable": Unavailable,
     "too-many-streams": Unavailable, "not-ready": Unavailable,
-    "input-empty": InvalidRequest, "input-too-large": InvalidRequest, "input-type-unsupported": InvalidRequest,
+    "input-empty": InvalidRequest, "input-incomplete": InvalidRequest, "input-too-large": InvalidRequest,
+    "input-type-unsupported": InvalidRequest,
     "input-unknown": InputUnknown, "input-not-allowed": InputUnknown, "input-not-found": InputNotFound,
     "input-in-use": InputInUse, "input-unavailable": Unavailable, "input-quota-exceeded": InputQuotaExceeded,
 }
