@@ -94,11 +94,12 @@ class Stack:
         proc.wait(timeout=20)
 
     def stop(self) -> None:
-        """SIGTERM every process group, then SIGKILL what is left after 10 s: the whole group, since
-        a group leader (Dramatiq's main process) can exit while its children still consume messages
-        that the next test publishes."""
-        for proc in self.procs.values():
-            _signal_group(proc.pid, signal.SIGTERM)
+        """SIGTERM every process group (SIGKILL one that ever stopped at a fault point: waiting there, it
+        sleeps through SIGTERM), then SIGKILL what is left after 10 s: the whole group, since a group
+        leader (Dramatiq's main process) can exit while its children still consume messages that the
+        next test publishes."""
+        for name, proc in self.procs.items():  # one waiting at its fault point would only sleep through SIGTERM
+            _signal_group(proc.pid, signal.SIGKILL if self.pause_file(name).exists() else signal.SIGTERM)
         deadline = time.monotonic() + 10
         for proc in self.procs.values():
             while _group_alive(proc.pid) and time.monotonic() < deadline:
