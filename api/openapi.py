@@ -121,6 +121,10 @@ SPEC: dict[str, Any] = {
                     "priority": {"enum": list(PRIORITIES)},
                     "supersedes": {"type": "string", "pattern": f"^{JOB_ID_RE.pattern}$",
                                    "description": "id of an older job this one replaces"},
+                    "max_seconds": {"type": "integer", "minimum": 1, "maximum": MAX_DEADLINE_SECONDS,
+                                    "description": "seconds one attempt may execute at its server (interrupted "
+                                                   "past them); required when a server priced per second may "
+                                                   "run it and its class has no default, else 422"},
                 },
             },
             "Job": {
@@ -197,6 +201,7 @@ SPEC: dict[str, Any] = {
                     "422": _problem(
                         f"invalid job (invalid-job; nested deeper than {MAX_DEPTH} levels, too large a workflow, "
                         "supersedes naming no job of the tenant), max_cost below one attempt (max-cost-too-low), "
+                        "no max_seconds where a server priced per second may run the job (max-seconds-required), "
                         "a member name repeated in one object (duplicate-member), the key used before with "
                         "another request (idempotency-key-reused), or a deadline the backlog ahead of the job "
                         "makes impossible to meet (deadline-infeasible, with estimate_seconds and "
