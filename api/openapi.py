@@ -245,7 +245,9 @@ SPEC: dict[str, Any] = {
                                    "server": {"type": "string", "description": "the fleet server it ran on"},
                                    "operation_id": {"type": "string"}, "state": {"type": "string"},
                                    "started_at": _TIME, "ended_at": _NULLABLE_TIME,
-                                   "error_class": {"type": ["string", "null"]}}}}}}),
+                                   "error_class": {"type": ["string", "null"]},
+                                   "seconds_ms": {"type": "integer", "description": "milliseconds of execution "
+                                                  "a server priced per second billed (its own timestamps)"}}}}}}),
                           **_AUTH_ERRORS}}},
         "/v1/jobs/{job_id}/events": {"get": {
             "summary": "The job's events (state changes and progress) in seq order", "parameters": [_JOB_ID, _AFTER],

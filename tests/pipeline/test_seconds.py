@@ -174,7 +174,11 @@ def test_an_unknown_outcome_holds_the_seconds_bound_until_the_servers_report_rep
 
 
 class Counting(ComfyUI):
-    cancels: list[str] = []
+    """The real adapter, counting the cancels it is asked for."""
+
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.cancels: list[str] = []
 
     def cancel(self, operation_id: str) -> None:
         self.cancels.append(operation_id)
