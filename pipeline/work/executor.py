@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import replace
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from pipeline import faultpoints
 from pipeline.blobs import Blobs
@@ -199,14 +199,14 @@ class Executor:
                     self.store.await_provider(claim, lease_ms=self.lease_ms)  # not ended yet: back to the watcher
                     return True
                 self._complete(claim, provider, status, heartbeat, charged=taken.charged,
-                               max_seconds=seen[3].get("max") or 0 if seen else None)
+                               max_seconds=(seen[3].get("max") or 0) if seen else None)
             except LOST as exc:  # a paid output gone: reconciliation asks again, then an operator
                 raise AttemptFailed(claim, UnknownOutcome(exc.reason)) from exc
             except ProviderError as exc:
                 raise AttemptFailed(claim, exc) from exc
         return True
 
-    def _read_watched(self, job_id: str) -> tuple[str, OperationStatus | ProviderError, str, dict] | None:
+    def _read_watched(self, job_id: str) -> tuple[str, OperationStatus | ProviderError, str, dict[str, Any]] | None:
         """The watched prompt's operation id, its status at its server (or the error reading it raised),
         the server's name and the watch entry; None if the job is not watched or its server not configured."""
         watched = self.store.watch_entry(job_id)
