@@ -19,7 +19,7 @@ from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
 from pipeline.settings import Settings
-from pipeline.state.keys import TenantKeys
+from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.progress import record
 from pipeline.state.store import Store
 from pipeline.state.submit import Admitter
@@ -109,6 +109,8 @@ def test_each_job_is_settled_what_the_server_charged_for_its_seconds(store, sett
         assert (job["state"], job["settled"], job["reserved"], job["uncertain"]) == (
             "completed", str(charge["units"]), "0", "0")
         assert run["seconds_ms"] == charge["ms"]
+        packed = orjson.loads(store.redis.hget(JobKeys(job_id).record, "z"))  # finished: packed, the attempt
+        assert len(packed[4][0]) == 13 and packed[4][0][12] == charge["ms"]  # as its 13 values, seconds_ms last
     total = sum(c["units"] for c in per_second.sim.charges)
     assert balanced(store) == {"allowance": ALLOWANCE, "reserved": 0, "uncertain": 0, "settled": total,
                                "available": ALLOWANCE - total}
