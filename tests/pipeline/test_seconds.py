@@ -16,6 +16,7 @@ from pipeline.errors import AttemptFailed, InvalidRequest
 from pipeline.fleet import attempt_ceiling, parse
 from pipeline.providers import sim as simulated
 from pipeline.providers.comfyui import ComfyUI
+from pipeline.providers.comfyui_answers import from_history
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
 from pipeline.settings import Settings
@@ -236,3 +237,22 @@ def test_a_server_may_be_priced_by_the_second_alone_and_an_attempts_ceiling_is_i
     assert attempt_ceiling([a, b], 2, 0) == 20
     with pytest.raises(ValueError):
         parse("a=http://a;price=0", default_url="", cap=2, price=10)
+
+
+def test_seconds_come_from_the_servers_own_messages_and_without_them_the_bound_is_booked() -> None:
+    """execution_start to the end message's timestamp; a history without timestamps (an older server)
+    has no seconds, and its run is booked at max_seconds, the bound the tenant authorized."""
+    def entry(*messages: list[Any]) -> dict[str, Any]:
+        return {"status": {"status_str": "success", "completed": True, "messages": list(messages)},
+                "outputs": {"9": {"images": [{"filename": "a.png", "subfolder": "", "type": "output"}]}}}
+
+    timed = from_history(entry(["execution_start", {"prompt_id": "p", "timestamp": 1_000}],
+                               ["execution_cached", {"nodes": [], "prompt_id": "p", "timestamp": 1_001}],
+                               ["execution_success", {"prompt_id": "p", "timestamp": 13_345}]))
+    older = from_history(entry(["execution_start", {"prompt_id": "p"}], ["execution_success", {"prompt_id": "p"}]))
+    assert (timed.seconds_ms, older.seconds_ms) == (12_345, None)
+    [server] = parse("s=http://s;price=2;price_per_second=5", default_url="", cap=2, price=10)
+    assert timed.cost(server, 30) == (2 + 62, 12_345)  # ceil(61.725): the worked example of docs/costs.md
+    assert older.cost(server, 30) == (2 + 150, 30_000)
+    [per_output] = parse("s=http://s;price=2", default_url="", cap=2, price=10)
+    assert timed.cost(per_output, 30) == (2, None)  # no price per second: no seconds booked
