@@ -121,6 +121,10 @@ SPEC: dict[str, Any] = {
                     "priority": {"enum": list(PRIORITIES)},
                     "supersedes": {"type": "string", "pattern": f"^{JOB_ID_RE.pattern}$",
                                    "description": "id of an older job this one replaces"},
+                    "max_seconds": {"type": "integer", "minimum": 1, "maximum": MAX_DEADLINE_SECONDS,
+                                    "description": "seconds one attempt may execute at its server (interrupted "
+                                                   "past them); required when a server priced per second may "
+                                                   "run it and its class has no default, else 422"},
                 },
             },
             "Job": {
@@ -197,6 +201,7 @@ SPEC: dict[str, Any] = {
                     "422": _problem(
                         f"invalid job (invalid-job; nested deeper than {MAX_DEPTH} levels, too large a workflow, "
                         "supersedes naming no job of the tenant), max_cost below one attempt (max-cost-too-low), "
+                        "no max_seconds where a server priced per second may run the job (max-seconds-required), "
                         "a member name repeated in one object (duplicate-member), the key used before with "
                         "another request (idempotency-key-reused), or a deadline the backlog ahead of the job "
                         "makes impossible to meet (deadline-infeasible, with estimate_seconds and "
@@ -240,7 +245,9 @@ SPEC: dict[str, Any] = {
                                    "server": {"type": "string", "description": "the fleet server it ran on"},
                                    "operation_id": {"type": "string"}, "state": {"type": "string"},
                                    "started_at": _TIME, "ended_at": _NULLABLE_TIME,
-                                   "error_class": {"type": ["string", "null"]}}}}}}),
+                                   "error_class": {"type": ["string", "null"]},
+                                   "seconds_ms": {"type": "integer", "description": "milliseconds of execution "
+                                                  "a server priced per second billed (its own timestamps)"}}}}}}),
                           **_AUTH_ERRORS}}},
         "/v1/jobs/{job_id}/events": {"get": {
             "summary": "The job's events (state changes and progress) in seq order", "parameters": [_JOB_ID, _AFTER],

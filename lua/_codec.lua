@@ -7,7 +7,7 @@
 -- Record values come in RECORD_FIELDS order: null where the record has no such field (the nulls at
 -- the end left out), true for `id` and `tenant` when the key names them already. Attempts, events and
 -- outputs are arrays of their values, when the item's keys are ATTEMPT_KEYS, EVENT_KEYS or OUTPUT_KEYS
--- in that order (how the scripts write them); any other item is kept as the object it was stored as,
+-- in that order (how the scripts write them), or an attempt's keys are ATTEMPT_TIMED_KEYS in any order; any other item is kept as the object it was stored as,
 -- keys in their order. An integer is a JSON number; a moment (the *_TIMES) counts from created_at, so
 -- most are a few digits (the deadline from created_at + deadline_s seconds: `record_number`); a string
 -- is written with its slashes as they are (cjson writes `\/`). An event whose `from` is the `to` of the
@@ -25,6 +25,10 @@ local RECORD_FIELDS = {'id', 'tenant', 'idem_key', 'kind', 'priority', 'outputs_
 local RECORD_TIMES = {deadline = true, updated_at = true, settled_at = true}
 local ATTEMPT_KEYS = {'number', 'submitted_at', 'price', 'worker', 'state', 'error_class', 'started_at', 'generation',
   'provider', 'ended_at', 'operation_id', 'server'}
+-- An attempt a per-second price booked also has `seconds_ms` (end_attempt adds it, and cjson puts it where
+-- its table's layout falls): packed as these 13 values, whatever the order of its stored keys.
+local ATTEMPT_TIMED_KEYS = {'number', 'submitted_at', 'price', 'worker', 'state', 'error_class', 'started_at',
+  'generation', 'provider', 'ended_at', 'operation_id', 'server', 'seconds_ms'}
 local EVENT_KEYS = {'at', 'to', 'from', 'seq', 'reason'}
 local OUTPUT_KEYS = {'sha256', 'bytes', 'content_type'}
 local ITEM_TIMES = {at = true, started_at = true, submitted_at = true, ended_at = true}
@@ -94,11 +98,13 @@ end
 -- order and its values are strings, null, booleans or integers below 2^53; else its text as it is
 -- (an object: a reader gets its keys and values as they were).
 -- Also answers the decoded item when it became an array (nil when it is kept as its text).
-local function encode_item(raw, names, base)
+local function encode_item(raw, names, base, any_order)
   local order = key_order(raw)
   if #order ~= #names or odd_numbers(raw) then return raw end
+  local stored = {}
+  for i, name in ipairs(order) do stored[name] = any_order or i end
   for i, name in ipairs(names) do
-    if order[i] ~= name then return raw end
+    if stored[name] ~= (any_order or i) then return raw end
   end
   local item, out = cjson.decode(raw), {}
   for i, name in ipairs(names) do
@@ -119,6 +125,16 @@ end
 local function encode_items(items, names, base)
   local out = {}
   for i, raw in ipairs(items) do out[i] = encode_item(raw, names, base) end
+  return '[' .. table.concat(out, ',') .. ']'
+end
+
+-- Attempts: ATTEMPT_KEYS' values in order, or ATTEMPT_TIMED_KEYS' (in any order stored), else the text.
+local function encode_attempts(items, base)
+  local out = {}
+  for i, raw in ipairs(items) do
+    out[i] = encode_item(raw, ATTEMPT_KEYS, base)
+    if out[i] == raw then out[i] = encode_item(raw, ATTEMPT_TIMED_KEYS, base, true) end
+  end
   return '[' .. table.concat(out, ',') .. ']'
 end
 
@@ -191,7 +207,7 @@ local function pack_value(job_id, fields, attempts, events, outputs)
     end
   end
   return '[' .. PACK_VERSION .. ',' .. created .. ',[' .. table.concat(values, ',') .. '],{' .. table.concat(rest, ',')
-    .. '},' .. encode_items(attempts, ATTEMPT_KEYS, base) .. ',' .. encode_events(events, base) .. ',['
+    .. '},' .. encode_attempts(attempts, base) .. ',' .. encode_events(events, base) .. ',['
     .. table.concat(o, ',') .. ']]'
 end
 

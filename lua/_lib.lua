@@ -184,7 +184,8 @@ end
 -- closed, except an `unknown` one, which reconciliation resolves (and marks reconciled).
 -- `unsent`: nothing left for a server, so a submit mark the attempt made is taken back.
 local function end_attempt(job, attempts, now, state, error_class, unsent)
-  local n = hget(job, 'attempt_count')
+  local f = hmget(job, 'attempt_count', 'attempt_ms')
+  local n = f[1]
   local raw = hget(attempts, n)
   if not raw then return end
   local attempt = cjson.decode(raw)
@@ -197,6 +198,8 @@ local function end_attempt(job, attempts, now, state, error_class, unsent)
   attempt.ended_at = tonumber(now)
   attempt.error_class = (error_class ~= '' and error_class) or cjson.null
   if unsent then attempt.submitted_at = cjson.null end
+  local charged_n, ms = string.match(f[2] or '', '^(%d+):(%d+)$')  -- the seconds its charge booked
+  if charged_n == n then attempt.seconds_ms = tonumber(ms) end
   hset(attempts, n, cjson.encode(attempt))
 end
 
@@ -220,10 +223,12 @@ end
 -- second call books 0): whatever the attempt held as uncertain goes back to reserved first (the
 -- provider's own report replaces the guess), then `units` move from reserved to charged. More than
 -- the job holds is booked too (the money was spent): recorded on the job (`overrun`) and counted
--- (`charge_overruns_total`). Returns the units booked and those beyond what the job held.
-local function charge_attempt(job, ledger, units)
+-- (`charge_overruns_total`). `seconds` ('' none): `<attempt>:<ms>`, the execution the charge is for,
+-- kept as `attempt_ms` until `end_attempt` copies it onto that attempt's record (`seconds_ms`).
+-- Returns the units booked and those beyond what the job held.
+local function charge_attempt(job, ledger, units, seconds)
   if hget(job, 'attempt_charged') == '1' then return 0, 0 end
-  hset(job, 'attempt_charged', 1)
+  if seconds and seconds ~= '' then hset(job, 'attempt_charged', 1, 'attempt_ms', seconds) else hset(job, 'attempt_charged', 1) end
   shift(job, ledger, 'uncertain', 'reserved', hget(job, 'uncertain') or '0')
   local over = units - shift(job, ledger, 'reserved', 'charged', units)
   if over > 0 then
@@ -265,7 +270,8 @@ local PACKS = {}
 -- packed job drops them, and its progress marks (`pm:<attempt>:<node>`, lua/progress.lua).
 local LIVE_FIELDS = {lease_owner = true, lease_expires = true, slot_held = true, sends = true,
   attempt_charged = true, submit_epoch = true, operation_id = true, provider = true, server = true,
-  attempt_price = true, submitted_at = true, vf = true, servers = true, ckpt = true, hooks = true}
+  attempt_price = true, submitted_at = true, vf = true, servers = true, ckpt = true, hooks = true,
+  attempt_ms = true}
 
 -- The five keys a finished job is packed from, from KEYS[first] on (the caller passes them in this
 -- order: pipeline/state/keys.py `JobKeys.parts`): declared, as a Cluster's slot migration needs every key.

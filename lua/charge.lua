@@ -21,11 +21,13 @@
 --   see use_globals in _lib.lua
 --
 -- ARGV[1] lease generation held by the caller
--- ARGV[2] cost units the provider charged for this attempt (outputs x its server's price)
+-- ARGV[2] cost units the provider charged for this attempt (outputs x its server's price, plus its
+--   seconds x its price per second: docs/costs.md)
+-- ARGV[3] `<attempt>:<ms>`, the execution those seconds are ('' for a server priced per output only)
 --
 -- Returns {0 OK, units booked, units beyond what the job held (0: none)} | {9 STALE_LEASE}
 
 use_globals(3)
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
-local units, over = charge_attempt(KEYS[1], KEYS[2], tonumber(ARGV[2]))
+local units, over = charge_attempt(KEYS[1], KEYS[2], tonumber(ARGV[2]), ARGV[3])
 return {0, units, over}

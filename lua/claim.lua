@@ -55,7 +55,7 @@
 --   (cost units per output; '' = the job's own `price`, the one it was reserved at)
 --
 -- Returns {0 OK, generation, attempt number, now (ms), server, outputs requested, priority, deadline (ms),
---   workflow (JSON text), index of each output already stored ...} | {7 NOT_FOUND}
+--   max seconds ('' none), workflow (JSON text), index of each output already stored ...} | {7 NOT_FOUND}
 --   | {8 NOT_CLAIMABLE, state} | {14 EXPIRED} | {15 NO_CAPACITY} | {16 PAUSED} (parked too)
 
 use_globals(15)
@@ -161,7 +161,8 @@ redis.call('HSET', KEYS[4], n, cjson.encode({
   operation_id = ARGV[4], state = 'running', started_at = now,
   submitted_at = cjson.null, ended_at = cjson.null, error_class = cjson.null}))
 move(job, KEYS[6], KEYS[5], now, 'queued', 'running', 'claimed')
-local inputs = hmget(job, 'outputs_requested', 'priority', 'deadline')
+local inputs = hmget(job, 'outputs_requested', 'priority', 'deadline', 'max_seconds')
 -- outputs are stored only by attempts (and the reconciliations of theirs): a first attempt finds none
 local stored = n > 1 and redis.call('HKEYS', KEYS[18]) or {}
-return {0, gen, n, now, server, inputs[1], inputs[2], inputs[3], redis.call('GET', KEYS[10]) or '', unpack(stored)}
+return {0, gen, n, now, server, inputs[1], inputs[2], inputs[3], inputs[4] or '', redis.call('GET', KEYS[10]) or '',
+  unpack(stored)}

@@ -20,7 +20,9 @@
 -- ARGV[2] worker id
 -- ARGV[3] lease length (ms)
 -- ARGV[4] operation id whose end the caller read at the provider ('' for none)
--- ARGV[5] cost units that operation charged (outputs x its server's price)
+-- ARGV[5] cost units that operation charged (outputs x its server's price, plus its seconds x its
+--   price per second)
+-- ARGV[6] `<attempt>:<ms>`, the execution those seconds are ('' none: priced per output only)
 --
 -- Returns {0 OK, generation, attempt number, operation id, server, now (ms), cancel requested
 --   (0|1), deadline (ms), provider epoch at submission, units booked here (-1: none asked or
@@ -40,5 +42,5 @@ hset(job, 'lease_owner', ARGV[2])
 renew(job, KEYS[2], KEYS[4], expires)
 redis.call('HDEL', KEYS[3], 'w:' .. f[3])
 local booked, over = -1, 0
-if ARGV[4] ~= '' and ARGV[4] == f[5] then booked, over = charge_attempt(job, KEYS[5], tonumber(ARGV[5])) end
+if ARGV[4] ~= '' and ARGV[4] == f[5] then booked, over = charge_attempt(job, KEYS[5], tonumber(ARGV[5]), ARGV[6]) end
 return {0, gen, tonumber(f[4]), f[5], f[6], now, f[7] == '1' and 1 or 0, tonumber(f[8]), f[9] or '', booked, over}

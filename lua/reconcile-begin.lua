@@ -9,7 +9,9 @@
 -- moves from reserved to uncertain until reconciliation resolves it: a whole run, every
 -- output of the job (ComfyUI runs the whole graph for a prompt, whichever outputs were still
 -- missing), at its server's price (`attempt_price`, recorded by the claim; a job claimed
--- before claims recorded it: its own `price`). A run beyond what the job still holds is held
+-- before claims recorded it: its own `price`), plus, for a job priced by the second, its
+-- `max_seconds` x its `price_per_second` (the highest of the servers it may run on, recorded at
+-- admission: docs/costs.md "Per-second prices"). A run beyond what the job still holds is held
 -- in full too (the tenant's available units may go below zero): never booked below what the
 -- provider may have charged.
 -- A renewal writes only the record's expiry (`renew` in _lib.lua), so the sweeper finds a
@@ -38,7 +40,7 @@
 use_globals(10)
 local job, now = KEYS[1], clock(ARGV[2])
 local f = hmget(job, 'state', 'lease_gen', 'lease_expires', 'id', 'submitted',
-  'outputs_requested', 'price', 'attempt_charged', 'attempt_price')
+  'outputs_requested', 'price', 'attempt_charged', 'attempt_price', 'max_seconds', 'price_per_second')
 if ARGV[1] ~= '' then
   if f[1] ~= 'running' or f[2] ~= ARGV[1] then return {9} end
 else
@@ -55,7 +57,7 @@ end
 
 local held = 0
 if f[5] == '1' and f[8] ~= '1' then
-  local run = tonumber(f[6]) * tonumber(f[9] or f[7])
+  local run = tonumber(f[6]) * tonumber(f[9] or f[7]) + tonumber(f[10] or '0') * tonumber(f[11] or '0')
   held = shift(job, KEYS[2], 'reserved', 'uncertain', run)
   if held < run then  -- beyond what the job holds: held all the same
     hincrby(job, 'uncertain', run - held)

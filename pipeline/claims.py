@@ -22,6 +22,8 @@ class Inputs:
     workflow: Any
     #: Indices of the outputs stored by earlier attempts (they are not asked for again).
     stored: frozenset[int]
+    #: Seconds the attempt may execute at its server (0: no bound): ``max_seconds``, set at admission.
+    max_seconds: int = 0
 
 
 @dataclass(frozen=True)

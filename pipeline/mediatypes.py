@@ -63,3 +63,12 @@ def kind_of(content_type: str) -> str:
     """``image``, ``audio``, ``video`` or ``other``: the family a content type belongs to."""
     family = content_type.split("/", 1)[0]
     return family if family in ("image", "audio", "video") else "other"
+
+
+def content_types(value: str) -> frozenset[str]:
+    """A comma-separated list of content types (``type/subtype``), lower-cased."""
+    types = frozenset(part.strip().lower() for part in value.split(",") if part.strip())
+    for kind in types:
+        if kind.count("/") != 1 or not all(kind.split("/")):
+            raise ValueError(f"not a content type: {kind!r}")
+    return types

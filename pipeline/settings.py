@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from pipeline.fleet import Server
 from pipeline.fleet import parse as parse_servers
+from pipeline.mediatypes import content_types
 
 #: State and broker live in one redis-server, in two logical databases (docs/redis.md "Databases and shards").
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6390/0"
@@ -60,6 +61,9 @@ DEFAULT_OUTPUT_UNCLEANED_TYPES: frozenset[str] = frozenset()
 DEFAULT_MAX_BODY_BYTES = 512 * 1024
 DEFAULT_MAX_WORKFLOW_BYTES = 256 * 1024
 DEFAULT_DEADLINE_SECONDS = 3600
+#: Seconds an attempt may execute when its job names no ``max_seconds``, per class; 0: no default, so a job
+#: that may run on a server priced per second must name it (422 max-seconds-required: docs/costs.md).
+DEFAULT_MAX_SECONDS_INTERACTIVE = DEFAULT_MAX_SECONDS_BATCH = 0
 #: Uploaded inputs (docs/api.md "Inputs"): the largest one (413 above it), the bytes a tenant may keep
 #: (507 above them; ``reckon tenant set --input-quota`` overrides it), how many inputs it may keep (507
 #: above: each costs Redis about 800 bytes and the blob store a file, whatever its size), and how long one
@@ -192,6 +196,8 @@ class Settings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_workflow_bytes: int = DEFAULT_MAX_WORKFLOW_BYTES
     default_deadline_seconds: int = DEFAULT_DEADLINE_SECONDS
+    max_seconds_interactive: int = DEFAULT_MAX_SECONDS_INTERACTIVE
+    max_seconds_batch: int = DEFAULT_MAX_SECONDS_BATCH
     input_max_bytes: int = DEFAULT_INPUT_MAX_BYTES
     input_quota_bytes: int = DEFAULT_INPUT_QUOTA_BYTES
     input_max_count: int = DEFAULT_INPUT_MAX_COUNT
@@ -297,6 +303,8 @@ class Settings:
             "max_body_bytes": ("RECKON_MAX_BODY_BYTES", int),
             "max_workflow_bytes": ("RECKON_MAX_WORKFLOW_BYTES", int),
             "default_deadline_seconds": ("RECKON_DEFAULT_DEADLINE_SECONDS", int),
+            "max_seconds_interactive": ("RECKON_MAX_SECONDS_INTERACTIVE", int),
+            "max_seconds_batch": ("RECKON_MAX_SECONDS_BATCH", int),
             "input_max_bytes": ("RECKON_INPUT_MAX_BYTES", int),
             "input_quota_bytes": ("RECKON_INPUT_QUOTA_BYTES", int),
             "input_max_count": ("RECKON_INPUT_MAX_COUNT", int),
@@ -370,15 +378,6 @@ def blob_sync(value: str) -> str:
     if value not in ("group", "file"):
         raise ValueError(f"RECKON_BLOB_SYNC: group or file, not {value!r}")
     return value
-
-
-def content_types(value: str) -> frozenset[str]:
-    """A comma-separated list of content types (``type/subtype``), lower-cased."""
-    types = frozenset(part.strip().lower() for part in value.split(",") if part.strip())
-    for kind in types:
-        if kind.count("/") != 1 or not all(kind.split("/")):
-            raise ValueError(f"not a content type: {kind!r}")
-    return types
 
 
 def flag(value: str) -> bool:

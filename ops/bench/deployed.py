@@ -24,10 +24,9 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import orjson
 import redis
@@ -93,11 +92,12 @@ def total_calls(client: redis.Redis) -> int:
 class Deployed:
     """A private redis-server and the stack on it, every process stopped by its PID on exit."""
 
-    def __init__(self, work: Path, *, servers: int = 2, cap: int = 8, env: dict[str, str] | None = None) -> None:
+    def __init__(self, work: Path, *, servers: int = 2, cap: int = 8, env: dict[str, str] | None = None,
+                 options: str = "") -> None:
         self.work, self.redis_port, self.web_port, self.streams_port = work, free_port(), free_port(), free_port()
         work.mkdir(parents=True, exist_ok=True)
         self.sim_ports = [free_port() for _ in range(servers)]
-        fleet = ",".join(f"sim{i}=http://127.0.0.1:{port};cap={cap}" for i, port in enumerate(self.sim_ports))
+        fleet = ",".join(f"sim{i}=http://127.0.0.1:{port};cap={cap}{options}" for i, port in enumerate(self.sim_ports))
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RECKON_")} | {
             "RECKON_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
             "RECKON_BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/1",
@@ -302,14 +302,14 @@ def _verb(function: str) -> str:
 
 
 def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, workflow_bytes: int = 10_240,
-        steps: bool = False, cap: int = 8, env: dict[str, str] | None = None, webhook: bool = False, warm: bool = True
-        ) -> Figures:
+        steps: bool = False, cap: int = 8, env: dict[str, str] | None = None, webhook: bool = False, warm: bool = True,
+        options: str = "") -> Figures:
     """Post ``jobs`` jobs to a fresh deployed stack (each server at ``cap``) and measure them to their
     completion; with ``webhook``, the tenant has an endpoint for ``job.completed`` (a receiver in this
     process, on loopback) and the run ends when every completion was delivered; ``warm``: one job first, uncounted."""
     if webhook:
         env = {**(env or {}), "RECKON_WEBHOOK_ALLOW_PRIVATE": "1"}
-    stack = Deployed(work, cap=cap, env=env)
+    stack = Deployed(work, cap=cap, env=env, options=options)
     receiver = Receiver() if webhook else None
     try:
         stack.up()
@@ -325,7 +325,7 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
         mem0, calls0, redis0, cpu0 = settled(client), total_calls(client), redis_cpu(client), stack.stack_cpu()
         t0 = time.perf_counter()
         monitor = Monitor(stack.redis_port) if steps else None
-        with monitor or _nothing():
+        with monitor or nullcontext():
             post(stack.web_port, api_key, [f"job-{i}" for i in range(jobs)], concurrency, body)
             polls = 0
 
@@ -353,11 +353,6 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
             receiver.close()
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
 def main() -> None:
     import argparse
 
@@ -369,14 +364,17 @@ def main() -> None:
     parser.add_argument("--webhook", action="store_true", help="the tenant has an endpoint for job.completed")
     parser.add_argument("--cap", type=int, default=8, help="each server's cap (above --jobs: no job parks)")
     parser.add_argument("--no-warm-up", action="store_true", help="no job first: first-time structures counted")
+    parser.add_argument("--price-per-second", type=int, default=0, help="each server's (jobs then: max_seconds 60)")
     args = parser.parse_args()
     from ops.bench.memory import TARGET_FINISHED_BYTES
     from pipeline.state import keys
 
     keys.use_shards(args.shards)  # this process reads the tenant's counts where the stack writes them
     with tempfile.TemporaryDirectory(prefix="reckon-deployed-") as tmp:
-        fig = run(Path(tmp), jobs=args.jobs, steps=args.steps or args.broker, cap=args.cap,
-                  env={"RECKON_SHARDS": str(args.shards)}, webhook=args.webhook, warm=not args.no_warm_up)
+        per_second = {"RECKON_MAX_SECONDS_INTERACTIVE": "60"} if args.price_per_second else {}
+        fig = run(Path(tmp), jobs=args.jobs, steps=args.steps or args.broker, cap=args.cap, webhook=args.webhook,
+                  env={"RECKON_SHARDS": str(args.shards), **per_second}, warm=not args.no_warm_up,
+                  options=f";price_per_second={args.price_per_second}" if args.price_per_second else "")
     print(f"{fig.jobs} jobs in {fig.seconds:.2f} s = {fig.rate:.1f} jobs/s; {fig.commands_per_job:.1f} commands/job;"
           f" Redis {fig.redis_us:.0f} us/job; machine {fig.machine_us:.0f} us/job; {fig.bytes_per_job:.0f} B/job"
           + (f"; measured over {fig.window:.1f} s" if fig.window else ""))

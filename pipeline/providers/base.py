@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pipeline.fleet import Server, attempt_cost
 from pipeline.needs import Offer
 
 
@@ -38,6 +39,14 @@ class OperationStatus:
     #: Outputs the run made in all, ours or not (a graph runs whole: a retry for one missing
     #: output makes them all); None when the provider does not say. What the run is charged.
     produced: int | None = None
+    #: Milliseconds the provider says it executed the prompt (its own start and end timestamps);
+    #: None when it does not say (an older server, a prompt not ended). What a per-second price books.
+    seconds_ms: int | None = None
+
+    def cost(self, server: Server, max_seconds: int) -> tuple[int, int | None]:
+        """What this ended run cost on ``server``, and the milliseconds booked (``fleet.attempt_cost``):
+        a run is billed whole, every output it made, ours or not."""
+        return attempt_cost(server, max(len(self.outputs), self.produced or 0), self.seconds_ms, max_seconds)
 
 
 class Provider(Protocol):

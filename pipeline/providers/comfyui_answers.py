@@ -63,11 +63,27 @@ def from_history(entry: dict[str, Any]) -> OperationStatus:
     extra = _dict(prompt[3] if len(prompt) > 3 else None)
     refs = output_refs(entry.get("outputs"), extra.get("reckon_outputs"))
     produced = len(output_files(entry.get("outputs")))
+    seconds_ms = execution_ms(status.get("messages"))
     if status.get("status_str") == "error":
-        return replace(_failure(status.get("messages"), refs, workflow), produced=produced)
+        return replace(_failure(status.get("messages"), refs, workflow), produced=produced, seconds_ms=seconds_ms)
     if not status.get("completed", True):
         return OperationStatus("running")
-    return OperationStatus("completed", refs, produced=produced)
+    return OperationStatus("completed", refs, produced=produced, seconds_ms=seconds_ms)
+
+
+def execution_ms(messages: Any) -> int | None:
+    """Milliseconds from ComfyUI's ``execution_start`` to its ``execution_success`` (``_error``,
+    ``_interrupted``), by the ``timestamp`` (ms) each carries; None without both (an older server).
+    A fully cached run's two messages are a few milliseconds apart: it executed nothing else."""
+    stamps: dict[str, int] = {}
+    for event, data in (message for message in _list(messages) if _is_message(message)):
+        stamp = data.get("timestamp")
+        if isinstance(stamp, int) and not isinstance(stamp, bool) and stamp >= 0:
+            stamps.setdefault("start" if event == "execution_start" else event, stamp)
+    ends = [stamps[e] for e in ("execution_success", "execution_error", "execution_interrupted") if e in stamps]
+    if "start" not in stamps or not ends:
+        return None
+    return max(ends[0] - stamps["start"], 0)
 
 
 def output_refs(outputs: Any, requested: Any) -> list[OutputRef]:

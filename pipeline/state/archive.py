@@ -6,8 +6,8 @@ lua/_codec.lua defines it; a test keeps the key lists below in step with the Lua
 ``[2, created_at, [record values], {other fields}, [attempts], [events], [outputs]]``: record values in
 ``RECORD_FIELDS`` order (null: no such field, the nulls at the end left out; true: ``id`` or ``tenant``,
 named by the job id), an object of any other fields, then items as arrays of their values when their
-keys were stored in the order of ``ATTEMPT_KEYS``, ``EVENT_KEYS`` or ``OUTPUT_KEYS`` (else as their
-stored object), integers as numbers, moments counted from ``created_at`` (the deadline from
+keys were stored in the order of ``ATTEMPT_KEYS``, ``EVENT_KEYS`` or ``OUTPUT_KEYS``, or were
+``ATTEMPT_TIMED_KEYS`` in any order (13 values: an attempt with ``seconds_ms``), else as their stored object, integers as numbers, moments counted from ``created_at`` (the deadline from
 ``created_at`` + ``deadline_s`` seconds when that is an integer below 10^9); an event of 4 values left out its
 ``from``, the ``to`` of the event before it (null for the first), one of 3 its ``reason`` too, its ``to``;
 an output of 3 values (after its index) its content type, the one before it; an output's sha256 that
@@ -39,6 +39,8 @@ RECORD_FIELDS = (
 RECORD_TIMES = frozenset({"deadline", "updated_at", "settled_at"})
 ATTEMPT_KEYS = ("number", "submitted_at", "price", "worker", "state", "error_class", "started_at", "generation",
                 "provider", "ended_at", "operation_id", "server")
+#: An attempt a per-second price booked: its 13 values (lua/_codec.lua packs it whatever its keys' stored order).
+ATTEMPT_TIMED_KEYS = (*ATTEMPT_KEYS, "seconds_ms")
 EVENT_KEYS = ("at", "to", "from", "seq", "reason")
 OUTPUT_KEYS = ("sha256", "bytes", "content_type")
 ITEM_TIMES = frozenset({"at", "started_at", "submitted_at", "ended_at"})
@@ -99,7 +101,8 @@ def _digest(text: Any) -> Any:
 def attempts(live: dict[str, str], raw: str | None) -> list[dict[str, Any]]:
     if raw is not None:
         z = orjson.loads(raw)
-        return [_item(item, ATTEMPT_KEYS, _base(z)) for item in z[4]]
+        return [_item(item, ATTEMPT_TIMED_KEYS if len(item) == len(ATTEMPT_TIMED_KEYS) else ATTEMPT_KEYS, _base(z))
+                for item in z[4]]
     return [orjson.loads(live[n]) for n in sorted(live, key=int)]
 
 

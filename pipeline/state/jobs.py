@@ -25,9 +25,10 @@ MAX_COST = 2**53
 #: Nesting limit of a whole request body (the API refuses deeper bodies before anything else;
 #: orjson itself encodes at most 254 levels).
 MAX_DEPTH = 64
-_FIELDS = frozenset({"kind", "workflow", "outputs", "max_cost", "deadline_s", "priority", "supersedes"})
+_FIELDS = frozenset({"kind", "workflow", "outputs", "max_cost", "deadline_s", "priority", "supersedes",
+                     "max_seconds"})
 #: Fields validated as integers: 2.0 is read as 2 (JSON Schema agrees), and so is fingerprinted.
-_INTEGER_FIELDS = ("outputs", "max_cost", "deadline_s")
+_INTEGER_FIELDS = ("outputs", "max_cost", "deadline_s", "max_seconds")
 
 
 class State(str, Enum):
@@ -52,6 +53,8 @@ class JobRequest:
     deadline_s: int
     priority: str
     supersedes: str | None = None
+    #: Seconds one attempt may execute at its server (interrupted past them); None: the class's default.
+    max_seconds: int | None = None
     #: The workflow as encoded once, for the size check: what is stored and sent.
     workflow_json: bytes = b""
 
@@ -81,6 +84,7 @@ def parse_request(body: Any, settings: Settings) -> JobRequest:
         deadline_s=_integer(body, "deadline_s", 1, MAX_DEADLINE_SECONDS, settings.default_deadline_seconds),
         priority=_choice(body, "priority", PRIORITIES),
         supersedes=_job_id(body, "supersedes"),
+        max_seconds=_integer(body, "max_seconds", 1, MAX_DEADLINE_SECONDS, None) if "max_seconds" in body else None,
         workflow_json=encoded,
     )
 
@@ -126,14 +130,16 @@ def fingerprint(body: Any) -> str:
     return hashlib.sha256(encoded).hexdigest()
 
 
-def cost_plan(request: JobRequest, settings: Settings, price: int) -> tuple[int, int, int]:
+def cost_plan(request: JobRequest, settings: Settings, price: int, *,
+              per_attempt: int | None = None) -> tuple[int, int, int]:
     """(price of one attempt, attempts covered, ceiling) for a request, at ``price`` per output
-    (``fleet.highest_price``: the dearest server the job may run on).
+    (``fleet.highest_price``: the dearest server the job may run on), or at ``per_attempt`` when
+    given (``fleet.attempt_ceiling``: outputs and ``max_seconds`` at the dearest server).
 
     The ceiling pays for every permitted attempt; a client ``max_cost`` lowers
     it, and then only as many attempts as it covers are allowed.
     """
-    per_attempt = request.outputs * price
+    per_attempt = request.outputs * price if per_attempt is None else per_attempt
     ceiling = per_attempt * settings.max_attempts
     if request.max_cost is not None:
         if request.max_cost < per_attempt:

@@ -210,8 +210,8 @@ class Store(Controls):
         )
         if Code(reply[0]) is not Code.OK:
             return None
-        inputs = Inputs(int(reply[5]), reply[6], int(reply[7]), orjson.loads(reply[8]) if reply[8] else None,
-                        frozenset(map(int, reply[9:])))
+        inputs = Inputs(int(reply[5]), reply[6], int(reply[7]), orjson.loads(reply[9]) if reply[9] else None,
+                        frozenset(map(int, reply[10:])), int(reply[8] or 0))
         return Claim(job_id, int(reply[1]), int(reply[2]), operation_id, int(reply[3]), reply[4], inputs)
 
     def await_provider(self, claim: Claim, *, lease_ms: int, refused: dict[str, str] | None = None,
@@ -223,15 +223,17 @@ class Store(Controls):
                              [claim.generation, at(now_ms), lease_ms, orjson.dumps(refused) if refused else ""])
         return replace(claim, generation=int(reply[1]))
 
-    def collect_claim(self, job_id: str, *, worker: str, lease_ms: int, charge: tuple[str, int] | None = None,
+    def collect_claim(self, job_id: str, *, worker: str, lease_ms: int, charge: tuple[str, int, str] | None = None,
                       now_ms: int | None = None) -> Collect | None:
         """Take a job the watcher holds, to collect its outputs; None if it is not watched (any more).
-        ``charge``: (operation id, units) of a prompt whose end the caller read at the provider, booked
-        in the same step if that operation is still the job's (``Collect.charged``)."""
+        ``charge``: (operation id, units, seconds: ``<attempt>:<ms>`` or '') of a prompt whose end the
+        caller read at the provider, booked in the same step if that operation is still the job's
+        (``Collect.charged``)."""
         j = JobKeys(job_id)
-        operation, units = charge or ("", 0)
+        operation, units, seconds = charge or ("", 0, "")
         reply = self.scripts("collect-claim", [j.record, j.tenant.leases, j.shard.fleet, j.shard.wake, j.tenant.ledger,
-                                               *j.shard.globals], [at(now_ms), worker, lease_ms, operation, units],
+                                               *j.shard.globals], [at(now_ms), worker, lease_ms, operation, units,
+                                                                   seconds],
                              durable=charge is not None)
         if Code(reply[0]) is not Code.OK:
             return None
@@ -278,12 +280,15 @@ class Store(Controls):
         )
         return bool(reply[1])
 
-    def charge(self, claim: Claim, units: int) -> int:
+    def charge(self, claim: Claim, units: int, seconds_ms: int | None = None) -> int:
         """Book what the provider charged for this attempt (once per attempt), in full; whatever
         the attempt held as uncertain is resolved in the same step. More than the job held is
-        logged as an error and counted (``charge_overruns_total``). Returns the units booked."""
+        logged as an error and counted (``charge_overruns_total``). ``seconds_ms``: the execution a
+        per-second price booked, put on the attempt's record. Returns the units booked."""
         j = JobKeys(claim.job_id)
-        reply = self._fenced("charge", j, [j.record, j.tenant.ledger, *j.shard.globals], [claim.generation, units],
+        seconds = "" if seconds_ms is None else f"{claim.attempt}:{seconds_ms}"
+        reply = self._fenced("charge", j, [j.record, j.tenant.ledger, *j.shard.globals],
+                             [claim.generation, units, seconds],
                              durable=True)
         if int(reply[2]):
             _overrun(claim, units, int(reply[2]))

@@ -17,7 +17,7 @@ from pipeline.errors import (
     InvalidRequest,
     UnsupportedWorkflow,
 )
-from pipeline.fleet import highest_price
+from pipeline.fleet import attempt_ceiling, highest_per_second, highest_price
 from pipeline.inputs import names_in
 from pipeline.needs import needs_of
 from pipeline.settings import Settings
@@ -65,8 +65,14 @@ class Admitter:
         needs = needs_of(request.workflow)
         route = self.routes.route(needs)
         # reserved at the highest price of the servers that may run it (docs/costs.md "The reservation")
-        price = highest_price([s for s in self.servers if route.every or s.name in route.servers] or self.servers)
-        per_attempt, attempts, ceiling = cost_plan(request, self.settings, price)
+        able = [s for s in self.servers if route.every or s.name in route.servers] or self.servers
+        price, per_second = highest_price(able), highest_per_second(able)
+        max_seconds = request.max_seconds or self._class_max_seconds(request.priority)
+        if per_second and not max_seconds:  # no bound on what it may cost: refused (docs/costs.md)
+            raise InvalidRequest("max_seconds", "required: a server this job may run on charges by the second",
+                                 problem="max-seconds-required")
+        per_attempt, attempts, ceiling = cost_plan(request, self.settings, price,
+                                                   per_attempt=attempt_ceiling(able, request.outputs, max_seconds))
         job_id = self.new_job_id(tenant)
         record = {
             "id": job_id, "tenant": tenant, "state": State.QUEUED.value, "kind": request.kind,
@@ -76,6 +82,8 @@ class Admitter:
             "attempts_allowed": attempts, "attempt_count": 0, "lease_gen": 0, "deadline_s": request.deadline_s,
             "idem_key": idem_key, "supersedes": request.supersedes or "",
         }  # created_at, updated_at and deadline: the admission script stamps them on Redis's clock
+        if max_seconds:  # bounded seconds: the watcher interrupts an attempt past them; priced when per_second
+            record |= {"max_seconds": max_seconds, **({"price_per_second": per_second} if per_second else {})}
         if not route.every:  # only these servers can run it: a claim takes a slot on one of them
             record["servers"] = ",".join(route.servers)
         if named.inputs:  # the job's view lists them; the worker puts each on its server
@@ -109,6 +117,10 @@ class Admitter:
         faultpoints.reached("after_admit")
         self._publish(job_id, request.priority, idem_key)
         return Submitted(job_id, 202, first, False)
+
+    def _class_max_seconds(self, priority: str) -> int:
+        """The class's default ``max_seconds`` (0: none)."""
+        return self.settings.max_seconds_interactive if priority == "interactive" else self.settings.max_seconds_batch
 
     def _publish(self, job_id: str, priority: str, idem_key: str) -> None:
         try:

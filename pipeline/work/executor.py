@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import replace
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from pipeline import faultpoints
 from pipeline.blobs import Blobs
@@ -44,6 +44,7 @@ from pipeline.state.scripts import ReplicationTimeout
 from pipeline.state.store import Store
 from pipeline.work.leases import Held, Keeper
 from pipeline.work.outputs import REFUSED_REASON, store_outputs
+from pipeline.work.runlimit import MAX_SECONDS_EXCEEDED, RunLimit
 from pipeline.work.staging import InputNotStaged, Staging
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ class Executor:
             self.store.await_provider(claim, lease_ms=self.lease_ms, refused=refused)
             return None
         deadline = time.monotonic() + (inputs.deadline_ms - claim.claimed_ms) / 1000
-        status = self._submitted(lambda: self._wait(claim, provider, heartbeat, deadline))
+        status = self._submitted(lambda: self._wait(claim, provider, heartbeat, deadline, inputs.max_seconds))
         return replace(status, detail=status.detail or refused)
 
     def collect(self, job_id: str, worker: str | None = None) -> bool:
@@ -166,7 +167,8 @@ class Executor:
         seen = self._read_watched(job_id)
         charge = None
         if seen and isinstance(seen[1], OperationStatus) and seen[1].state not in ("pending", "running", "unknown"):
-            charge = (seen[0], self._units(self.fleet[seen[2]], seen[1]))
+            units, ms = seen[1].cost(self.fleet.servers[seen[2]], seen[3].get("max") or 0)
+            charge = (seen[0], units, "" if ms is None else f"{seen[3]['attempt']}:{ms}")
         taken = self.store.collect_claim(job_id, worker=worker or worker_name(), lease_ms=self.lease_ms,
                                          charge=charge)
         if taken is None:
@@ -196,16 +198,17 @@ class Executor:
                         raise UnknownOutcome("deadline_passed_while_running")
                     self.store.await_provider(claim, lease_ms=self.lease_ms)  # not ended yet: back to the watcher
                     return True
-                self._complete(claim, provider, status, heartbeat, charged=taken.charged)
+                self._complete(claim, provider, status, heartbeat, charged=taken.charged,
+                               max_seconds=(seen[3].get("max") or 0) if seen else None)
             except LOST as exc:  # a paid output gone: reconciliation asks again, then an operator
                 raise AttemptFailed(claim, UnknownOutcome(exc.reason)) from exc
             except ProviderError as exc:
                 raise AttemptFailed(claim, exc) from exc
         return True
 
-    def _read_watched(self, job_id: str) -> tuple[str, OperationStatus | ProviderError, str] | None:
-        """The watched prompt's operation id, its status at its server (or the error reading it
-        raised) and the server's name; None if the job is not watched or its server not configured."""
+    def _read_watched(self, job_id: str) -> tuple[str, OperationStatus | ProviderError, str, dict[str, Any]] | None:
+        """The watched prompt's operation id, its status at its server (or the error reading it raised),
+        the server's name and the watch entry; None if the job is not watched or its server not configured."""
         watched = self.store.watch_entry(job_id)
         if watched is None or watched["server"] not in self.fleet:
             return None
@@ -213,12 +216,7 @@ class Executor:
             status: OperationStatus | ProviderError = self.fleet[watched["server"]].status(watched["op"])
         except ProviderError as exc:
             status = exc
-        return watched["op"], status, watched["server"]
-
-    @staticmethod
-    def _units(provider: Provider, status: OperationStatus) -> int:
-        """What an ended prompt cost: a whole run, up to what was reserved, at its server's price."""
-        return max(len(status.outputs), status.produced or 0) * provider.price_per_output
+        return watched["op"], status, watched["server"], watched
 
     def _cancel_at_provider(self, claim: Claim, provider: Provider, before: OperationStatus,
                             epoch: str) -> OperationStatus | None:
@@ -253,16 +251,22 @@ class Executor:
             raise UnknownOutcome(f"read_failed_{exc.reason}") from exc
 
     def _complete(self, claim: Claim, provider: Provider, status: OperationStatus, heartbeat: Held, *,
-                  charged: bool = False) -> None:
+                  charged: bool = False, max_seconds: int | None = None) -> None:
         """Book, store and finish what an ended prompt produced: its cost first (the evidence that it
-        ran outlives this worker; ``charged``: the claim booked it already), then its outputs."""
+        ran outlives this worker; ``charged``: the claim booked it already), then its outputs.
+        ``max_seconds``: the job's (None: read from its record when a price or an interruption needs it)."""
         if status.state == "unknown":
             raise UnknownOutcome("operation_not_found")
+        server = self.fleet.servers[claim.server]
+        if max_seconds is None and (server.price_per_second or status.state == "interrupted"):
+            max_seconds = int((self.store.job(claim.job_id) or {}).get("max_seconds") or 0)
         if not charged:
-            self.store.charge(claim, self._units(provider, status))
+            self.store.charge(claim, *status.cost(server, max_seconds or 0))
         refused = self._submitted(lambda: store_outputs(self.store, self.blobs, claim, provider, status.outputs,
                                                         heartbeat, uncleaned=self.settings.output_uncleaned_types))
         faultpoints.reached("after_outputs")
+        if status.state == "interrupted" and max_seconds and (status.seconds_ms or 0) >= max_seconds * 1000:
+            raise ExecutionFailed(MAX_SECONDS_EXCEEDED)  # reckon stopped it: another run would be as long
         if status.state == "interrupted":  # stopped at the server (an operator): honoured as a cancel
             self.store.finish(claim, "cancelled", reason="provider_interrupted")
         elif status.state == "failed":
@@ -301,13 +305,19 @@ class Executor:
         self.store.block_provider(claim.server, "provider_unreachable")
         self.store.retry(claim, delay_ms=0, error_class=exc.reason, free=True)
 
-    def _wait(self, claim: Claim, provider: Provider, heartbeat: Held, deadline: float) -> OperationStatus:
+    def _wait(self, claim: Claim, provider: Provider, heartbeat: Held, deadline: float,
+              max_seconds: int = 0) -> OperationStatus:
+        """Poll the prompt until it ends, interrupting it once it has run ``max_seconds`` (``RunLimit``)."""
+        limit = RunLimit(max_seconds)
         while True:
             heartbeat.check()
             status = provider.status(claim.operation_id)
             heartbeat.progress()
             if status.state not in ("pending", "running"):
                 return status
+            if limit.due(status.state):
+                log.info("job %s ran past its max_seconds at %s; interrupting it", claim.job_id, claim.server)
+                provider.cancel(claim.operation_id)
             if time.monotonic() >= deadline:
                 raise UnknownOutcome("deadline_passed_while_running")
             self.sleep(self.settings.poll_interval_seconds)

@@ -21,7 +21,7 @@ from pipeline.errors import (
     StaleLease,
     UnknownOutcome,
 )
-from pipeline.fleet import able, highest_price
+from pipeline.fleet import able, attempt_ceiling
 from pipeline.settings import Settings
 from pipeline.state import keys
 from pipeline.state.scripts import ReplicationTimeout
@@ -90,17 +90,19 @@ class Router:
         that run at the dearest price it may run at, else it could be booked past what is reserved."""
         if int(job["attempt_count"]) >= int(job["attempts_allowed"]):
             return "attempts_exhausted"
-        if int(job["outputs_requested"]) * self._dearest(job) > int(job["reserved"]):
+        if self._whole_run(job) > int(job["reserved"]):
             return "reservation_exhausted"
         if now + (delay + self.settings.min_attempt_seconds) * 1000 >= int(job["deadline"]):
             return "deadline_exceeded"
         return None
 
-    def _dearest(self, job: dict[str, str]) -> int:
-        """The price per output of the dearest server another attempt may run on: of those the job's
-        workflow can run on (``servers``, set at admission), else of the fleet."""
+    def _whole_run(self, job: dict[str, str]) -> int:
+        """What another attempt may cost on the dearest server it may run on (of those the job's workflow
+        can run on, ``servers``, set at admission, else of the fleet): every output at its price, and its
+        ``max_seconds`` at its price per second."""
         names = able([s.name for s in self.servers], job.get("servers"))
-        return highest_price(s for s in self.servers if s.name in names)
+        return attempt_ceiling([s for s in self.servers if s.name in names], int(job["outputs_requested"]),
+                               int(job.get("max_seconds") or 0))
 
     def _dead_letter(self, claim: Claim, error_class: str, reason: str, detail: dict[str, str] | None = None) -> str:
         self.store.finish(claim, "failed", error_class=error_class, reason=reason, detail=detail)

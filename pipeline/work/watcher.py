@@ -11,6 +11,9 @@ server then:
   history, and ``executing`` with ``node: null`` after: that one is the end (a collect before
   the history exists finds the prompt still running and hands it back);
 - renews the leases of the prompts watched there, while the server is in contact;
+- interrupts a prompt that has run its job's ``max_seconds`` (``RunLimit``: from its ``execution_start``,
+  or from the first ``/history`` read that finds it running) with the adapter's ``cancel``: it then ends
+  ``execution_interrupted`` and its collect fails the job ``max_seconds_exceeded``, booked for what ran;
 - asks ``/history`` about one watched prompt per tick (at most once a second per server,
   not per job), round-robin: every tick while the websocket is down, and for each prompt
   every ``watch_recheck_seconds`` while it is up, so a lost message costs a delay, never a job;
@@ -55,6 +58,7 @@ from pipeline.state import keys, offers
 from pipeline.state.progress import Coalescer, Record
 from pipeline.state.redisconn import name_connections, open_pools
 from pipeline.state.store import Store, open_store
+from pipeline.work.runlimit import RunLimit
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,7 @@ class ServerWatch:
         self.renewed: dict[str, float] = {}
         self.cancelling: dict[str, int] = {}  # job id -> generation whose cancel was passed on
         self.late: dict[str, int] = {}  # job id -> generation found past its deadline
+        self.limits: dict[str, tuple[int, RunLimit]] = {}  # job id -> (generation, its max_seconds clock)
         self.contact = 0.0  # when the server last answered (monotonic)
         self.connected = False
         self._next_tick = self._next_probe = self._held_until = self._next_offers = 0.0
@@ -141,12 +146,14 @@ class ServerWatch:
     def _handle(self, message: dict[str, Any]) -> None:
         kind, data = message.get("type"), message.get("data") or {}
         ended = kind == "executing" and data.get("node") is None
-        if kind != "progress" and not ended:
+        if kind not in ("progress", "execution_start") and not ended:
             return
         job_id = self._job_of(str(data.get("prompt_id", "")))
         if job_id is None:
             return
-        if kind == "progress":
+        if kind == "execution_start":
+            self._running(job_id)
+        elif kind == "progress":
             entry = self.watched[job_id]
             self.progress.offer(job_id, entry["attempt"], entry["op"], str(data.get("node", "")),
                                 int(data.get("value", 0)), int(data.get("max", 0)))
@@ -166,7 +173,7 @@ class ServerWatch:
         watched, kept = self.store.prompts()
         self.watched = {job_id: entry for job_id, entry in watched.items() if entry["server"] == self.name}
         self.kept = {slot: entry for slot, entry in kept.items() if entry["server"] == self.name}
-        for seen in (self.checked, self.renewed, self.cancelling, self.late):
+        for seen in (self.checked, self.renewed, self.cancelling, self.late, self.limits):
             for job_id in [j for j in seen if j not in self.watched and j not in self.kept]:
                 del seen[job_id]
         self.progress.keep_only(self.watched)
@@ -179,6 +186,26 @@ class ServerWatch:
                 self.cancelling[job_id] = entry["gen"]  # once per hand-over
                 self._collect(job_id)
 
+    def _running(self, job_id: str) -> None:
+        """The job's prompt is running at the server: its ``max_seconds`` count from now (once per attempt)."""
+        entry = self.watched[job_id]
+        if entry.get("max") and self.limits.get(job_id, (None,))[0] != entry["gen"]:
+            self.limits[job_id] = (entry["gen"], RunLimit(entry["max"], self.clock))
+            self.limits[job_id][1].due("running")
+
+    def _limits(self) -> None:
+        """Interrupt, once, each prompt that has run its job's ``max_seconds`` (its collect books what ran)."""
+        for job_id, (gen, limit) in list(self.limits.items()):
+            entry = self.watched.get(job_id)
+            if entry is None or entry["gen"] != gen or not limit.due("running"):
+                continue
+            log.info("prompt of %s ran past its max_seconds at %s; interrupting it", job_id, self.name)
+            try:
+                self.provider.cancel(entry["op"])
+            except ProviderError as exc:  # asked again at the next tick
+                limit.done = False
+                log.info("watcher of %s: interrupt unanswered (%s)", self.name, exc.reason)
+
     def tick(self) -> None:
         """Write the progress points now due; at most once per poll interval: renew leases, ask
         about one prompt, probe if marked."""
@@ -189,6 +216,7 @@ class ServerWatch:
         self._next_tick = now + self.settings.watch_poll_seconds
         self.refresh()
         self._cancels()
+        self._limits()
         if self.store.provider_block(self.name) == "provider_unreachable":
             return self._probe(now)
         if now >= self._next_offers:
@@ -236,6 +264,8 @@ class ServerWatch:
                 self.store.block_provider(self.name, "provider_unreachable")
             return
         self.contact = self.clock()
+        if state == "running" and not kept:  # its execution_start may have been missed
+            self._running(job_id)
         if state in ("pending", "running"):
             return
         if kept:  # ended, or no record of it (a restart empties the queue): it no longer occupies the server

@@ -95,7 +95,7 @@ CLASSES = {
     "job-finished": JobFinished, "job-state-conflict": Conflict, "output-missing": OutputMissing,
     "payload-too-large": InvalidRequest, "unsupported-media-type": InvalidRequest, "invalid-job": InvalidRequest,
     "duplicate-member": InvalidRequest, "idempotency-key-reused": IdempotencyKeyReused,
-    "max-cost-too-low": MaxCostTooLow, "deadline-infeasible": DeadlineInfeasible,
+    "max-cost-too-low": MaxCostTooLow, "max-seconds-required": InvalidRequest, "deadline-infeasible": DeadlineInfeasible,
     "unsupported-workflow": UnsupportedWorkflow, "too-many-in-flight": RateLimited, "rate-limited": RateLimited,
     "internal-error": ServerError, "queue-full": Unavailable, "load-shed": Unavailable,
     "state-unavailable": Unavailable, "replication-timeout": Unavailable, "output-unavailable": Unavailable,

@@ -27,6 +27,7 @@ def lua_list(name: str) -> tuple[str, ...]:
 def test_both_sides_list_the_same_keys_in_the_same_order() -> None:
     assert lua_list("RECORD_FIELDS") == archive.RECORD_FIELDS
     assert lua_list("ATTEMPT_KEYS") == archive.ATTEMPT_KEYS
+    assert lua_list("ATTEMPT_TIMED_KEYS") == archive.ATTEMPT_TIMED_KEYS
     assert lua_list("EVENT_KEYS") == archive.EVENT_KEYS
     assert lua_list("OUTPUT_KEYS") == archive.OUTPUT_KEYS
     assert set(re.findall(r"(\w+) = true", re.search(r"local RECORD_TIMES = \{(.*?)\}", CODEC).group(1))) == \

@@ -315,11 +315,11 @@ def test_a_collect_claim_books_the_ended_prompts_cost_once_and_only_for_the_curr
     acme.mark_submit(worker, epoch="e", lease_ms=1000, now_ms=NOW + 10)
     acme.await_provider(worker, lease_ms=1000, now_ms=NOW + 20)
     assert acme.watch_entry(worker.job_id)["op"] == "op-1"
-    stale = acme.collect_claim(worker.job_id, worker="w2", lease_ms=1000, charge=("op-0", 20), now_ms=NOW + 30)
+    stale = acme.collect_claim(worker.job_id, worker="w2", lease_ms=1000, charge=("op-0", 20, ""), now_ms=NOW + 30)
     assert stale is not None and stale.charged is False  # another operation's cost: nothing booked
     assert acme.job(worker.job_id)["charged"] == "0"
     acme.await_provider(stale.claim, lease_ms=1000, now_ms=NOW + 40)  # back to the watcher
-    taken = acme.collect_claim(worker.job_id, worker="w2", lease_ms=1000, charge=("op-1", 20), now_ms=NOW + 50)
+    taken = acme.collect_claim(worker.job_id, worker="w2", lease_ms=1000, charge=("op-1", 20, ""), now_ms=NOW + 50)
     assert taken.charged is True and acme.watch_entry(worker.job_id) is None
     job = acme.job(worker.job_id)
     assert (job["charged"], job["reserved"], job["attempt_charged"]) == ("20", "40", "1")

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.fleet import seconds_units
 from pipeline.needs import Offer, missing, needs_of
 from pipeline.providers.sim.faults import Faults
 from pipeline.providers.sim.websocket import frame
@@ -39,15 +40,19 @@ class SimComfy:
 
     def __init__(self, *, delay: float = 0.0, price_per_output: int = DEFAULT_PRICE_PER_OUTPUT,
                  nodes: list[str] | None = None, models: dict[str, list[str]] | None = None,
-                 load_seconds: float = 0.0, graph_outputs: int | None = None) -> None:
+                 load_seconds: float = 0.0, graph_outputs: int | None = None, price_per_second: int = 0,
+                 cache: bool = False) -> None:
         """``nodes``, ``models``: what it offers (``/object_info``, ``/models/<folder>``), and refuses a
         prompt naming anything else as ComfyUI does (400); None: no ``/object_info`` (404), runs
         anything. ``load_seconds``: what loading another checkpoint than the last one costs.
         ``graph_outputs``: every prompt makes (and is charged) this many images whatever its
         ``reckon_outputs`` ask for, as ComfyUI does: it runs the whole graph each time; None: only
-        the indices asked for."""
+        the indices asked for. ``price_per_second``: charged per second of execution (its own
+        ``execution_start`` to end timestamps, ms, rounded up to the unit), interrupted runs too.
+        ``cache``: a graph run before executes nothing again (no delay), as ComfyUI's cache does."""
         self.delay = delay
-        self.price_per_output = price_per_output
+        self.price_per_output, self.price_per_second, self.cache = price_per_output, price_per_second, cache
+        self.executed: set[str] = set()  # digests of the graphs run (``cache``)
         self.nodes, self.models, self.load_seconds = nodes, models, load_seconds
         self.graph_outputs = graph_outputs
         #: The checkpoint in memory, and how many times one was loaded.
@@ -164,11 +169,12 @@ class SimComfy:
                     return
                 self.running = self.pending.pop(0)
             item = self.running
+            started = int(time.time() * 1000)
             self._load(item[2])
             self._progress(item)
             with self.cond:
                 if self.running is not None:  # None: a restart lost it mid-execution
-                    self._execute(self.running)
+                    self._execute(self.running, started)
                 self.running = None
             if item is not None and item[1] in self.history:
                 self._announce_end(item)
@@ -176,7 +182,12 @@ class SimComfy:
     def _progress(self, item: list[Any]) -> None:
         """What ComfyUI says while a prompt runs; the prompt takes ``delay`` seconds in four steps."""
         client, prompt_id = item[3].get("client_id", ""), item[1]
-        self.send(client, "execution_start", {"prompt_id": prompt_id})
+        self.send(client, "execution_start", {"prompt_id": prompt_id, "timestamp": int(time.time() * 1000)})
+        digest = hashlib.sha256(orjson.dumps(item[2], option=orjson.OPT_SORT_KEYS)).hexdigest()
+        if self.cache and digest in self.executed:  # every node cached: nothing runs
+            self.send(client, "execution_cached", {"nodes": ["9"], "prompt_id": prompt_id})
+            return
+        self.executed.add(digest)
         self.send(client, "executing", {"node": "9", "display_node": "9", "prompt_id": prompt_id})
         for step in range(1, 5):
             time.sleep(self.delay / 4)
@@ -198,12 +209,17 @@ class SimComfy:
             self.send(client, "execution_success", {"prompt_id": prompt_id})
         self.send(client, "executing", {"node": None, "prompt_id": prompt_id})
 
-    def _execute(self, item: list[Any]) -> None:
+    def _execute(self, item: list[Any], started: int) -> None:
         number, prompt_id, _prompt, extra, _ = item
+        ended = int(time.time() * 1000)
+        start = ["execution_start", {"prompt_id": prompt_id, "timestamp": started}]
         if self.interrupted == prompt_id:
-            stop = {"prompt_id": prompt_id, "node_id": "9", "node_type": "SaveImage", "executed": []}
+            stop = {"prompt_id": prompt_id, "node_id": "9", "node_type": "SaveImage", "executed": [],
+                    "timestamp": ended}
             self.history[prompt_id] = {"prompt": item, "outputs": {}, "status": {
-                "status_str": "error", "completed": False, "messages": [["execution_interrupted", stop]]}}
+                "status_str": "error", "completed": False, "messages": [start, ["execution_interrupted", stop]]}}
+            if self.price_per_second:  # the seconds it ran are billed
+                self._charge(prompt_id, 0, ended - started)
             return
         indices = extra.get("reckon_outputs") or [0]
         if self.graph_outputs is not None:  # ComfyUI: the whole graph, whatever was asked for
@@ -216,11 +232,19 @@ class SimComfy:
             filename = f"reckon_{prompt_id}_{index}_{number}.png"
             self.files[filename] = png(f"{prompt_id}:{index}:{number}")
             images.append({"filename": filename, "subfolder": "", "type": "output"})
+        # a partial run's history names no end message: its error stays one "with no evidence it would fail
+        # again" (retried), as before timestamps; its seconds are then unread (booked at the bound)
+        end = [] if failed else [["execution_success", {"prompt_id": prompt_id, "timestamp": ended}]]
         self.history[prompt_id] = {
             "prompt": item,
             "outputs": {"9": {"images": images}},
-            "status": {"status_str": "error" if failed else "success", "completed": not failed, "messages": []},
+            "status": {"status_str": "error" if failed else "success", "completed": not failed,
+                       "messages": [start, *end]},
         }
-        self.charges.append(
-            {"prompt_id": prompt_id, "outputs": len(indices), "units": len(indices) * self.price_per_output}
-        )
+        self._charge(prompt_id, len(indices), ended - started)
+
+    def _charge(self, prompt_id: str, outputs: int, ms: int) -> None:
+        """One execution in the charge ledger: its outputs at the price per output, its milliseconds
+        (``ms``, per its own timestamps) at the price per second, rounded up to the unit."""
+        units = outputs * self.price_per_output + seconds_units(ms, self.price_per_second)
+        self.charges.append({"prompt_id": prompt_id, "outputs": outputs, "ms": ms, "units": units})
