@@ -1,0 +1,168 @@
+"""Adjustments (lua/adjust.lua): a signed amount booked against a job under an id, once for good.
+
+A property test runs the job state machine of test_state_machine.py with adjustments among its steps
+(some repeated, some conflicting, some after the job was settled and packed), and checks after every
+step that the ledger balances, that the tenant's settled units are its jobs' settled plus their
+adjustments, and that every booking id was booked once: the tenant's bookings are exactly the model's.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, rule, run_state_machine_as_test
+
+from pipeline.errors import BookingRefused, InsufficientAllowance, JobNotFound
+from pipeline.state import archive
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.scripts import Code
+from pipeline.state.status import audit
+from pipeline.state.store import Store
+from tests.pipeline.test_state_machine import TERMINAL, Jobs
+
+
+def admit(store: Store, job_id: str, ceiling: int = 30, *, now_ms: int = 1_000_000) -> None:
+    record = {"id": job_id, "tenant": "acme", "state": "queued", "kind": "image", "priority": "batch",
+              "outputs_requested": 1, "price": 10, "ceiling": ceiling, "reserved": ceiling, "charged": 0,
+              "uncertain": 0, "settled": 0, "per_attempt": 10, "attempts_allowed": 3, "attempt_count": 0,
+              "lease_gen": 0, "deadline_s": 10**9, "deadline": 10**13, "created_at": now_ms, "updated_at": now_ms,
+              "idem_key": job_id}
+    result = store.admit("acme", job_id, job_id, fingerprint="f", ceiling=ceiling,
+                         fields={k: str(v) for k, v in record.items()}, workflow=b"{}", status=202, now_ms=now_ms,
+                         idem_ttl_s=60, outbox_delay_ms=0)
+    if result.code is not Code.CREATED:
+        raise InsufficientAllowance(0, ceiling)
+
+
+def complete(store: Store, job_id: str, units: int = 10, *, now_ms: int = 1_000_100) -> None:
+    claim = store.claim(job_id, worker="w", now_ms=now_ms, lease_ms=1000, operation_id="op-" + job_id,
+                        servers={"sim": 1000})
+    assert claim is not None
+    store.mark_submit(claim, now_ms=now_ms + 1, epoch="e", lease_ms=1000)
+    store.charge(claim, units)
+    store.store_output(claim, 0, {"sha256": "a"}, now_ms=now_ms + 2)
+    store.finish(claim, "completed", now_ms=now_ms + 3)
+
+
+def balances(store: Store) -> dict[str, int]:
+    ledger = store.ledger("acme")
+    assert ledger["allowance"] == ledger["available"] + ledger["reserved"] + ledger["uncertain"] + ledger["settled"]
+    assert audit(store.redis, ["acme"]) == []
+    return ledger
+
+
+def test_an_adjustment_after_packing_is_booked_once_and_a_conflict_changes_nothing(store: Store, tenant) -> None:
+    tenant("acme", 100)
+    job = "acme." + "1" * 20
+    admit(store, job)
+    complete(store, job)
+    assert archive.FIELD in store.redis.hgetall(JobKeys(job).record)  # packed
+    assert balances(store)["settled"] == 10
+
+    first = store.adjust(job, 7, "late-1", "late GPU charge", attempt=1, now_ms=2_000_000)
+    assert (first.units, first.at, first.replayed) == (7, 2_000_000, False)
+    again = store.adjust(job, 7, "late-1", "late GPU charge", attempt=1, now_ms=3_000_000)
+    assert (again.units, again.at, again.replayed) == (7, 2_000_000, True)  # the first answer
+    with pytest.raises(BookingRefused, match="already booked 7"):
+        store.adjust(job, 8, "late-1", "late GPU charge", attempt=1)
+    with pytest.raises(BookingRefused):
+        store.adjust(job, 7, "late-1", "late GPU charge", attempt=0)
+    assert balances(store) == {"allowance": 100, "reserved": 0, "uncertain": 0, "settled": 17, "available": 83}
+    record = store.job(job)
+    assert (record["settled"], record["adjusted"], record["state"]) == ("10", "7", "completed")
+
+    store.adjust(job, -12, "credit-1", "goodwill", now_ms=2_000_001)
+    assert balances(store)["settled"] == 5
+    with pytest.raises(BookingRefused, match="more than the 5"):
+        store.adjust(job, -6, "credit-2", "too much")
+    assert balances(store)["settled"] == 5
+    assert store.redis.hlen(TenantKeys("acme").bookings) == 2
+    assert [b["booking_id"] for b in store.bookings("acme", 0, 10**13)] == ["credit-1", "late-1"]
+
+
+def test_an_adjustment_may_take_available_below_zero_and_admission_then_refuses(store: Store, tenant) -> None:
+    tenant("acme", 40)
+    job, other = "acme." + "1" * 20, "acme." + "2" * 20
+    admit(store, job)
+    complete(store, job)
+    store.adjust(job, 35, "late-2", "late charge")
+    assert balances(store)["available"] == -5
+    with pytest.raises(InsufficientAllowance):
+        admit(store, other, 10)
+    assert balances(store)["available"] == -5
+    store.adjust(job, -15, "credit-3", "correction")
+    admit(store, other, 10)
+    assert balances(store) == {"allowance": 40, "reserved": 10, "uncertain": 0, "settled": 30, "available": 0}
+
+
+def test_an_unknown_job_or_attempt_or_a_bad_amount_books_nothing(store: Store, tenant) -> None:
+    tenant("acme", 40)
+    job = "acme." + "1" * 20
+    with pytest.raises(JobNotFound, match="job"):
+        store.adjust(job, 5, "x", "r")
+    admit(store, job)
+    with pytest.raises(JobNotFound, match="attempt"):
+        store.adjust(job, 5, "x", "r", attempt=1)
+    for units, booking_id in ((0, "x"), (5, ""), (5, "a\nb")):
+        with pytest.raises(ValueError):
+            store.adjust(job, units, booking_id, "r")
+    assert store.redis.exists(TenantKeys("acme").bookings) == 0
+    assert balances(store)["settled"] == 0
+
+
+class JobsWithAdjustments(Jobs):
+    def __init__(self) -> None:
+        super().__init__()
+        self.booked: dict[str, tuple[str, int, int]] = {}  # id -> job, attempt, units
+
+    @rule(data=st.data(), units=st.integers(-40, 40).filter(bool), repeat=st.booleans())
+    def adjust(self, data: st.DataObject, units: int, repeat: bool) -> None:
+        job_id = self.pick(data, *TERMINAL)
+        if job_id is None:
+            return
+        if repeat and self.booked:
+            booking_id = data.draw(st.sampled_from(sorted(self.booked)))
+            job_id, attempt, booked_units = self.booked[booking_id]
+            units = data.draw(st.sampled_from([booked_units, booked_units + 1]))
+        else:
+            booking_id, attempt = f"b{len(self.booked)}", 0
+        job = self.store.job(job_id)
+        total = sum(int(job.get(k, 0)) for k in ("settled", "charged", "uncertain", "adjusted"))
+        try:
+            done = self.store.adjust(job_id, units, booking_id, "r", attempt=attempt, now_ms=self.tick())
+        except BookingRefused:
+            assert booking_id in self.booked and self.booked[booking_id][2] != units or total + units < 0
+            return
+        assert done.replayed == (booking_id in self.booked)
+        self.booked[booking_id] = (job_id, attempt, units)
+
+    @rule(data=st.data(), units=st.integers(-40, 40).filter(bool), repeat=st.booleans())
+    def adjust_again(self, data: st.DataObject, units: int, repeat: bool) -> None:
+        """The same step once more, so that adjustments are as frequent as the job steps together."""
+        self.adjust(data, units, repeat)
+
+    @invariant()
+    def ledger_balances_and_equals_the_sum_of_its_jobs(self) -> None:
+        ledger = self.store.ledger("acme")
+        assert ledger["allowance"] == ledger["available"] + ledger["reserved"] + ledger["uncertain"] + ledger["settled"]
+        assert min(ledger["reserved"], ledger["uncertain"], ledger["settled"]) >= 0
+        jobs = [self.store.job(job_id) for job_id in self.model]
+        assert ledger["reserved"] == sum(int(j["reserved"]) + int(j["charged"]) for j in jobs)
+        assert ledger["uncertain"] == sum(int(j["uncertain"]) for j in jobs)
+        assert ledger["settled"] == sum(int(j["settled"]) + int(j.get("adjusted", 0)) for j in jobs)
+        assert sum(int(j.get("adjusted", 0)) for j in jobs) == sum(units for _, _, units in self.booked.values())
+
+    @invariant()
+    def every_id_is_booked_once(self) -> None:
+        stored = self.store.redis.hgetall(TenantKeys("acme").bookings)
+        assert sorted(stored) == sorted(self.booked)
+        assert self.store.redis.zcard(TenantKeys("acme").booking_log) == len(self.booked)
+
+
+def test_adjustments_interleaved_with_every_step_keep_the_ledger_and_book_each_id_once(redis_server: str) -> None:
+    JobsWithAdjustments.redis_url = redis_server
+    run_state_machine_as_test(JobsWithAdjustments, settings=hsettings(
+        max_examples=40, stateful_step_count=40, deadline=None, database=None,
+        suppress_health_check=list(HealthCheck)))
