@@ -16,6 +16,7 @@ from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
 from pipeline.errors import BookingRefused, InsufficientAllowance, JobNotFound
 from pipeline.state import archive
+from pipeline.state.jobs import job_view
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.scripts import Code
 from pipeline.state.status import audit
@@ -73,6 +74,11 @@ def test_an_adjustment_after_packing_is_booked_once_and_a_conflict_changes_nothi
     record = store.job(job)
     assert (record["settled"], record["adjusted"], record["state"]) == ("10", "7", "completed")
 
+    cost = job_view(record, {})["cost"]
+    assert cost["attempts"] == [{"attempt": 1, "server": "sim", "units": 10}]
+    assert (cost["settled"], cost["adjusted"]) == (10, 7)
+    assert cost["adjustments"] == [{"id": "late-1", "attempt": 1, "units": 7, "reason": "late GPU charge",
+                                    "at": "1970-01-01T00:33:20.000Z"}]
     store.adjust(job, -12, "credit-1", "goodwill", now_ms=2_000_001)
     assert balances(store)["settled"] == 5
     with pytest.raises(BookingRefused, match="more than the 5"):
