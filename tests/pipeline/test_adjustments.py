@@ -25,21 +25,22 @@ from tests.pipeline.test_state_machine import TERMINAL, Jobs
 
 
 def admit(store: Store, job_id: str, ceiling: int = 30, *, now_ms: int = 1_000_000) -> None:
-    record = {"id": job_id, "tenant": "acme", "state": "queued", "kind": "image", "priority": "batch",
+    tenant = job_id.split(".")[0]
+    record = {"id": job_id, "tenant": tenant, "state": "queued", "kind": "image", "priority": "batch",
               "outputs_requested": 1, "price": 10, "ceiling": ceiling, "reserved": ceiling, "charged": 0,
               "uncertain": 0, "settled": 0, "per_attempt": 10, "attempts_allowed": 3, "attempt_count": 0,
               "lease_gen": 0, "deadline_s": 10**9, "deadline": 10**13, "created_at": now_ms, "updated_at": now_ms,
               "idem_key": job_id}
-    result = store.admit("acme", job_id, job_id, fingerprint="f", ceiling=ceiling,
+    result = store.admit(tenant, job_id, job_id, fingerprint="f", ceiling=ceiling,
                          fields={k: str(v) for k, v in record.items()}, workflow=b"{}", status=202, now_ms=now_ms,
                          idem_ttl_s=60, outbox_delay_ms=0)
     if result.code is not Code.CREATED:
         raise InsufficientAllowance(0, ceiling)
 
 
-def complete(store: Store, job_id: str, units: int = 10, *, now_ms: int = 1_000_100) -> None:
+def complete(store: Store, job_id: str, units: int = 10, *, now_ms: int = 1_000_100, server: str = "sim") -> None:
     claim = store.claim(job_id, worker="w", now_ms=now_ms, lease_ms=1000, operation_id="op-" + job_id,
-                        servers={"sim": 1000})
+                        servers={server: 1000})
     assert claim is not None
     store.mark_submit(claim, now_ms=now_ms + 1, epoch="e", lease_ms=1000)
     store.charge(claim, units)
