@@ -1,9 +1,11 @@
 """Adjustments (lua/adjust.lua): a signed amount booked against a job under an id, once for good.
 
 A property test runs the job state machine of test_state_machine.py with adjustments among its steps
-(some repeated, some conflicting, some after the job was settled and packed), and checks after every
-step that the ledger balances, that the tenant's settled units are its jobs' settled plus their
-adjustments, and that every booking id was booked once: the tenant's bookings are exactly the model's.
+(some repeated, some conflicting, some after the job was settled and packed) and whole runs whose
+outcome is lost (charged or not, the hold resolved either way or left to settlement), and checks after
+every step that the ledger balances, that the tenant's settled units are its jobs' settled plus their
+adjustments, that a job at rest settled exactly its bookings (attempt charges and holds booked as
+charged: fails when either is not recorded), and that every booking id was booked once.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
 from pipeline.errors import BookingRefused, InsufficientAllowance, JobNotFound
-from pipeline.state import archive
+from pipeline.state import archive, booked
 from pipeline.state.jobs import job_view
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.scripts import Code
@@ -145,6 +147,31 @@ class JobsWithAdjustments(Jobs):
         assert done.replayed == (booking_id in self.booked)
         self.booked[booking_id] = (job_id, attempt, units)
 
+    @rule(outputs=st.integers(1, 3), charged=st.booleans(), executed=st.sampled_from([None, True, False]),
+          end=st.sampled_from(["failed", "cancelled"]))
+    def run_with_an_unknown_outcome(self, outputs: int, charged: bool, executed: bool | None, end: str) -> None:
+        """A whole run whose outcome is lost: charged or not first, its hold resolved (it ran, it never did) or
+        left to settlement, and the job ended; so every kind of booking happens in every example."""
+        before = set(self.model)
+        self.admit(outputs)
+        [job_id] = set(self.model) - before or [None]
+        if job_id is None:
+            return
+        claim = self.store.claim(job_id, worker="w", now_ms=self.tick(), lease_ms=1000, operation_id="op",
+                                 servers={"sim": 1000})
+        assert claim is not None
+        self.store.mark_submit(claim, now_ms=self.tick(), epoch="e", lease_ms=1000)
+        if charged:
+            self.store.charge(claim, outputs * 10)
+        self.store.begin_reconcile(job_id, now_ms=self.tick(), reason="u", claim=claim)
+        self.far += 10_000
+        rec = self.store.claim_reconcile(job_id, worker="r", now_ms=self.far, lease_ms=1000)
+        assert rec is not None
+        if executed is not None:
+            self.store.resolve_uncertain(rec.claim, executed=executed)
+        self.store.finish(rec.claim, end, now_ms=self.far + 1)
+        self.model[job_id].update(state=end, gen=rec.claim.generation)
+
     @rule(data=st.data(), units=st.integers(-40, 40).filter(bool), repeat=st.booleans())
     def adjust_again(self, data: st.DataObject, units: int, repeat: bool) -> None:
         """The same step once more, so that adjustments are as frequent as the job steps together."""
@@ -160,6 +187,16 @@ class JobsWithAdjustments(Jobs):
         assert ledger["uncertain"] == sum(int(j["uncertain"]) for j in jobs)
         assert ledger["settled"] == sum(int(j["settled"]) + int(j.get("adjusted", 0)) for j in jobs)
         assert sum(int(j.get("adjusted", 0)) for j in jobs) == sum(units for _, _, units in self.booked.values())
+
+    @invariant()
+    def a_settled_jobs_bookings_add_up_to_what_it_settled(self) -> None:
+        """The usage records reconcile to the ledger: a job at rest in an end state settled exactly its
+        attempts' charges and the holds booked as charged (one booking per attempt and kind)."""
+        for job_id in self.model:
+            job = self.store.job(job_id)
+            if job["state"] in TERMINAL:
+                rows = booked.charges(job) + [h for h in booked.holds(job) if h["outcome"] == "charged"]
+                assert int(job["settled"]) == sum(r["units"] for r in rows), (job_id, job)
 
     @invariant()
     def every_id_is_booked_once(self) -> None:
