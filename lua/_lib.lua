@@ -216,16 +216,22 @@ local function shift(job, ledger, from, to, amount)
   return amount
 end
 
+-- Appends one entry to a job's list of bookings `field` (comma separated: pipeline/state/booked.py).
+local function booking(job, field, entry)
+  local before = hget(job, field)
+  hset(job, field, before and (before .. ',' .. entry) or entry)
+end
+
 -- Resolves the job's uncertain hold, all of it, into `to`: charged (the run happened, or its outcome
 -- stays unknowable) or reserved (it provably never ran, or the provider's own report replaces it). A
 -- booking of its own, `uncertain:<job>:<attempt>` in the usage records (pipeline/state/records.py):
--- recorded on the job as `h:<attempt>` = '<units> charged|released <server>', in the record's one HSET
--- (no command added); once, since a resolved hold moves nothing again. Returns the units moved.
+-- appended to the job's `holds` ('<attempt> <units> charged|released <server>', comma separated), in the
+-- record's one HSET (no command added); once, since a resolved hold moves nothing again. Returns the units.
 local function resolve_hold(job, ledger, to)
   local held = shift(job, ledger, 'uncertain', to, hget(job, 'uncertain') or '0')
   if held > 0 then
-    hset(job, 'h:' .. (hget(job, 'attempt_count') or '0'),
-      held .. (to == 'charged' and ' charged ' or ' released ') .. (hget(job, 'server') or ''))
+    booking(job, 'holds', (hget(job, 'attempt_count') or '0') .. ' ' .. held
+      .. (to == 'charged' and ' charged ' or ' released ') .. (hget(job, 'server') or ''))
   end
   return held
 end
@@ -237,8 +243,9 @@ end
 -- (`charge_overruns_total`). Returns the units booked and those beyond what the job held.
 local function charge_attempt(job, ledger, units)
   if hget(job, 'attempt_charged') == '1' then return 0, 0 end
-  -- `u:<attempt>` = '<units> <server>': the attempt's charge in the usage records and the job's view
-  hset(job, 'attempt_charged', 1, 'u:' .. (hget(job, 'attempt_count') or '0'), units .. ' ' .. (hget(job, 'server') or ''))
+  hset(job, 'attempt_charged', 1)
+  -- the attempt's charge, `charge:<job>:<attempt>` in the usage records and the job's view
+  booking(job, 'charges', (hget(job, 'attempt_count') or '0') .. ' ' .. units .. ' ' .. (hget(job, 'server') or ''))
   resolve_hold(job, ledger, 'reserved')
   local over = units - shift(job, ledger, 'reserved', 'charged', units)
   if over > 0 then

@@ -8,8 +8,8 @@
 -- tenant's available units below zero (admission then refuses with 402 until the allowance is
 -- raised or a credit books it back), a credit never takes the job's total below zero (INFEASIBLE).
 -- It may come at any state of the job, after settlement and after the job was packed: the record
--- (live or packed, lua/_cache.lua reads through either) gains `adjusted` (the job's sum) and one
--- field `a:<booking id>` (JSON: units, attempt, reason, at), both plain fields beside `z`.
+-- (live or packed, lua/_cache.lua reads through either) gains `adjusted` (the job's sum) and an entry
+-- in `adjustments` (a JSON array of {id, units, attempt, reason, at}), both plain fields beside `z`.
 --
 -- keys: 7
 -- KEYS[1] job record (hash)
@@ -48,7 +48,9 @@ for i = 3, 6 do booked = booked + tonumber(f[i] or '0') end
 if booked + units < 0 then return {18, booked} end
 hincrby(job, 'adjusted', units)
 local reason = ARGV[5]
-hset(job, 'a:' .. id, cjson.encode({units = units, attempt = attempt, reason = reason, at = now}))
+local entry = cjson.encode({id = id, units = units, attempt = attempt, reason = reason, at = now})
+local before = hget(job, 'adjustments')
+hset(job, 'adjustments', before and (string.sub(before, 1, -2) .. ',' .. entry .. ']') or ('[' .. entry .. ']'))
 ledger_add(KEYS[2], 'settled', units)
 redis.call('HSET', KEYS[3], id, cjson.encode({job = job_id, attempt = attempt, units = units, reason = reason, at = now}))
 redis.call('ZADD', KEYS[4], now, id)

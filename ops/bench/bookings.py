@@ -66,7 +66,8 @@ def main() -> None:
         with_fields = key_bytes(store.redis)
         packed = {job_id: store.redis.hget(JobKeys(job_id).record, "z") for job_id in jobs}
         for job_id, z in packed.items():  # the same packed records without their booking field: what it adds
-            cut = z.replace(',"u:1":"10 gpu-a"', "").replace('"u:1":"10 gpu-a",', "").replace('{"u:1":"10 gpu-a"}', "{}")
+            cut = z.replace(',"charges":"1 10 gpu-a"', "").replace('"charges":"1 10 gpu-a",', "").replace(
+                '{"charges":"1 10 gpu-a"}', "{}")
             assert len(cut) < len(z), z
             store.redis.hset(JobKeys(job_id).record, "z", cut)
         without = key_bytes(store.redis)
@@ -77,7 +78,7 @@ def main() -> None:
                                          for i, job_id in enumerate(jobs)])
         adjusted = key_bytes(store.redis)
         page = commands(store, lambda: records.page(store.redis, "acme", start_ms=0, end_ms=T0 + 10**7, limit=100))
-        print(f"booking field (u:<attempt>) on a finished job: {(with_fields - without) / n:.0f} bytes per job")
+        print(f"booking field (charges) on a finished job: {(with_fields - without) / n:.0f} bytes per job")
         print(f"adjustment: {spent / n:.1f} commands, {(adjusted - with_fields) / n:.0f} bytes each "
               f"(its id kept, a job's fields, the log)")
         print(f"a page of 100 records: {page} commands")

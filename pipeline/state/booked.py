@@ -1,10 +1,11 @@
 """What a job's record says was booked for it, by attempt and by id: the fields the money scripts write
 beside its others (lua/_lib.lua ``charge_attempt`` and ``resolve_hold``, lua/adjust.lua), read the same
-whether the job is live or packed (pipeline/state/archive.py unpacks them like any other field).
+whether the job is live or packed (pipeline/state/archive.py unpacks them like any other field), and
+fixed names, so the views read them with HMGET (pipeline/state/views.py).
 
-- ``u:<attempt>`` = ``<units> <server>``: what the provider charged for the attempt;
-- ``h:<attempt>`` = ``<units> charged|released <server>``: the attempt's uncertain hold, resolved;
-- ``a:<booking id>`` = JSON ``{units, attempt, reason, at}``: an adjustment.
+- ``charges``: ``<attempt> <units> <server>`` per attempt the provider charged, comma separated;
+- ``holds``: ``<attempt> <units> charged|released <server>`` per uncertain hold resolved, comma separated;
+- ``adjustments``: a JSON array of ``{id, units, attempt, reason, at}``; ``adjusted``: their sum.
 """
 
 from __future__ import annotations
@@ -22,25 +23,23 @@ def booking_id(kind: str, job_id: str, attempt: int) -> str:
 def charges(record: dict[str, str]) -> list[dict[str, Any]]:
     """Each attempt's charge, by attempt: attempt, server, units."""
     found = []
-    for name, value in record.items():
-        if name.startswith("u:"):
-            units, _, server = value.partition(" ")
-            found.append({"attempt": int(name[2:]), "server": server or None, "units": int(units)})
+    for entry in filter(None, (record.get("charges") or "").split(",")):
+        attempt, units, server = (entry.split(" ", 2) + [""])[:3]
+        found.append({"attempt": int(attempt), "server": server or None, "units": int(units)})
     return sorted(found, key=lambda c: c["attempt"])
 
 
 def holds(record: dict[str, str]) -> list[dict[str, Any]]:
-    """Each resolved uncertain hold, by attempt: attempt, server, units (0 when released), outcome."""
+    """Each resolved uncertain hold, by attempt: attempt, server, units (0 when released), outcome, held."""
     found = []
-    for name, value in record.items():
-        if name.startswith("h:"):
-            units, outcome, server = (value.split(" ", 2) + ["", ""])[:3]
-            found.append({"attempt": int(name[2:]), "server": server or None, "outcome": outcome,
-                          "units": int(units) if outcome == "charged" else 0, "held": int(units)})
+    for entry in filter(None, (record.get("holds") or "").split(",")):
+        attempt, units, outcome, server = (entry.split(" ", 3) + ["", ""])[:4]
+        found.append({"attempt": int(attempt), "server": server or None, "outcome": outcome,
+                      "units": int(units) if outcome == "charged" else 0, "held": int(units)})
     return sorted(found, key=lambda h: h["attempt"])
 
 
 def adjustments(record: dict[str, str]) -> list[dict[str, Any]]:
     """The job's adjustments, oldest first: id, attempt (0: the job), units, reason, at (ms)."""
-    found = [{"id": name[2:], **orjson.loads(value)} for name, value in record.items() if name.startswith("a:")]
+    found = orjson.loads(record["adjustments"]) if record.get("adjustments") else []
     return sorted(found, key=lambda a: (a["at"], a["id"]))

@@ -1,7 +1,7 @@
 """Usage records: one row per booking of a tenant (an attempt's charge, an uncertain hold resolved, an
 adjustment), newest first, derived from what is stored already, so no job step writes a row.
 
-An attempt's charge (``u:<attempt>``) and the resolution of its hold (``h:<attempt>``) are on the job's
+An attempt's charge and the resolution of its hold (``charges`` and ``holds``) are on the job's
 record (pipeline/state/booked.py) and become final when the job ends: their time is the job's
 settlement, its score in the tenant's done index, and they are kept while the job is
 (``RECKON_RETENTION_SECONDS``, then purged with it). Adjustments come from the tenant's booking log

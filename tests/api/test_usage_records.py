@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 from falcon import testing
 
+from pipeline.state.keys import JobKeys
 from pipeline.state.records import COLUMNS
 from pipeline.state.store import Store
 from tests.api.conftest import auth
@@ -68,3 +69,27 @@ def test_bad_parameters_are_problems(client, store, tenant) -> None:
     assert get(client, key).json == {"records": [], "next_cursor": None}
     backwards = {"from": "2026-11-30T00:40:00Z", "to": "2026-11-29T00:00:00Z"}  # an empty window, not an error
     assert get(client, key, **backwards).json == {"records": [], "next_cursor": None}
+
+
+def test_the_job_view_gives_its_cost_per_attempt_with_seconds_and_its_adjustments(client, store, tenant) -> None:
+    key = tenant("acme", 1000)
+    job = "acme." + "9" * 20
+    admit(store, job, 30, now_ms=T0)
+    claim = store.claim(job, worker="w", now_ms=T0 + 1, lease_ms=1000, operation_id="p1", servers={"gpu-a": 10})
+    assert claim is not None
+    store.mark_submit(claim, now_ms=T0 + 2, epoch="e", lease_ms=1000)
+    store.charge(claim, 10)
+    attempts = JobKeys(job).attempts  # the seconds the provider reported (issue 32 section 1 writes them)
+    store.redis.hset(attempts, "1", orjson.dumps({**orjson.loads(store.redis.hget(attempts, "1")), "seconds": 4.25}))
+    store.store_output(claim, 0, {"sha256": "a" * 64}, now_ms=T0 + 3)
+    store.finish(claim, "completed", now_ms=T0 + 4)
+    plain = client.simulate_get(f"/v1/jobs/{job}", headers=auth(key)).json["cost"]
+    assert plain == {"price": 10, "ceiling": 30, "reserved": 0, "uncertain": 0, "settled": 10,
+                     "attempts": [{"attempt": 1, "server": "gpu-a", "units": 10, "seconds": 4.25}]}
+    store.adjust(job, 3, "statement-2026-11:p1", "late GPU seconds", attempt=1, now_ms=T0 + 10_000)
+    cost = client.simulate_get(f"/v1/jobs/{job}", headers=auth(key)).json["cost"]
+    assert cost == {**plain, "adjusted": 3, "adjustments": [
+        {"id": "statement-2026-11:p1", "attempt": 1, "units": 3, "reason": "late GPU seconds",
+         "at": "2026-11-30T00:53:30.000Z"}]}
+    listed = client.simulate_get("/v1/jobs", headers=auth(key)).json["jobs"][0]["cost"]
+    assert listed == {k: v for k, v in cost.items()} | {"attempts": [{"attempt": 1, "server": "gpu-a", "units": 10}]}

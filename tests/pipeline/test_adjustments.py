@@ -121,6 +121,37 @@ def test_an_unknown_job_or_attempt_or_a_bad_amount_books_nothing(store: Store, t
     assert balances(store)["settled"] == 0
 
 
+@pytest.mark.parametrize("charged", [False, True])
+@pytest.mark.parametrize("executed", [None, True, False])
+def test_a_lost_outcome_books_its_hold_once_and_the_bookings_add_up_to_the_settlement(
+        store: Store, tenant, charged: bool, executed: bool | None) -> None:
+    tenant("acme", 1000)
+    job = "acme." + "1" * 20
+    admit(store, job, 30)
+    claim = store.claim(job, worker="w", now_ms=1_000_100, lease_ms=1000, operation_id="p1", servers={"gpu-a": 10})
+    assert claim is not None
+    store.mark_submit(claim, now_ms=1_000_101, epoch="e", lease_ms=1000)
+    if charged:
+        store.charge(claim, 10)
+    store.begin_reconcile(job, now_ms=1_000_102, reason="u", claim=claim)
+    rec = store.claim_reconcile(job, worker="r", now_ms=10**13, lease_ms=1000)
+    assert rec is not None
+    if executed is not None:
+        store.resolve_uncertain(rec.claim, executed=executed)
+        store.resolve_uncertain(rec.claim, executed=executed)  # again: nothing more to resolve
+    store.finish(rec.claim, "failed", now_ms=10**13 + 1)
+    record = store.job(job)
+    if charged:  # the provider's report came first: nothing was held
+        assert (booked.holds(record), record["settled"]) == ([], "10")
+        assert booked.charges(record) == [{"attempt": 1, "server": "gpu-a", "units": 10}]
+    else:
+        hold = "released" if executed is False else "charged"
+        assert booked.holds(record) == [{"attempt": 1, "server": "gpu-a", "outcome": hold,
+                                         "units": 10 if hold == "charged" else 0, "held": 10}]
+        assert (booked.charges(record), record["settled"]) == ([], "0" if executed is False else "10")
+    assert balances(store)["settled"] == int(record["settled"])
+
+
 class JobsWithAdjustments(Jobs):
     def __init__(self) -> None:
         super().__init__()
@@ -208,5 +239,5 @@ class JobsWithAdjustments(Jobs):
 def test_adjustments_interleaved_with_every_step_keep_the_ledger_and_book_each_id_once(redis_server: str) -> None:
     JobsWithAdjustments.redis_url = redis_server
     run_state_machine_as_test(JobsWithAdjustments, settings=hsettings(
-        max_examples=40, stateful_step_count=40, deadline=None, database=None,
+        max_examples=60, stateful_step_count=40, deadline=None, database=None,
         suppress_health_check=list(HealthCheck)))
