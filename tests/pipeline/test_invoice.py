@@ -44,6 +44,11 @@ def test_a_statement_equal_to_the_books_exits_0(store, tenant, capsys, tmp_path)
     code, out, _ = run(store, capsys, "invoice", "reconcile", statement(tmp_path, text), "--server", "gpu-a")
     assert code == 0
     assert json.loads(out) == {"lines": 3, "unknown": [], "missing": [], "differ": [], "duplicate": [], "booked": []}
+    # a window that ends before c settled: c's line has no attempt in it
+    code, out, _ = run(store, capsys, "invoice", "reconcile", statement(tmp_path, text), "--server", "gpu-a",
+                       "--from", "2026-11-30T00:53:19Z", "--to", "2026-11-30T00:53:21.5Z")
+    assert (code, json.loads(out)["unknown"], json.loads(out)["missing"]) == (
+        1, [{"operation_id": f"op-{jobs['c']}", "units": 12}], [])
     # without --server, d (gpu-b) is an attempt with no line
     code, out, _ = run(store, capsys, "invoice", "reconcile", statement(tmp_path, text))
     assert code == 1
