@@ -45,6 +45,22 @@ _UNAVAILABLE = {"503": _problem("job state cannot be read or written now (Retry-
 _AUTH = {"401": _problem("missing, unknown or revoked API key, or a disabled tenant"), **_UNAVAILABLE}
 _AUTH_ERRORS = {**_AUTH, "404": _problem("no such job for this tenant")}
 _TIME = {"type": "string", "format": "date-time"}
+
+#: What the job view's cost shows only when there is something to show (docs/api.md "The job view").
+_BOOKED: dict[str, Any] = {
+    "attempts": {"type": "array", "items": {"type": "object", "required": ["attempt", "server", "units"],
+                                            "properties": {"attempt": {"type": "integer"},
+                                                           "server": {"type": ["string", "null"]},
+                                                           "units": {"type": "integer"},
+                                                           "seconds": {"type": "number"}}}},
+    "adjusted": {"type": "integer"},
+    "adjustments": {"type": "array", "items": {"type": "object", "required": ["id", "attempt", "units", "reason", "at"],
+                                               "properties": {"id": {"type": "string"},
+                                                              "attempt": {"type": ["integer", "null"]},
+                                                              "units": {"type": "integer"},
+                                                              "reason": {"type": "string"},
+                                                              "at": {"type": "string", "format": "date-time"}}}},
+}
 _NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
 _AFTER = {"name": "after", "in": "query", "description": "only events with a higher seq",
           "schema": {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}}
@@ -141,8 +157,9 @@ SPEC: dict[str, Any] = {
                                                           "properties": {"sha256": {"type": "string"}}}},
                     "attempt_count": {"type": "integer"},
                     "cost": {"type": "object", "required": ["price", "ceiling", "reserved", "uncertain", "settled"],
-                             "properties": {k: {"type": "integer"}
-                                            for k in ("price", "ceiling", "reserved", "uncertain", "settled")}},
+                             "properties": {**{k: {"type": "integer"}
+                                               for k in ("price", "ceiling", "reserved", "uncertain", "settled")},
+                                            **_BOOKED}},
                     "cancel_requested": {"type": "boolean"},
                     "obsolete": {"type": "boolean"},
                     "external_effect": {"enum": [None, "none", "possible", "occurred"]},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jsonschema
 import orjson
 from falcon import testing
 
@@ -81,7 +82,7 @@ def test_the_job_view_gives_its_cost_per_attempt_with_seconds_and_its_adjustment
     store.charge(claim, 10)
     attempts = JobKeys(job).attempts  # the seconds the provider reported (issue 32 section 1 writes them)
     store.redis.hset(attempts, "1", orjson.dumps({**orjson.loads(store.redis.hget(attempts, "1")), "seconds": 4.25}))
-    store.store_output(claim, 0, {"sha256": "a" * 64}, now_ms=T0 + 3)
+    store.store_output(claim, 0, {"sha256": "a" * 64, "bytes": 9, "content_type": "image/png"}, now_ms=T0 + 3)
     store.finish(claim, "completed", now_ms=T0 + 4)
     plain = client.simulate_get(f"/v1/jobs/{job}", headers=auth(key)).json["cost"]
     assert plain == {"price": 10, "ceiling": 30, "reserved": 0, "uncertain": 0, "settled": 10,
@@ -91,5 +92,8 @@ def test_the_job_view_gives_its_cost_per_attempt_with_seconds_and_its_adjustment
     assert cost == {**plain, "adjusted": 3, "adjustments": [
         {"id": "statement-2026-11:p1", "attempt": 1, "units": 3, "reason": "late GPU seconds",
          "at": "2026-11-30T00:53:30.000Z"}]}
+    schema = client.simulate_get("/openapi.json").json
+    jsonschema.validate(client.simulate_get(f"/v1/jobs/{job}", headers=auth(key)).json,
+                        {**schema["components"]["schemas"]["Job"], "components": schema["components"]})
     listed = client.simulate_get("/v1/jobs", headers=auth(key)).json["jobs"][0]["cost"]
     assert listed == {k: v for k, v in cost.items()} | {"attempts": [{"attempt": 1, "server": "gpu-a", "units": 10}]}
