@@ -43,3 +43,11 @@ def adjustments(record: dict[str, str]) -> list[dict[str, Any]]:
     """The job's adjustments, oldest first: id, attempt (0: the job), units, reason, at (ms)."""
     found = orjson.loads(record["adjustments"]) if record.get("adjustments") else []
     return sorted(found, key=lambda a: (a["at"], a["id"]))
+
+
+def seconds(attempt: dict[str, Any]) -> float | None:
+    """The seconds an attempt record says it was booked for: ``seconds_ms`` (ms, issue 32 section 1's field)
+    as seconds, or ``seconds``; None when it has neither."""
+    if attempt.get("seconds_ms") is not None:
+        return int(attempt["seconds_ms"]) / 1000
+    return attempt.get("seconds")

@@ -211,7 +211,7 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]],
 def _booked(cost: dict[str, Any], record: dict[str, Any], attempts: list[dict[str, Any]] | None) -> None:
     """Add what was booked per attempt and by adjustment to a view's cost, only when there is any (views of
     jobs without them stay as they were)."""
-    seconds = {a.get("number"): a["seconds"] for a in attempts or () if a.get("seconds") is not None}
+    seconds = {a.get("number"): booked.seconds(a) for a in attempts or () if booked.seconds(a) is not None}
     per_attempt = booked.charges(record)
     for charge in per_attempt:
         if charge["attempt"] in seconds:

@@ -76,7 +76,7 @@ def _row(at: int, kind: str, booking_id: str, job_id: str, attempt: int, server:
     run = run or {}
     return {"at": at, "kind": kind, "booking_id": booking_id, "job": job_id, "attempt": attempt or None,
             "server": server or run.get("server"), "operation_id": run.get("operation_id"),
-            "seconds": run.get("seconds"), "units": units, "reason": reason}
+            "seconds": booked.seconds(run), "units": units, "reason": reason}
 
 
 def _job_rows(job_id: str, at: int, record: dict[str, str], runs: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:

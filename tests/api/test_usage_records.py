@@ -81,7 +81,7 @@ def test_the_job_view_gives_its_cost_per_attempt_with_seconds_and_its_adjustment
     store.mark_submit(claim, now_ms=T0 + 2, epoch="e", lease_ms=1000)
     store.charge(claim, 10)
     attempts = JobKeys(job).attempts  # the seconds the provider reported (issue 32 section 1 writes them)
-    store.redis.hset(attempts, "1", orjson.dumps({**orjson.loads(store.redis.hget(attempts, "1")), "seconds": 4.25}))
+    store.redis.hset(attempts, "1", orjson.dumps({**orjson.loads(store.redis.hget(attempts, "1")), "seconds_ms": 4250}))
     store.store_output(claim, 0, {"sha256": "a" * 64, "bytes": 9, "content_type": "image/png"}, now_ms=T0 + 3)
     store.finish(claim, "completed", now_ms=T0 + 4)
     plain = client.simulate_get(f"/v1/jobs/{job}", headers=auth(key)).json["cost"]
