@@ -15,7 +15,7 @@ import orjson
 import redis
 from redis.exceptions import RedisClusterException
 
-from api import inputs, jobpage, resources, sse, ui, webhooks
+from api import inputs, jobpage, resources, sse, ui, usage, webhooks
 from api.auth import Authenticate
 from api.metrics import Metrics
 from api.openapi import document
@@ -84,6 +84,7 @@ def create_app(
     app.add_route("/v1/inputs", inputs.Inputs(stored_inputs, blobs, settings))
     app.add_route("/v1/inputs/{sha256}", inputs.OneInput(stored_inputs))
     app.add_route("/v1/usage", resources.Usage(store))
+    app.add_route("/v1/usage/records", usage.UsageRecords(store))
     webhooks.add_routes(app, Endpoints(store), Deliveries(store), settings)
     app.add_route("/healthz", resources.Health())
     app.add_route("/readyz", resources.Ready(store))

@@ -15,6 +15,7 @@ from pipeline.fleet import highest_price
 from pipeline.settings import Settings
 from pipeline.state.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_DEPTH, MAX_OUTPUTS, PRIORITIES
 from pipeline.state.ids import JOB_ID_RE
+from pipeline.state.records import CURSOR_PATTERN
 from pipeline.webhooks.endpoints import EVENT_TYPES, MAX_URL_LENGTH
 
 _SHA256 = {"name": "sha256", "in": "path", "required": True, "schema": {"type": "string"},
@@ -44,6 +45,22 @@ _UNAVAILABLE = {"503": _problem("job state cannot be read or written now (Retry-
 _AUTH = {"401": _problem("missing, unknown or revoked API key, or a disabled tenant"), **_UNAVAILABLE}
 _AUTH_ERRORS = {**_AUTH, "404": _problem("no such job for this tenant")}
 _TIME = {"type": "string", "format": "date-time"}
+
+#: What the job view's cost shows only when there is something to show (docs/api.md "The job view").
+_BOOKED: dict[str, Any] = {
+    "attempts": {"type": "array", "items": {"type": "object", "required": ["attempt", "server", "units"],
+                                            "properties": {"attempt": {"type": "integer"},
+                                                           "server": {"type": ["string", "null"]},
+                                                           "units": {"type": "integer"},
+                                                           "seconds": {"type": "number"}}}},
+    "adjusted": {"type": "integer"},
+    "adjustments": {"type": "array", "items": {"type": "object", "required": ["id", "attempt", "units", "reason", "at"],
+                                               "properties": {"id": {"type": "string"},
+                                                              "attempt": {"type": ["integer", "null"]},
+                                                              "units": {"type": "integer"},
+                                                              "reason": {"type": "string"},
+                                                              "at": {"type": "string", "format": "date-time"}}}},
+}
 _NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
 _AFTER = {"name": "after", "in": "query", "description": "only events with a higher seq",
           "schema": {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}}
@@ -144,8 +161,9 @@ SPEC: dict[str, Any] = {
                                                           "properties": {"sha256": {"type": "string"}}}},
                     "attempt_count": {"type": "integer"},
                     "cost": {"type": "object", "required": ["price", "ceiling", "reserved", "uncertain", "settled"],
-                             "properties": {k: {"type": "integer"}
-                                            for k in ("price", "ceiling", "reserved", "uncertain", "settled")}},
+                             "properties": {**{k: {"type": "integer"}
+                                               for k in ("price", "ceiling", "reserved", "uncertain", "settled")},
+                                            **_BOOKED}},
                     "cancel_requested": {"type": "boolean"},
                     "obsolete": {"type": "boolean"},
                     "external_effect": {"enum": [None, "none", "possible", "occurred"]},
@@ -294,6 +312,25 @@ SPEC: dict[str, Any] = {
                 "allowance", "reserved", "uncertain", "settled", "available"],
                 "properties": {k: {"type": "integer"} for k in (
                     "allowance", "reserved", "uncertain", "settled", "available")}}),
+                **_AUTH}}},
+        "/v1/usage/records": {"get": {
+            "summary": "The tenant's bookings (attempt charges, uncertain holds resolved, adjustments), newest first",
+            "parameters": [
+                {"name": "from", "in": "query", "schema": {"type": "string", "format": "date-time"}},
+                {"name": "to", "in": "query", "schema": {"type": "string", "format": "date-time"}},
+                {"name": "cursor", "in": "query", "schema": {"type": "string", "pattern": CURSOR_PATTERN}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}}],
+            "responses": {"200": _json({"type": "object", "required": ["records", "next_cursor"], "properties": {
+                "records": {"type": "array", "items": {"type": "object", "required": [
+                    "at", "kind", "booking_id", "job", "units"], "properties": {
+                    "at": {"type": "string", "format": "date-time"},
+                    "kind": {"type": "string", "enum": ["charge", "uncertain", "adjustment"]},
+                    "booking_id": {"type": "string"}, "job": {"type": "string"},
+                    "attempt": {"type": ["integer", "null"]}, "server": {"type": ["string", "null"]},
+                    "operation_id": {"type": ["string", "null"]}, "seconds": {"type": ["number", "null"]},
+                    "units": {"type": "integer"}, "reason": {"type": ["string", "null"]}}}},
+                "next_cursor": {"type": ["string", "null"]}}}),
+                "400": _problem("a bad from, to, cursor or limit (invalid-parameter)"),
                 **_AUTH}}},
         "/v1/inputs": {"post": {
             "summary": "Upload an input (image, audio or video) for the tenant's jobs; its type comes from its bytes",

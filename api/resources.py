@@ -116,7 +116,7 @@ class Job:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
         record = owned_job(self.store, req.context.tenant, job_id)
-        resp.media = job_view(record, self.store.outputs(job_id))
+        resp.media = job_view(record, self.store.outputs(job_id), self.store.attempts(job_id))
 
 
 class Cancel:

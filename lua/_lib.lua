@@ -219,6 +219,26 @@ local function shift(job, ledger, from, to, amount)
   return amount
 end
 
+-- Appends one entry to a job's list of bookings `field` (comma separated: pipeline/state/booked.py).
+local function booking(job, field, entry)
+  local before = hget(job, field)
+  hset(job, field, before and (before .. ',' .. entry) or entry)
+end
+
+-- Resolves the job's uncertain hold, all of it, into `to`: charged (the run happened, or its outcome
+-- stays unknowable) or reserved (it provably never ran, or the provider's own report replaces it). A
+-- booking of its own, `uncertain:<job>:<attempt>` in the usage records (pipeline/state/records.py):
+-- appended to the job's `holds` ('<attempt> <units> charged|released <server>', comma separated), in the
+-- record's one HSET (no command added); once, since a resolved hold moves nothing again. Returns the units.
+local function resolve_hold(job, ledger, to)
+  local held = shift(job, ledger, 'uncertain', to, hget(job, 'uncertain') or '0')
+  if held > 0 then
+    booking(job, 'holds', (hget(job, 'attempt_count') or '0') .. ' ' .. held
+      .. (to == 'charged' and ' charged ' or ' released ') .. (hget(job, 'server') or ''))
+  end
+  return held
+end
+
 -- Books what the provider charged for the job's current attempt (`units`), once per attempt (a
 -- second call books 0): whatever the attempt held as uncertain goes back to reserved first (the
 -- provider's own report replaces the guess), then `units` move from reserved to charged. More than
@@ -229,7 +249,9 @@ end
 local function charge_attempt(job, ledger, units, seconds)
   if hget(job, 'attempt_charged') == '1' then return 0, 0 end
   if seconds and seconds ~= '' then hset(job, 'attempt_charged', 1, 'attempt_ms', seconds) else hset(job, 'attempt_charged', 1) end
-  shift(job, ledger, 'uncertain', 'reserved', hget(job, 'uncertain') or '0')
+  -- the attempt's charge, `charge:<job>:<attempt>` in the usage records and the job's view
+  booking(job, 'charges', (hget(job, 'attempt_count') or '0') .. ' ' .. units .. ' ' .. (hget(job, 'server') or ''))
+  resolve_hold(job, ledger, 'reserved')
   local over = units - shift(job, ledger, 'reserved', 'charged', units)
   if over > 0 then
     hincrby(job, 'charged', over)
@@ -253,7 +275,7 @@ end
 -- reservation is released. Anything still uncertain is taken as charged: releasing it
 -- would understate what may be owed. Called only on a transition into a terminal state.
 local function settle(job, ledger, now)
-  shift(job, ledger, 'uncertain', 'charged', hget(job, 'uncertain') or '0')
+  resolve_hold(job, ledger, 'charged')
   local f = hmget(job, 'reserved', 'charged')
   local reserved, charged = tonumber(f[1] or '0'), tonumber(f[2] or '0')
   ledger_add(ledger, 'reserved', -(reserved + charged))

@@ -43,7 +43,7 @@ if decision == 'completed' then
 end
 redis.call('ZREM', KEYS[3], job_id)
 if decision == 'retry' then
-  shift(job, KEYS[2], 'uncertain', 'reserved', hget(job, 'uncertain') or '0')
+  resolve_hold(job, KEYS[2], 'reserved')
   hincrby(job, 'attempts_allowed', 1)
   hset(job, 'error_class', '', 'error_reason', '')
   redis.call('ZADD', KEYS[4], now, job_id)

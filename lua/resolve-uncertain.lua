@@ -18,4 +18,4 @@
 use_globals(3)
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local to = (ARGV[2] == '1') and 'charged' or 'reserved'
-return {0, shift(KEYS[1], KEYS[2], 'uncertain', to, hget(KEYS[1], 'uncertain') or '0')}
+return {0, resolve_hold(KEYS[1], KEYS[2], to)}

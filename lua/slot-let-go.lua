@@ -32,7 +32,7 @@ local booked = 0
 if ARGV[2] == '1' then
   local f = hmget(KEYS[2], 'state', 'id', 'operation_id', 'uncertain')
   if f[1] == 'needs_review' and (f[2] or '') .. '/' .. (f[3] or '') == ARGV[1] then
-    booked = shift(KEYS[2], KEYS[3], 'uncertain', 'charged', f[4] or '0')
+    booked = resolve_hold(KEYS[2], KEYS[3], 'charged')
   end
 end
 return {0, 1, booked}

@@ -296,3 +296,8 @@ class AttemptFailed(ReckonError):
 
 class WrongShards(ReckonError):
     """This process was given another shard count (``RECKON_SHARDS``) than the one the state holds."""
+
+
+class BookingRefused(ReckonError):
+    """An adjustment was not booked: its id booked something else (``conflict``), or it is a credit past what
+    the job was booked. Nothing changed."""

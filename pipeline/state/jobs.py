@@ -13,7 +13,7 @@ import orjson
 
 from pipeline.errors import InvalidRequest
 from pipeline.settings import Settings
-from pipeline.state import ids
+from pipeline.state import booked, ids
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,10 @@ def iso(ms: int | str | None) -> str | None:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """The job as clients see it: never the workflow, never provider text."""
+def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]],
+             attempts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The job as clients see it: never the workflow, never provider text. ``attempts`` (its attempt
+    records, when the caller read them) add each charged attempt's ``seconds``, when it has them."""
     job_id = record["id"]
     error_class = record.get("error_class") or None
     view: dict[str, Any] = {
@@ -206,6 +208,24 @@ def job_view(record: dict[str, Any], outputs: dict[int, dict[str, Any]]) -> dict
                   "detail": orjson.loads(record["error_detail"]) if record.get("error_detail") else None}
         if error_class else None,
     }
+    _booked(view["cost"], record, attempts)
     if record.get("inputs"):  # the uploaded inputs its workflow names, by content: never a URL nor a server's path
         view["inputs"] = [{"sha256": sha256} for sha256 in record["inputs"].split(",")]
     return view
+
+
+def _booked(cost: dict[str, Any], record: dict[str, Any], attempts: list[dict[str, Any]] | None) -> None:
+    """Add what was booked per attempt and by adjustment to a view's cost, only when there is any (views of
+    jobs without them stay as they were)."""
+    seconds = {a.get("number"): booked.seconds(a) for a in attempts or () if booked.seconds(a) is not None}
+    per_attempt = booked.charges(record)
+    for charge in per_attempt:
+        if charge["attempt"] in seconds:
+            charge["seconds"] = seconds[charge["attempt"]]
+    if per_attempt:
+        cost["attempts"] = per_attempt
+    adjustments = booked.adjustments(record)
+    if adjustments:
+        cost["adjusted"] = int(record.get("adjusted", 0))
+        cost["adjustments"] = [{"id": a["id"], "attempt": a["attempt"] or None, "units": a["units"],
+                                "reason": a["reason"], "at": iso(a["at"])} for a in adjustments]

@@ -231,6 +231,17 @@ class TenantKeys:
         return self._k("done")
 
     @property
+    def bookings(self) -> str:
+        """Hash: booking id -> JSON {job, attempt, units, reason, at} of each adjustment booked for the tenant
+        (lua/adjust.lua); kept as long as the tenant, so an id is booked once for good (docs/costs.md)."""
+        return self._k("bookings")
+
+    @property
+    def booking_log(self) -> str:
+        """Sorted set: booking id of each adjustment -> when it was booked (ms): the usage records' adjustments."""
+        return self._k("booking_log")
+
+    @property
     def limits(self) -> str:
         """Hash: max_inflight, rate (jobs/s), burst, tokens, at (ms), weight: the admission limits and fair-share
         weight (``reckon tenant set``); hooks: the webhook event types the tenant's endpoints ask for

@@ -32,7 +32,7 @@ from pipeline.settings import (
 )
 from pipeline.state import keys, redisconn
 from pipeline.state.admission import FleetLimits
-from pipeline.state.controls import Controls
+from pipeline.state.bookings import Bookings
 from pipeline.state.inputs import admission_keys
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.scripts import Code, ReplicationTimeout, Scripts
@@ -83,7 +83,7 @@ def _overrun(claim: Claim, units: int, over: int) -> None:
               claim.job_id, claim.attempt, claim.server, units, over)
 
 
-class Store(Controls):
+class Store(Bookings):
     """Every write is one Lua script; ``now_ms`` arguments default to Redis's own clock."""
 
     def __init__(self, client: redis.Redis, scripts: Scripts | None = None, *, shards: int | None = None,

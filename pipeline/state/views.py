@@ -17,6 +17,7 @@ VIEW_FIELDS = (
     "price", "ceiling", "reserved", "charged", "uncertain", "settled",
     "cancel_requested", "obsolete", "external_effect",
     "deadline", "created_at", "updated_at", "error_class", "error_reason", "error_detail", "inputs",
+    "charges", "adjusted", "adjustments",
 )
 
 

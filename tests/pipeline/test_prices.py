@@ -130,7 +130,8 @@ def test_a_two_server_fleet_books_each_run_at_the_price_of_its_server(store, set
         assert (job["state"], job["reserved"], job["charged"], job["uncertain"], job["settled"]) == (
             "completed", "0", "0", "0", str(units))
         assert job_view(job, {})["cost"] == {"price": 12, "ceiling": int(job["ceiling"]), "reserved": 0,
-                                             "uncertain": 0, "settled": units}
+                                             "uncertain": 0, "settled": units,
+                                             "attempts": [{"attempt": 1, "server": server, "units": units}]}
     assert balanced(store) == {"allowance": ALLOWANCE, "reserved": 0, "uncertain": 0, "settled": 68,
                                "available": ALLOWANCE - 68}
     assert sum(c["units"] for server in (a, b) for c in server.sim.charges) == 68
