@@ -256,3 +256,20 @@ def test_seconds_come_from_the_servers_own_messages_and_without_them_the_bound_i
     assert older.cost(server, 30) == (2 + 150, 30_000)
     [per_output] = parse("s=http://s;price=2", default_url="", cap=2, price=10)
     assert timed.cost(per_output, 30) == (2, None)  # no price per second: no seconds booked
+
+
+def test_reversed_or_unreadable_timestamps_book_the_bound_never_less() -> None:
+    """An end stamped before its start (a server clock stepped back) gives no seconds, as a history
+    without timestamps: the run is booked max_seconds, never 0 (docs/costs.md "No timestamps")."""
+    def entry(start: Any, end: Any) -> dict[str, Any]:
+        return {"status": {"status_str": "success", "completed": True, "messages": [
+            ["execution_start", {"prompt_id": "p", "timestamp": start}],
+            ["execution_success", {"prompt_id": "p", "timestamp": end}]]}, "outputs": {}}
+
+    [server] = parse("s=http://s;price=0;price_per_second=5", default_url="", cap=2, price=10)
+    reversed_ = from_history(entry(13_345, 1_000))
+    assert reversed_.seconds_ms is None
+    assert reversed_.cost(server, 30) == (150, 30_000)
+    for start, end in ((-5, 1_000), (1_000, True), (1_000.5, 2_000), ("1000", 2_000), (None, 2_000)):
+        assert from_history(entry(start, end)).cost(server, 30) == (150, 30_000), (start, end)
+    assert from_history(entry(1_000, 1_000)).cost(server, 30) == (0, 0)  # executed nothing: costs nothing
