@@ -73,17 +73,18 @@ def from_history(entry: dict[str, Any]) -> OperationStatus:
 
 def execution_ms(messages: Any) -> int | None:
     """Milliseconds from ComfyUI's ``execution_start`` to its ``execution_success`` (``_error``,
-    ``_interrupted``), by the ``timestamp`` (ms) each carries; None without both (an older server).
-    A fully cached run's two messages are a few milliseconds apart: it executed nothing else."""
+    ``_interrupted``), by the ``timestamp`` (ms) each carries; None without both (an older server), or
+    with an end stamped before its start (unreadable: booked the bound, never 0). A fully cached run's
+    two messages are a few milliseconds apart: it executed nothing else."""
     stamps: dict[str, int] = {}
     for event, data in (message for message in _list(messages) if _is_message(message)):
         stamp = data.get("timestamp")
         if isinstance(stamp, int) and not isinstance(stamp, bool) and stamp >= 0:
             stamps.setdefault("start" if event == "execution_start" else event, stamp)
     ends = [stamps[e] for e in ("execution_success", "execution_error", "execution_interrupted") if e in stamps]
-    if "start" not in stamps or not ends:
+    if "start" not in stamps or not ends or ends[0] < stamps["start"]:
         return None
-    return max(ends[0] - stamps["start"], 0)
+    return ends[0] - stamps["start"]
 
 
 def output_refs(outputs: Any, requested: Any) -> list[OutputRef]:

@@ -44,7 +44,7 @@ from pipeline.state.scripts import ReplicationTimeout
 from pipeline.state.store import Store
 from pipeline.work.leases import Held, Keeper
 from pipeline.work.outputs import REFUSED_REASON, store_outputs
-from pipeline.work.runlimit import MAX_SECONDS_EXCEEDED, RunLimit
+from pipeline.work.runlimit import MAX_SECONDS_EXCEEDED, RunLimit, interrupt_overdue
 from pipeline.work.staging import InputNotStaged, Staging
 
 log = logging.getLogger(__name__)
@@ -354,6 +354,7 @@ class Executor:
         try:
             status = self._submitted(lambda: provider.status(claim.operation_id))
             if status.state in ("pending", "running"):
+                interrupt_overdue(provider, rec, self.store.job(claim.job_id) if status.state == "running" else None)
                 return self._later(rec)
             if status.state == "unknown":
                 return self._unknowable(rec, self._submitted(provider.epoch))

@@ -6,6 +6,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from pipeline.claims import Reconcile
+from pipeline.providers.base import Provider
+
 #: The job's error reason when reckon interrupted its prompt at ``max_seconds``.
 MAX_SECONDS_EXCEEDED = "max_seconds_exceeded"
 
@@ -28,3 +31,13 @@ class RunLimit:
             self.since = now
         self.done = now - self.since >= self.max_seconds
         return self.done
+
+
+def interrupt_overdue(provider: Provider, rec: Reconcile, job: dict[str, str] | None) -> None:
+    """Interrupt the prompt of ``rec`` that reconciliation finds still running (``job``: its record;
+    None: not running) once its job's ``max_seconds`` have passed, on Redis's clock, since it was
+    submitted (it started after): its deadline passed while it ran, so no worker's wait or watcher
+    bounds it any more. Asked again at each check until it ends; the next check books what ran."""
+    max_seconds = int((job or {}).get("max_seconds") or 0)
+    if max_seconds and rec.submitted_ms and rec.claim.claimed_ms - rec.submitted_ms >= max_seconds * 1000:
+        provider.cancel(rec.claim.operation_id)

@@ -256,3 +256,47 @@ def test_seconds_come_from_the_servers_own_messages_and_without_them_the_bound_i
     assert older.cost(server, 30) == (2 + 150, 30_000)
     [per_output] = parse("s=http://s;price=2", default_url="", cap=2, price=10)
     assert timed.cost(per_output, 30) == (2, None)  # no price per second: no seconds booked
+
+
+def test_reversed_or_unreadable_timestamps_book_the_bound_never_less() -> None:
+    """An end stamped before its start (a server clock stepped back) gives no seconds, as a history
+    without timestamps: the run is booked max_seconds, never 0 (docs/costs.md "No timestamps")."""
+    def entry(start: Any, end: Any) -> dict[str, Any]:
+        return {"status": {"status_str": "success", "completed": True, "messages": [
+            ["execution_start", {"prompt_id": "p", "timestamp": start}],
+            ["execution_success", {"prompt_id": "p", "timestamp": end}]]}, "outputs": {}}
+
+    [server] = parse("s=http://s;price=0;price_per_second=5", default_url="", cap=2, price=10)
+    reversed_ = from_history(entry(13_345, 1_000))
+    assert reversed_.seconds_ms is None
+    assert reversed_.cost(server, 30) == (150, 30_000)
+    for start, end in ((-5, 1_000), (1_000, True), (1_000.5, 2_000), ("1000", 2_000), (None, 2_000)):
+        assert from_history(entry(start, end)).cost(server, 30) == (150, 30_000), (start, end)
+    assert from_history(entry(1_000, 1_000)).cost(server, 30) == (0, 0)  # executed nothing: costs nothing
+
+
+def test_a_prompt_still_running_past_its_deadline_is_interrupted_at_max_seconds_by_reconciliation(
+        store, settings, per_second) -> None:
+    """The deadline (1 s) passes while the prompt runs: the worker's wait gives it to reconciliation,
+    which no longer had a bound on it (a 4 s run of a job of max_seconds 2 ran and was booked whole)."""
+    admit, executor, router, _ = parts(store, settings, per_second, min_attempt_seconds=0)
+    per_second.sim.delay = 4.0
+    job_id = submit(admit, "late", max_seconds=2, deadline_s=1)
+    with pytest.raises(AttemptFailed) as failed:
+        executor.run(job_id)
+    assert router.route(failed.value) == "reconcile"
+
+    def reconciled() -> bool:
+        try:
+            executor.reconcile(job_id)
+        except AttemptFailed as ended:  # reckon's own stop: failed for good, never retried
+            assert router.route(ended) == "dead_letter"
+        return store.job(job_id)["state"] != "reconciling"
+    wait_until(reconciled, timeout=20)
+    [charge] = per_second.sim.charges
+    assert 2_000 <= charge["ms"] < 4_000  # interrupted: it did not run its 4 s
+    job = store.job(job_id)
+    assert (job["state"], job["error_class"], job["error_reason"]) == ("failed", "execution_failed",
+                                                                       "max_seconds_exceeded")
+    assert int(job["settled"]) == charge["units"] == balanced(store)["settled"]
+    assert store.attempts(job_id)[0]["seconds_ms"] == charge["ms"]
