@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import orjson
 
 from pipeline.state import keys, records
+
+
+#: A line's units: ASCII digits, below 2**53 (what an adjustment can book; int() would also take "1_5",
+#: other scripts' digits and a sign, and a credit past a booking, or 2**53, stopped --apply halfway).
+UNITS, MAX_UNITS = r"[0-9]{1,16}", 2**53 - 1
 
 
 class Malformed(ValueError):
@@ -52,8 +58,12 @@ class Report:
 def read_statement(text: str) -> tuple[dict[str, int], dict[str, list[int]]]:
     """Operation id -> units, and the operation ids on more than one line -> their line numbers."""
     reader = csv.DictReader(io.StringIO(text))
-    if not reader.fieldnames or not {"operation_id", "units"} <= {n.strip() for n in reader.fieldnames}:
+    names = [n.strip() for n in reader.fieldnames or ()]
+    if not {"operation_id", "units"} <= set(names):
         raise Malformed("line 1: the header must name operation_id and units")
+    for name in ("operation_id", "units"):
+        if names.count(name) > 1:
+            raise Malformed(f"line 1: the header names {name} twice")
     lines: dict[str, int] = {}
     seen: dict[str, list[int]] = {}
     for row in reader:
@@ -62,10 +72,9 @@ def read_statement(text: str) -> tuple[dict[str, int], dict[str, list[int]]]:
         op, units = (row.get("operation_id") or "").strip(), (row.get("units") or "").strip()
         if not op:
             raise Malformed(f"line {number}: no operation_id")
-        try:
-            value = int(units)
-        except ValueError:
-            raise Malformed(f"line {number}: units {units[:40]!r} is not an integer") from None
+        if not re.fullmatch(UNITS, units) or int(units) > MAX_UNITS:
+            raise Malformed(f"line {number}: units {units[:40]!r} is not an integer from 0 to 2**53 - 1")
+        value = int(units)
         seen.setdefault(op, []).append(number)
         lines[op] = lines.get(op, 0) + value
     return lines, {op: numbers for op, numbers in seen.items() if len(numbers) > 1}

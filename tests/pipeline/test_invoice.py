@@ -127,3 +127,22 @@ def test_usage_export_in_both_formats_and_a_window(store, tenant, capsys) -> Non
         (jobs["d"], "gpu-b", 20), (jobs["c"], "gpu-a", 12), (jobs["b"], "gpu-a", 11), (jobs["a"], "gpu-a", 10)]
     assert run(store, capsys, "usage", "export", "other")[1] == "at,kind,booking_id,job,attempt,server,operation_id,seconds,units,reason\n"
     assert run(store, capsys, "usage", "export", "nobody")[0] == 1
+
+
+def test_a_duplicate_column_or_units_not_plain_digits_exit_2_and_change_nothing(store, tenant, capsys, tmp_path) -> None:
+    jobs = books(store, tenant)
+    b = f"op-{jobs['b']}"
+    before = store.ledger("acme")
+    for text, said in ((f"operation_id,units,units\n{b},11,99\n", "line 1: the header names units twice"),
+                       (f"operation_id, units,units \n{b},11,99\n", "line 1: the header names units twice"),
+                       (f"operation_id,units,operation_id\n{b},11,op-x\n", "line 1: the header names operation_id twice"),
+                       (f"operation_id,units\n{b},1_5\n", "line 2: units '1_5' is not an integer"),
+                       (f"operation_id,units\n{b},\u0661\u0665\n", "is not an integer"),  # Arabic-Indic 15
+                       (f"operation_id,units\n{b},-4\n", "line 2: units '-4' is not an integer"),
+                       (f"operation_id,units\n{b},15\nop-{jobs['a']},{2**53}\n", f"line 3: units '{2**53}' is not an integer from 0 to 2**53 - 1")):
+        code, out, err = run(store, capsys, "invoice", "reconcile", statement(tmp_path, text), "--server", "gpu-a",
+                             "--apply")
+        assert (code, out) == (2, ""), text
+        assert said in err and err.count("\n") == 1, err
+    assert store.ledger("acme") == before
+    assert store.redis.exists(TenantKeys("acme").bookings) == 0
