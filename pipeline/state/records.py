@@ -29,8 +29,9 @@ class BadCursor(ValueError):
     """A cursor this module did not write."""
 
 
-#: A cursor: the last row's time (ms) and its booking id in hex (any text of this shape is a cursor).
-CURSOR_PATTERN = r"^[0-9]{1,16}\.([0-9a-f]{2}){0,400}$"
+#: A cursor: the last row's time (ms) and its booking id in hex (any text of this shape is a cursor); an id
+#: is up to 200 characters (pipeline/state/bookings.py MAX_ID), up to 4 bytes each in UTF-8.
+CURSOR_PATTERN = r"^[0-9]{1,16}\.([0-9a-f]{2}){0,800}$"
 
 
 def encode_cursor(at: int, booking_id: str) -> str:

@@ -97,3 +97,17 @@ def test_the_job_view_gives_its_cost_per_attempt_with_seconds_and_its_adjustment
                         {**schema["components"]["schemas"]["Job"], "components": schema["components"]})
     listed = client.simulate_get("/v1/jobs", headers=auth(key)).json["jobs"][0]["cost"]
     assert listed == {k: v for k, v in cost.items()} | {"attempts": [{"attempt": 1, "server": "gpu-a", "units": 10}]}
+
+
+def test_a_cursor_after_the_longest_booking_id_is_taken_back(client, store, tenant) -> None:
+    key = tenant("acme", 10_000)
+    jobs = booked(store, "acme", 2)
+    longest = "\u20ac" * 200  # 200 printable characters, 600 bytes of UTF-8: the longest id adjust takes
+    store.adjust(jobs[1], 3, longest, "euro", now_ms=T0 + 1500)
+    store.adjust(jobs[1], 4, longest[1:] + "a", "euro", now_ms=T0 + 1500)  # the same ms: the cursor names an id
+    first = get(client, key, limit="1").json
+    assert [r["booking_id"] for r in first["records"]] == [longest]
+    second = get(client, key, limit="4", cursor=first["next_cursor"])
+    assert second.status_code == 200, second.json
+    assert [r["booking_id"] for r in second.json["records"]] == [
+        longest[1:] + "a", f"charge:{jobs[1]}:1", "late-1", f"charge:{jobs[0]}:1"]
