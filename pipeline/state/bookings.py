@@ -15,6 +15,9 @@ from pipeline.state.scripts import Code
 
 #: The longest booking id and reason an adjustment takes (characters).
 MAX_ID, MAX_REASON = 200, 500
+#: The beginnings of the ids a charge and a hold's resolution are booked under (pipeline/state/booked.py):
+#: an adjustment under one would be a second booking under one id in the usage records.
+RESERVED = ("charge:", "uncertain:")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class Bookings(Controls):
         else, or a credit past what the job was booked), ``ValueError`` (a bad id, reason or amount)."""
         if not booking_id or len(booking_id) > MAX_ID or not booking_id.isprintable():
             raise ValueError(f"a booking id is 1 to {MAX_ID} printable characters")
+        if booking_id.startswith(RESERVED):
+            raise ValueError("ids beginning charge: and uncertain: are the ids of charges and holds, not adjustments")
         if len(reason) > MAX_REASON or not reason.isprintable():
             raise ValueError(f"a reason is at most {MAX_REASON} printable characters")
         if type(units) is not int or units == 0 or abs(units) >= 2**53 or attempt < 0:

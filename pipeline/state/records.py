@@ -45,7 +45,7 @@ def decode_cursor(text: str) -> tuple[int, str]:
     return int(at), bytes.fromhex(hexed).decode(errors="replace")
 
 
-def _newest(redis: Any, key: str, top: int, bottom: int, limit: int) -> tuple[list[tuple[str, int]], int | None]:
+def _newest(redis: Any, key: str, top: int | str, bottom: int, limit: int) -> tuple[list[tuple[str, int]], int | None]:
     """Up to ``limit`` members of ``key`` scored in [bottom, top], newest first, and every other one at the
     lowest score reached; and that score when there may be more below it (else None)."""
     rows = [(m, int(s)) for m, s in redis.zrevrangebyscore(key, top, bottom, start=0, num=limit, withscores=True)]
@@ -93,7 +93,9 @@ def page(redis: Any, tenant: str, *, start_ms: int, end_ms: int, cursor: tuple[i
     """Up to ``limit`` rows booked in [start_ms, end_ms], newest first (by time, then booking id), older
     than ``cursor``; and the cursor of the next page (None: no more)."""
     t = TenantKeys(tenant)
-    top = min(end_ms, cursor[0]) if cursor else end_ms
+    top: int | str = min(end_ms, cursor[0]) if cursor else end_ms
+    if cursor and cursor[1] == "" and cursor[0] <= end_ms:
+        top = f"({cursor[0]}"  # every row at that time was given: from below it, or no page moves on
     done, done_low = _newest(redis, t.done, top, start_ms, limit)
     adjusted, adjusted_low = _newest(redis, t.booking_log, top, start_ms, limit)
     entries = dict(zip([i for i, _ in adjusted], redis.hmget(t.bookings, [i for i, _ in adjusted]))) if adjusted else {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jsonschema
 import orjson
+import pytest
 from falcon import testing
 
 from pipeline.state.keys import JobKeys
@@ -111,3 +112,31 @@ def test_a_cursor_after_the_longest_booking_id_is_taken_back(client, store, tena
     assert second.status_code == 200, second.json
     assert [r["booking_id"] for r in second.json["records"]] == [
         longest[1:] + "a", f"charge:{jobs[1]}:1", "late-1", f"charge:{jobs[0]}:1"]
+
+
+def test_an_adjustment_cannot_take_the_id_of_a_charge_or_a_hold(client, store, tenant) -> None:
+    key = tenant("acme", 10_000)
+    jobs = booked(store, "acme", 2)
+    before = store.ledger("acme")
+    for taken in (f"charge:{jobs[1]}:1", f"uncertain:{jobs[1]}:1"):
+        with pytest.raises(ValueError, match="ids beginning charge: and uncertain: are the ids of"):
+            store.adjust(jobs[1], 2, taken, "same id as a charge", attempt=1, now_ms=T0 + 997)
+    assert store.ledger("acme") == before
+    assert [r["booking_id"] for r in get(client, key).json["records"]] == [
+        f"charge:{jobs[1]}:1", "late-1", f"charge:{jobs[0]}:1"]
+
+
+def test_every_page_size_gives_each_row_once_and_ends(client, store, tenant) -> None:
+    key = tenant("acme", 10_000)
+    jobs = booked(store, "acme", 3)
+    store.adjust(jobs[2], 2, "late-2", "late charge", attempt=1, now_ms=T0 + 2000 - 3)  # the same ms as a charge
+    every = [f"charge:{jobs[2]}:1", "late-2", f"charge:{jobs[1]}:1", "late-1", f"charge:{jobs[0]}:1"]
+    for limit in range(1, 7):
+        seen, cursor, pages = [], None, 0
+        while pages < 2 * len(every) + 2:  # a page that does not move on would loop for ever
+            page = get(client, key, limit=str(limit), **({} if cursor is None else {"cursor": cursor})).json
+            seen += [r["booking_id"] for r in page["records"]]
+            pages += 1
+            if (cursor := page["next_cursor"]) is None:
+                break
+        assert (seen, cursor) == (every, None), limit
