@@ -50,6 +50,7 @@ class Report:
     differ: list[dict[str, Any]] = field(default_factory=list)  # both, other units
     duplicate: list[dict[str, Any]] = field(default_factory=list)  # an operation id on more than one line
     booked: list[dict[str, Any]] = field(default_factory=list)  # adjustments --apply booked
+    refused: list[dict[str, Any]] = field(default_factory=list)  # corrections --apply could not book
 
     def clean(self) -> bool:
         return not (self.unknown or self.missing or self.differ or self.duplicate)

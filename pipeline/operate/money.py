@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.errors import BookingRefused
+from pipeline.errors import BookingRefused, JobNotFound
 from pipeline.operate import invoice
 from pipeline.operate.commands import _print
 from pipeline.state import records
@@ -100,9 +100,13 @@ def invoice_reconcile(store: Store, args: argparse.Namespace) -> int:
                              invoice.books(store.redis, start_ms=args.start, end_ms=args.end, server=args.server))
     if args.apply:
         for job, attempt, booking_id, units, reason in invoice.corrections(report):
-            done = store.adjust(job, units, booking_id, reason, attempt=attempt or 0)
-            report.booked.append({"booking_id": booking_id, "job": job, "attempt": attempt, "units": units,
-                                  "replayed": done.replayed})
+            correction = {"booking_id": booking_id, "job": job, "attempt": attempt, "units": units}
+            try:
+                done = store.adjust(job, units, booking_id, reason, attempt=attempt or 0)
+            except (BookingRefused, JobNotFound) as exc:  # its id booked another amount, or the job is gone
+                report.refused.append({**correction, "why": str(exc)})
+                continue
+            report.booked.append({**correction, "replayed": done.replayed})
     _print({"lines": len(lines), "unknown": report.unknown, "missing": report.missing, "differ": report.differ,
-            "duplicate": report.duplicate, "booked": report.booked})
+            "duplicate": report.duplicate, "booked": report.booked, "refused": report.refused})
     return 0 if report.clean() else 1

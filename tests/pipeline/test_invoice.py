@@ -43,7 +43,8 @@ def test_a_statement_equal_to_the_books_exits_0(store, tenant, capsys, tmp_path)
         f"2026-11-30,op-{jobs[n]},{u},gpu\n" for n, u in (("c", 12), ("a", 10), ("b", 11)))
     code, out, _ = run(store, capsys, "invoice", "reconcile", statement(tmp_path, text), "--server", "gpu-a")
     assert code == 0
-    assert json.loads(out) == {"lines": 3, "unknown": [], "missing": [], "differ": [], "duplicate": [], "booked": []}
+    assert json.loads(out) == {"lines": 3, "unknown": [], "missing": [], "differ": [], "duplicate": [], "booked": [],
+                                "refused": []}
     # a window that ends before c settled: c's line has no attempt in it
     code, out, _ = run(store, capsys, "invoice", "reconcile", statement(tmp_path, text), "--server", "gpu-a",
                        "--from", "2026-11-30T00:53:19Z", "--to", "2026-11-30T00:53:21.5Z")
@@ -69,7 +70,7 @@ def test_every_kind_of_difference_is_listed_and_apply_books_each_once(store, ten
         "differ": [{"operation_id": b, "job": jobs["b"], "attempt": 1, "server": "gpu-a", "booked": 11,
                     "statement": 15}],
         "duplicate": [{"operation_id": a, "lines": [2, 5]}],
-        "booked": []}
+        "booked": [], "refused": []}
     assert store.ledger("acme")["settled"] == 53  # nothing booked without --apply
 
     clean = statement(tmp_path, f"operation_id,units\n{a},10\n{b},15\n")
@@ -146,3 +147,27 @@ def test_a_duplicate_column_or_units_not_plain_digits_exit_2_and_change_nothing(
         assert said in err and err.count("\n") == 1, err
     assert store.ledger("acme") == before
     assert store.redis.exists(TenantKeys("acme").bookings) == 0
+
+
+def test_apply_reports_a_correction_its_id_refuses_and_books_the_others(store, tenant, capsys, tmp_path) -> None:
+    jobs = books(store, tenant)
+    a, b = f"op-{jobs['a']}", f"op-{jobs['b']}"
+    text = statement(tmp_path, f"operation_id,units\n{a},10\n")  # b and c billed nothing
+    assert run(store, capsys, "invoice", "reconcile", text, "--server", "gpu-a", "--apply")[0] == 1
+    assert store.ledger("acme")["settled"] == 53 - 11 - 12
+    store.adjust(jobs["b"], 5, "late-b", "late charge", attempt=1)  # b booked 5 again: absent asks -5
+    text = statement(tmp_path, f"operation_id,units\n{a},10\n{b},0\n")
+    code, out, err = run(store, capsys, "invoice", "reconcile", text, "--server", "gpu-a", "--apply")
+    assert code == 1 and err == ""
+    assert json.loads(out)["differ"] == [{"operation_id": b, "job": jobs["b"], "attempt": 1, "server": "gpu-a",
+                                          "booked": 5, "statement": 0}]
+    assert json.loads(out)["booked"] == [{"booking_id": f"statement:{b}:0", "job": jobs["b"], "attempt": 1,
+                                          "units": -5, "replayed": False}]
+    text = statement(tmp_path, f"operation_id,units\n{a},10\n")
+    store.adjust(jobs["b"], 2, "late-b2", "late charge", attempt=1)  # absent now asks -2 under the id that booked -11
+    code, out, err = run(store, capsys, "invoice", "reconcile", text, "--server", "gpu-a", "--apply")
+    assert (code, err) == (1, "")
+    assert json.loads(out)["refused"] == [{"booking_id": f"statement:{b}:absent", "job": jobs["b"], "attempt": 1,
+                                           "units": -2, "why": f"booking id 'statement:{b}:absent' already booked -11"
+                                           f" units against job {jobs['b']} attempt 1; nothing changed"}]
+    assert store.ledger("acme")["settled"] == 53 - 11 - 12 + 5 - 5 + 2
