@@ -68,7 +68,8 @@ def test_jobs_run_end_to_end_through_rabbitmq(amqp_url, redis_client, store, tmp
 
         wait_until(lambda: states() == ["completed"] * 3, timeout=60)
         costs = [orjson.loads(stack.api("GET", where, **auth)[2])["cost"] for where in locations]
-        assert costs == [{"price": 10, "ceiling": 60, "reserved": 0, "uncertain": 0, "settled": 20}] * 3
+        assert costs == [{"price": 10, "ceiling": 60, "reserved": 0, "uncertain": 0, "settled": 20,
+                          "attempts": [{"attempt": 1, "server": "comfyui", "units": 20}]}] * 3
         usage = orjson.loads(stack.api("GET", "/v1/usage", **auth)[2])
         assert usage == {"allowance": 1_000, "reserved": 0, "uncertain": 0, "settled": 60, "available": 940}
         charges = stack.charges()

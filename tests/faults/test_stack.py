@@ -32,7 +32,8 @@ def test_full_run_over_http(stack, redis_client, store) -> None:
     wait_until(lambda: job()["state"] == "completed", timeout=30)
     done = job()
     assert (done["attempt_count"], done["cost"]) == (1, {"price": 10, "ceiling": 60, "reserved": 0, "uncertain": 0,
-                                                        "settled": 20})
+                                                        "settled": 20, "attempts": [
+                                                            {"attempt": 1, "server": "comfyui", "units": 20}]})
     for output in done["outputs"]:
         status, headers, data = stack.api("GET", output["href"], **auth)
         assert status == 200 and headers["etag"] == f'"{output["sha256"]}"'
