@@ -32,11 +32,6 @@ class Adjustment:
     replayed: bool
 
 
-def uncertain_id(job_id: str, attempt: int) -> str:
-    """The booking id of an uncertain hold's resolution: one per attempt."""
-    return f"uncertain:{job_id}:{attempt}"
-
-
 class Bookings(Controls):
     """Books adjustments and reads them back."""
 
