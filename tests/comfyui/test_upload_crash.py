@@ -19,6 +19,7 @@ from tests.comfyui.test_end_to_end import executions
 from tests.conftest import wait_until
 from tests.faults.conftest import Stack
 from tests.faults.test_crashes import finished, setup
+from tests.faults.test_staging_crash import killed_at
 from tests.inputs import upload
 
 
@@ -53,14 +54,7 @@ def test_a_worker_killed_mid_upload_leaves_no_file_and_its_job_completes_charged
                 "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
                 "9": save("2", f"cut-{comfyui.color()}")}
     try:
-        processes.start_web()
-        processes.start_worker(pause_at="body_partly_sent")
-        processes.start_sweeper()
-        status, headers, _ = processes.api("POST", "/v1/jobs", {"kind": "image", "workflow": workflow, "outputs": 1},
-                                           **auth, **{"Idempotency-Key": "cut-upload"})
-        assert status == 202
-        job_id = headers["location"].rsplit("/", 1)[1]
-        processes.kill_when_paused("worker")  # 64 KiB of the body at ComfyUI, the connection then closed
+        job_id = killed_at(processes, auth, workflow, "body_partly_sent")  # 64 KiB of the body at ComfyUI
         assert not on_server.exists() and store.job(job_id)["submitted"] == "0"
         processes.start_worker()
         wait_until(lambda: finished(store, job_id), timeout=60)

@@ -19,6 +19,19 @@ def sim_inputs(stack) -> dict:
         return orjson.loads(resp.read())
 
 
+def killed_at(stack, auth: dict[str, str], workflow: dict, pause_at: str) -> str:
+    """Web, sweeper and a worker that stops at ``pause_at``; the job of ``workflow`` submitted over HTTP
+    and the worker SIGKILLed once it stopped there; the job's id."""
+    stack.start_web()
+    stack.start_worker(pause_at=pause_at)
+    stack.start_sweeper()
+    status, headers, _ = stack.api("POST", "/v1/jobs", {"kind": "image", "workflow": workflow, "outputs": 1},
+                                   **auth, **{"Idempotency-Key": f"killed-at-{pause_at}"})
+    assert status == 202
+    stack.kill_when_paused("worker")
+    return headers["location"].rsplit("/", 1)[1]
+
+
 def test_worker_killed_mid_upload_completes_charged_once(stack, redis_client, store, settings) -> None:
     auth = setup(stack, redis_client)
     blobs = BlobStore(stack.env["RECKON_BLOB_DIR"])
@@ -28,14 +41,7 @@ def test_worker_killed_mid_upload_completes_charged_once(stack, redis_client, st
                 "2": {"class_type": "LoadImageMask", "inputs": {"image": names[1], "channel": "alpha"}},
                 "9": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "crash"}}}
     stack.start_provider()
-    stack.start_web()
-    stack.start_worker(pause_at="input_uploaded")
-    stack.start_sweeper()
-    status, headers, _ = stack.api("POST", "/v1/jobs", {"kind": "image", "workflow": workflow, "outputs": 1},
-                                   **auth, **{"Idempotency-Key": "mid-upload"})
-    assert status == 202
-    job_id = headers["location"].rsplit("/", 1)[1]
-    stack.kill_when_paused("worker")  # one input on the server, the other not, no prompt sent
+    job_id = killed_at(stack, auth, workflow, "input_uploaded")  # one input on the server, no prompt sent
     assert sim_inputs(stack)["uploads"] == 1 and store.job(job_id)["submitted"] == "0"
     stack.start_worker()
     wait_until(lambda: finished(store, job_id), timeout=40)
