@@ -5,7 +5,8 @@
 -- the generation goes up, so the handing worker can no longer write; the watcher
 -- list of the fleet holds the job with the new generation, its server, operation
 -- id, attempt and deadline (the watcher renews no lease past the deadline), `max` (the job's
--- `max_seconds`, when it has one: the watcher interrupts the prompt past them), and `cancel` when the
+-- `max_seconds`, when it has one: the watcher interrupts the prompt past them; `sub` then, the submission's
+-- time on Redis's clock, from which a watcher that did not see the prompt start counts them), and `cancel` when the
 -- client asked to cancel before the hand-over (cancel marks it on a watched job's entry itself). The job stays `running` with its slot; the watcher renews its
 -- lease (heartbeat with the new generation) while the prompt is pending or running,
 -- and a collect message claims it when the prompt ends. If every watcher is gone,
@@ -26,7 +27,7 @@
 local job = KEYS[1]
 if not holds_lease(job, ARGV[1]) then return {9} end
 local f = hmget(job, 'id', 'submitted', 'server', 'operation_id', 'attempt_count', 'deadline', 'cancel_requested',
-  'max_seconds')
+  'max_seconds', 'submitted_at')
 if f[2] ~= '1' then return {8, 'not_submitted'} end
 local now = clock(ARGV[2])
 local expires = now + tonumber(ARGV[3])
@@ -35,5 +36,6 @@ hset(job, 'lease_owner', 'watcher')
 renew(job, KEYS[2], KEYS[4], expires)
 if ARGV[4] ~= '' then hset(job, 'refusal', ARGV[4]) end  -- kept across hand-backs
 redis.call('HSET', KEYS[3], 'w:' .. f[1], cjson.encode({server = f[3], gen = gen, op = f[4], attempt = tonumber(f[5]),
-  deadline = tonumber(f[6]), cancel = f[7] == '1' and 1 or nil, max = tonumber(f[8])}))
+  deadline = tonumber(f[6]), cancel = f[7] == '1' and 1 or nil, max = tonumber(f[8]),
+  sub = tonumber(f[8]) and tonumber(f[9]) or nil}))
 return {0, gen}

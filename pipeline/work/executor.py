@@ -44,7 +44,7 @@ from pipeline.state.scripts import ReplicationTimeout
 from pipeline.state.store import Store
 from pipeline.work.leases import Held, Keeper
 from pipeline.work.outputs import REFUSED_REASON, store_outputs
-from pipeline.work.runlimit import MAX_SECONDS_EXCEEDED, RunLimit, interrupt_overdue
+from pipeline.work.runlimit import MAX_SECONDS_EXCEEDED, interrupt_overdue, overran, wait_ended
 from pipeline.work.staging import InputNotStaged, Staging
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,8 @@ class Executor:
             self.store.await_provider(claim, lease_ms=self.lease_ms, refused=refused)
             return None
         deadline = time.monotonic() + (inputs.deadline_ms - claim.claimed_ms) / 1000
-        status = self._submitted(lambda: self._wait(claim, provider, heartbeat, deadline, inputs.max_seconds))
+        status = self._submitted(lambda: wait_ended(provider, claim, heartbeat, deadline, inputs.max_seconds,
+                                                      self.settings.poll_interval_seconds, self.sleep))
         return replace(status, detail=status.detail or refused)
 
     def collect(self, job_id: str, worker: str | None = None) -> bool:
@@ -199,7 +200,7 @@ class Executor:
                     self.store.await_provider(claim, lease_ms=self.lease_ms)  # not ended yet: back to the watcher
                     return True
                 self._complete(claim, provider, status, heartbeat, charged=taken.charged,
-                               max_seconds=(seen[3].get("max") or 0) if seen else None)
+                               bound=(seen[3].get("max") or 0, seen[3].get("sub") or 0) if seen else None)
             except LOST as exc:  # a paid output gone: reconciliation asks again, then an operator
                 raise AttemptFailed(claim, UnknownOutcome(exc.reason)) from exc
             except ProviderError as exc:
@@ -251,21 +252,24 @@ class Executor:
             raise UnknownOutcome(f"read_failed_{exc.reason}") from exc
 
     def _complete(self, claim: Claim, provider: Provider, status: OperationStatus, heartbeat: Held, *,
-                  charged: bool = False, max_seconds: int | None = None) -> None:
+                  charged: bool = False, bound: tuple[int, int] | None = None) -> None:
         """Book, store and finish what an ended prompt produced: its cost first (the evidence that it
         ran outlives this worker; ``charged``: the claim booked it already), then its outputs.
-        ``max_seconds``: the job's (None: read from its record when a price or an interruption needs it)."""
+        ``bound``: the job's ``max_seconds`` and its submission's time on Redis's clock (None: read from
+        its record when a price or an interruption needs them)."""
         if status.state == "unknown":
             raise UnknownOutcome("operation_not_found")
         server = self.fleet.servers[claim.server]
-        if max_seconds is None and (server.price_per_second or status.state == "interrupted"):
-            max_seconds = int((self.store.job(claim.job_id) or {}).get("max_seconds") or 0)
+        if bound is None and (server.price_per_second or status.state == "interrupted"):
+            job = self.store.job(claim.job_id) or {}
+            bound = (int(job.get("max_seconds") or 0), int(job.get("submitted_at") or 0))
+        max_seconds, submitted_ms = bound or (0, 0)
         if not charged:
             self.store.charge(claim, *status.cost(server, max_seconds or 0))
         refused = self._submitted(lambda: store_outputs(self.store, self.blobs, claim, provider, status.outputs,
                                                         heartbeat, uncleaned=self.settings.output_uncleaned_types))
         faultpoints.reached("after_outputs")
-        if status.state == "interrupted" and max_seconds and (status.seconds_ms or 0) >= max_seconds * 1000:
+        if overran(status, max_seconds, claim.claimed_ms, submitted_ms):
             raise ExecutionFailed(MAX_SECONDS_EXCEEDED)  # reckon stopped it: another run would be as long
         if status.state == "interrupted":  # stopped at the server (an operator): honoured as a cancel
             self.store.finish(claim, "cancelled", reason="provider_interrupted")
@@ -304,23 +308,6 @@ class Executor:
                     claim.job_id)
         self.store.block_provider(claim.server, "provider_unreachable")
         self.store.retry(claim, delay_ms=0, error_class=exc.reason, free=True)
-
-    def _wait(self, claim: Claim, provider: Provider, heartbeat: Held, deadline: float,
-              max_seconds: int = 0) -> OperationStatus:
-        """Poll the prompt until it ends, interrupting it once it has run ``max_seconds`` (``RunLimit``)."""
-        limit = RunLimit(max_seconds)
-        while True:
-            heartbeat.check()
-            status = provider.status(claim.operation_id)
-            heartbeat.progress()
-            if status.state not in ("pending", "running"):
-                return status
-            if limit.due(status.state):
-                log.info("job %s ran past its max_seconds at %s; interrupting it", claim.job_id, claim.server)
-                provider.cancel(claim.operation_id)
-            if time.monotonic() >= deadline:
-                raise UnknownOutcome("deadline_passed_while_running")
-            self.sleep(self.settings.poll_interval_seconds)
 
     # -- reconciliation ---------------------------------------------------------------
 

@@ -11,8 +11,8 @@ server then:
   history, and ``executing`` with ``node: null`` after: that one is the end (a collect before
   the history exists finds the prompt still running and hands it back);
 - renews the leases of the prompts watched there, while the server is in contact;
-- interrupts a prompt that has run its job's ``max_seconds`` (``RunLimit``: from its ``execution_start``,
-  or from the first ``/history`` read that finds it running) with the adapter's ``cancel``: it then ends
+- interrupts a prompt that has run its job's ``max_seconds`` (``RunLimit``: from its ``execution_start``
+  heard here, else from its submission on Redis's clock, once per prompt) with the adapter's ``cancel``: it then ends
   ``execution_interrupted`` and its collect fails the job ``max_seconds_exceeded``, booked for what ran;
 - asks ``/history`` about one watched prompt per tick (at most once a second per server,
   not per job), round-robin: every tick while the websocket is down, and for each prompt
@@ -83,7 +83,7 @@ class ServerWatch:
         self.renewed: dict[str, float] = {}
         self.cancelling: dict[str, int] = {}  # job id -> generation whose cancel was passed on
         self.late: dict[str, int] = {}  # job id -> generation found past its deadline
-        self.limits: dict[str, tuple[int, RunLimit]] = {}  # job id -> (generation, its max_seconds clock)
+        self.limits: dict[str, tuple[str, RunLimit]] = {}  # job id -> (operation id, its max_seconds clock)
         self.contact = 0.0  # when the server last answered (monotonic)
         self.connected = False
         self._next_tick = self._next_probe = self._held_until = self._next_offers = 0.0
@@ -152,7 +152,7 @@ class ServerWatch:
         if job_id is None:
             return
         if kind == "execution_start":
-            self._running(job_id)
+            self._running(job_id, heard=True)
         elif kind == "progress":
             entry = self.watched[job_id]
             self.progress.offer(job_id, entry["attempt"], entry["op"], str(data.get("node", "")),
@@ -186,18 +186,24 @@ class ServerWatch:
                 self.cancelling[job_id] = entry["gen"]  # once per hand-over
                 self._collect(job_id)
 
-    def _running(self, job_id: str) -> None:
-        """The job's prompt is running at the server: its ``max_seconds`` count from now (once per attempt)."""
+    def _running(self, job_id: str, heard: bool = False) -> None:
+        """The job's prompt is running at the server: its ``max_seconds`` count once per prompt (a new
+        hand-over of the same prompt keeps the count), from now when this watcher ``heard`` it start, else
+        from its submission on Redis's clock (``sub``): a watcher that took over, or missed the start,
+        never lets it run longer, though it may stop one that waited in the server's queue sooner."""
         entry = self.watched[job_id]
-        if entry.get("max") and self.limits.get(job_id, (None,))[0] != entry["gen"]:
-            self.limits[job_id] = (entry["gen"], RunLimit(entry["max"], self.clock))
-            self.limits[job_id][1].due("running")
+        if not entry.get("max") or self.limits.get(job_id, ("",))[0] == entry["op"]:
+            return
+        since = self.clock()
+        if not heard and entry.get("sub"):
+            since -= max(0, self.store.server_ms(keys.JobKeys(job_id).shard) - entry["sub"]) / 1000
+        self.limits[job_id] = (entry["op"], RunLimit(entry["max"], self.clock, since))
 
     def _limits(self) -> None:
         """Interrupt, once, each prompt that has run its job's ``max_seconds`` (its collect books what ran)."""
-        for job_id, (gen, limit) in list(self.limits.items()):
+        for job_id, (op, limit) in list(self.limits.items()):
             entry = self.watched.get(job_id)
-            if entry is None or entry["gen"] != gen or not limit.due("running"):
+            if entry is None or entry["op"] != op or not limit.due("running"):
                 continue
             log.info("prompt of %s ran past its max_seconds at %s; interrupting it", job_id, self.name)
             try:
