@@ -102,14 +102,17 @@ end
 -- Gives back the job's dispatch slot, once (the claim took it), and ends the watch of
 -- its prompt at the provider, if any: the watch list holds a job exactly while the watcher
 -- holds its lease (`await` hands it over, collect-claim and reconcile-begin take it back), so
--- called before `release`.
+-- called before `release`. True if it gave the slot back (false: given back already, by
+-- lua/prompt-ended.lua once the prompt ended at its server, or never taken).
 local function free_slot(job, fleet)
   local f = hmget(job, 'server', 'slot_held', 'id', 'lease_owner')
   if f[4] == 'watcher' then redis.call('HDEL', fleet, 'w:' .. f[3]) end
   if f[2] == '1' then
     add(fleet, 'busy:' .. f[1], -1)
     hset(job, 'slot_held', 0)
+    return true
   end
+  return false
 end
 
 -- Keeps the job's dispatch slot for a prompt that may still occupy its server, past the job's

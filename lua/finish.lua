@@ -19,7 +19,7 @@
 --
 -- KEYS[14] global stats (hash), KEYS[15] queue (zset), KEYS[16] due (zset):
 --   see use_globals in _lib.lua
--- KEYS[17] fleet's parked jobs (zset): the caller publishes them if this freed their slot
+-- KEYS[17] fleet's parked jobs (zset): the caller publishes them if this freed their slot (0 if it freed none)
 -- KEYS[18] to KEYS[22] the job's parts, packed when it ends completed or cancelled (`parts_at` in _lib.lua)
 --
 -- ARGV[1] lease generation held by the caller
@@ -30,7 +30,7 @@
 -- ARGV[6] JSON safe summary of the failure (node id, class type, error type, message), or ''
 -- ARGV[7] retention (ms; '' = 0: see finalize in _lib.lua)
 --
--- Returns {0 OK, outcome, jobs parked in the shard} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
+-- Returns {0 OK, outcome, jobs parked in the shard (0 when it gave no slot back)} | {9 STALE_LEASE} | {10 OUTPUTS_MISSING, stored, requested}
 
 use_globals(14)
 -- The class's service-time estimate (ms a job holds a dispatch slot, claim to completion)
@@ -64,10 +64,10 @@ if outcome == 'completed' and from == 'running' then update_estimate(job, KEYS[4
 finalize(job, {ledger = KEYS[2], done = KEYS[10], workflow = KEYS[11], wake = KEYS[12], parts = parts_at(18),
   retention = ARGV[7]}, now, outcome)
 end_attempt(job, KEYS[4], now, outcome, ARGV[4])
-free_slot(job, KEYS[13])
+local freed = free_slot(job, KEYS[13])
 release(job, KEYS[3], job_id)
 if from == 'reconciling' then redis.call('ZREM', KEYS[8], job_id) end  -- only a reconciling job is there
 hset(job, 'error_class', ARGV[4], 'error_reason', ARGV[5], 'error_detail', ARGV[6])
 if outcome == 'failed' then redis.call('ZADD', KEYS[9], now, job_id) end
 move(job, KEYS[7], KEYS[5], now, from, outcome, ARGV[5])
-return {0, outcome, redis.call('ZCARD', KEYS[17])}
+return {0, outcome, freed and redis.call('ZCARD', KEYS[17]) or 0}

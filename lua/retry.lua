@@ -25,7 +25,7 @@
 --         refused): the attempt ends `not_sent` and counts neither against the job's attempts
 --         nor in its view's attempt_count; else 0 (it ends `failed`)
 --
--- Returns {0 OK, due (ms), jobs parked in the shard} | {9 STALE_LEASE}
+-- Returns {0 OK, due (ms), jobs parked in the shard (0 when it gave no slot back)} | {9 STALE_LEASE}
 
 use_globals(10)
 local job, now = KEYS[1], clock(ARGV[2])
@@ -42,7 +42,7 @@ if ARGV[5] == '1' then  -- nothing reached a server that could run it: the attem
 else
   end_attempt(job, KEYS[3], now, 'failed', ARGV[4])
 end
-free_slot(job, KEYS[9])
+local freed = free_slot(job, KEYS[9])
 release(job, KEYS[2], job_id)
 redis.call('ZREM', KEYS[7], job_id)
 redis.call('ZADD', KEYS[6], due, job_id)
@@ -50,4 +50,4 @@ wake(KEYS[8], job, due)
 hset(job, 'error_class', ARGV[4], 'error_reason', ARGV[4], 'retry_at', due)
 redis.call('HINCRBY', G.stats, 'retries:' .. ARGV[4], 1)
 move(job, KEYS[5], KEYS[4], now, from, 'retry_wait', ARGV[4])
-return {0, due, redis.call('ZCARD', KEYS[13])}
+return {0, due, freed and redis.call('ZCARD', KEYS[13]) or 0}

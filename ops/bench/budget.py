@@ -40,14 +40,16 @@ STEPS = {
     "hand-over": 5,
     "collect": 5,  # the prompt's cost booked in the same step
     "outputs": 10,  # 5 an output, each recorded right after its copy (HGETALL of the record, HSETNX, TIME, HSET)
-    "finish": 21,
+    "finish": 19,  # 21 before its slot was given back when the prompt ended ("slot release": its count)
+    "slot release": 5,  # the watcher hears the prompt end: HMGET of the record, HSET, HINCRBY, ZCARD of parked
     "confirm-publish": 4,
 }
 
 #: Steps a job takes as often as timing makes it, by what one call costs, exactly: a progress point (its
 #: XADD; the watcher writes the first at once, then at most one a second), and a collect message that
-#: finds its job collected already (a prompt's end seen twice: its websocket message, then /history).
-PER_CALL = {"progress": 6, "collect again": 2}
+#: finds its job collected already, and a slot release that finds the slot given back already (a prompt's
+#: end seen twice: its websocket message, then /history).
+PER_CALL = {"progress": 6, "collect again": 2, "slot release again": 2}
 
 #: With the state split into shards (``RECKON_SHARDS`` > 1), what holding a server's cap across them
 #: adds per job (pipeline/state/slots.py), exactly: the attempt's take (5, FCALL included) and its check
@@ -77,7 +79,7 @@ SHARDED_COMMANDS_PER_JOB = 137  # and 3 more of admission (the idempotency windo
 #: 142.3 to 144.4 once 50 a second is taken off); the endpoints read from Redis at each fan-out
 #: and each try added about 1.6 (153.2 before the timed share was taken off).
 WEBHOOK_COMMANDS_PER_JOB = 153  # 150 before the 3 more of admission
-WEBHOOK_STEPS = {"webhooks": 34, "finish": 22}
+WEBHOOK_STEPS = {"webhooks": 34, "finish": 20}
 #: The webhooks process's share that comes with time and timing, per second of the run, at most: its
 #: waits while it idles, about 2 (docs/performance.md "A webhook's cost"), and, on a loaded machine, the
 #: more and smaller calls timing makes (fewer deliveries a fan-out or take, shorter waits): 29.0 to 32.4

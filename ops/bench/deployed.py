@@ -40,7 +40,7 @@ from ops.bench.receiver import Receiver
 SCRIPT_STEPS = {
     "admit": "admission", "claim": "claim", "mark-submit": "submit mark", "await": "hand-over",
     "progress": "progress", "collect-claim": "collect", "store-output": "outputs", "charge": "charge",
-    "finish": "finish", "heartbeat": "lease renewal", "slot-take": "server slot", "slot-keep": "server slot",
+    "finish": "finish", "prompt-ended": "slot release", "heartbeat": "lease renewal", "slot-take": "server slot", "slot-keep": "server slot",
     "webhook-fanout": "webhooks", "webhook-take": "webhooks", "webhook-done": "webhooks",
 }
 #: (script verb, the connection's name) -> the step, where the process that calls a script says which

@@ -80,13 +80,15 @@ class ServerSlots:
 
     def give(self, server: str, claim: Claim, *, quiet: bool = False) -> list[int]:
         """Free the attempt's slot (only its own: another attempt of the job has another member); the
-        shards waiting for the server, lowest turn first, read in the same round trip (calls.py);
-        ``quiet``: a Redis error is logged, not raised (the sweeper frees a slot no attempt holds)."""
+        shards waiting for the server, lowest turn first, read in the same round trip (calls.py), none if
+        the slot was free already (given back when its prompt ended: ``ended``); ``quiet``: a Redis error
+        is logged, not raised (the sweeper frees a slot no attempt holds)."""
         pipe = self.redis.pipeline(transaction=False)  # one Cluster slot: the server's hash tag
         pipe.zrem(keys.server_slots(server), member(claim))
         pipe.zrange(keys.server_waiting(server), 0, -1)
         try:
-            return [int(n) for n in pipe.execute()[1]]
+            removed, waiting = pipe.execute()
+            return [int(n) for n in waiting] if removed else []
         except redis.RedisError:
             if not quiet:
                 raise
@@ -99,6 +101,19 @@ class ServerSlots:
         self._waited.last = None
         if held is not None and held.server and self.on:
             self._waited.last = (held.server, self.give(held.server, held, quiet=True))
+
+    def ended(self, claim: Claim) -> int | None:
+        """The attempt's prompt ended at its server (``claim``: its job, operation and server, as its watch
+        entry names them): its slot is given back now (lua/prompt-ended.lua; with shards its server's key
+        too), not once its outputs are collected. The jobs its shard had parked then, None if the slot was
+        given back already (or is another attempt's); ``waited`` then says which shards waited for it."""
+        job = keys.JobKeys(claim.job_id)
+        reply = self.scripts("prompt-ended", [job.record, job.shard.fleet, job.shard.parked], [claim.operation_id])
+        self._waited.last = None
+        if int(reply[0]) != 0:
+            return None
+        self.release(claim)
+        return int(reply[1])
 
     def waited(self) -> tuple[str, list[int]] | None:
         """The server whose slot this thread's last ``release`` gave back, and the shards that waited for

@@ -158,6 +158,7 @@ class ServerWatch:
             self.progress.offer(job_id, entry["attempt"], entry["op"], str(data.get("node", "")),
                                 int(data.get("value", 0)), int(data.get("max", 0)))
         else:
+            self._ended(job_id)
             self._collect(job_id)
 
     def _job_of(self, operation_id: str) -> str | None:
@@ -276,8 +277,10 @@ class ServerWatch:
             return
         if kept:  # ended, or no record of it (a restart empties the queue): it no longer occupies the server
             self._let_go(job_id, self.name, state)
-        else:  # ended, or unknown: a worker asks and decides
-            self._collect(job_id)
+            return
+        if state != "unknown":  # ended: the server is free (unknown: a worker asks and decides)
+            self._ended(job_id)
+        self._collect(job_id)
 
     def _let_go(self, slot: str, server: str, state: str) -> None:
         """Give back the slot a review kept for a prompt (``slot``: ``<job id>/<operation id>``) that the
@@ -319,6 +322,18 @@ class ServerWatch:
             return
         offers.write(self.store.redis, self.name, offer, self.store.server_ms())
         self._next_offers = now + self.settings.offers_refresh_seconds
+
+    def _ended(self, job_id: str) -> None:
+        """The job's prompt ended at the server: its slot is free now (collecting is not GPU work), and the
+        jobs parked for a slot are called to it (docs/fleet.md "The slot is the GPU")."""
+        entry = self.watched[job_id]
+        claim = Claim(job_id, entry["gen"], entry["attempt"], entry["op"], server=self.name)
+        parked = self.store.slots.ended(claim)
+        if parked is None:  # given back already
+            return
+        wait_ms = self.settings.batch_max_wait_seconds * 1000
+        for called in self.store.calls.after_free(keys.JobKeys(job_id).shard, parked, self.caps, batch_wait_ms=wait_ms):
+            self.publish(called, "unparked")
 
     def _collect(self, job_id: str) -> None:
         """A worker takes the job; a progress point still pending is dropped (what the worker
