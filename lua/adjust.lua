@@ -1,6 +1,7 @@
 -- adjust: books a signed amount against a job (or one of its attempts) under a booking id, once.
 --
--- Guarantees: a booking id is booked once per tenant, for good: the same id again answers what it
+-- Guarantees: a booking id is booked once per tenant, for as long as the job it was booked against is
+-- kept (lua/purge.lua removes it with the job): the same id again answers what it
 -- booked the first time (REPLAYED) and changes nothing; the same id with another job, attempt or
 -- amount is refused (FINGERPRINT_MISMATCH) and changes nothing. An adjustment is final: its units go
 -- straight to the tenant's `settled` (and the shard's `ledger:settled`), so

@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """What usage records and adjustments cost in Redis: bytes per finished job's booking fields, bytes and
-commands per adjustment, and the commands of a page of records.
+commands per adjustment, the commands of a page of records, the commands and seconds of reconciling a
+statement of one line per job, and the bytes of the adjustments' ids left once their jobs are purged.
 
 Run: ``.venv/bin/python ops/bench/bookings.py --jobs 1000``.
 Starts a private redis-server (ops/redis.conf, AOF off) on a free loopback port; admits, charges and
 completes ``--jobs`` jobs through the Store (each settled and packed), books one adjustment against each,
-and prints bytes (``MEMORY USAGE`` summed over every key, every element sampled) and commands
-(``INFO commandstats``, those a script calls included, FCALL itself left out).
+reconciles a statement of one line per job (one line differing) against the books, purges every job
+past its retention, and prints bytes (``MEMORY USAGE`` summed over every key, every element sampled)
+and commands (``INFO commandstats``, those a script calls included, FCALL itself left out).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,8 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 from ops.bench.benchlib import private_store  # noqa: E402
 from ops.bench.capacity import key_bytes  # noqa: E402
+from pipeline.operate import invoice  # noqa: E402
 from pipeline.state import records  # noqa: E402
-from pipeline.state.keys import JobKeys  # noqa: E402
+from pipeline.state.keys import JobKeys, TenantKeys  # noqa: E402
 from pipeline.state.store import Store  # noqa: E402
 from pipeline.state.tenants import create_tenant  # noqa: E402
 
@@ -78,10 +82,24 @@ def main() -> None:
                                          for i, job_id in enumerate(jobs)])
         adjusted = key_bytes(store.redis)
         page = commands(store, lambda: records.page(store.redis, "acme", start_ms=0, end_ms=T0 + 10**7, limit=100))
+        statement = "operation_id,units\n" + "".join(f"prompt-{i:032x},{13 + (i == 0)}\n" for i in range(n))
+        began = time.perf_counter()
+        report: list[invoice.Report] = []
+        read = commands(store, lambda: report.append(invoice.compare(
+            *invoice.read_statement(statement), invoice.books(store.redis, start_ms=0, end_ms=2**53, server=None))))
+        seconds = time.perf_counter() - began
+        assert [d["operation_id"] for d in report[0].differ] == [f"prompt-{0:032x}"] and report[0].clean() is False
+        t = TenantKeys("acme")
+        ids = store.redis.memory_usage(t.bookings, samples=0) + store.redis.memory_usage(t.booking_log, samples=0)
+        purged = commands(store, lambda: [store.purge(job_id, retention_ms=0, now_ms=T0 + 10**8) for job_id in jobs])
+        assert store.redis.exists(t.bookings, t.booking_log) == 0, "an adjustment's id outlived its job"
         print(f"booking field (charges) on a finished job: {(with_fields - without) / n:.0f} bytes per job")
         print(f"adjustment: {spent / n:.1f} commands, {(adjusted - with_fields) / n:.0f} bytes each "
               f"(its id kept, a job's fields, the log)")
         print(f"a page of 100 records: {page} commands")
+        print(f"invoice reconcile, {n} lines against {n} jobs: {read} commands, {seconds:.2f} s")
+        print(f"adjustment ids (bookings hash and log): {ids / n:.0f} bytes each; 0 left after the {n} jobs "
+              f"were purged ({purged / n:.1f} commands per purge)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Adjustments: signed amounts booked against a job (or one attempt) after the fact, each under an id
-booked once for good (lua/adjust.lua; docs/costs.md "Adjustments"). The mixin ``Store`` inherits."""
+booked once for as long as its job is kept (lua/adjust.lua; purged with the job, lua/purge.lua; docs/costs.md
+"Adjustments"). The mixin ``Store`` inherits."""
 
 from __future__ import annotations
 

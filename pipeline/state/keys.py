@@ -233,7 +233,8 @@ class TenantKeys:
     @property
     def bookings(self) -> str:
         """Hash: booking id -> JSON {job, attempt, units, reason, at} of each adjustment booked for the tenant
-        (lua/adjust.lua); kept as long as the tenant, so an id is booked once for good (docs/costs.md)."""
+        (lua/adjust.lua); kept as long as the job it was booked against (lua/purge.lua), so an id is booked once
+        while a statement can be reconciled against it (docs/costs.md)."""
         return self._k("bookings")
 
     @property

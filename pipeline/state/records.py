@@ -5,7 +5,7 @@ An attempt's charge and the resolution of its hold (``charges`` and ``holds``) a
 record (pipeline/state/booked.py) and become final when the job ends: their time is the job's
 settlement, its score in the tenant's done index, and they are kept while the job is
 (``RECKON_RETENTION_SECONDS``, then purged with it). Adjustments come from the tenant's booking log
-(lua/adjust.lua), kept as long as the tenant. A page reads up to ``limit`` jobs and adjustments from
+(lua/adjust.lua), kept as long as their job (lua/purge.lua removes them with it). A page reads up to ``limit`` jobs and adjustments from
 the two indexes (and every other one at the lowest time it reached, so no row is skipped between pages)
 and the records and attempts of those jobs, in two round trips.
 """

@@ -61,11 +61,13 @@ class Sweeps(Reads):
         return reply[2] if Code(reply[0]) is Code.OK else None
 
     def purge(self, job_id: str, *, retention_ms: int, now_ms: int | None = None) -> bool:
-        """Remove a finished job past its retention with everything it owns; False if not due or gone."""
+        """Remove a finished job past its retention with everything it owns, the ids of its adjustments
+        included; False if not due or gone."""
         j = JobKeys(job_id)
         t = j.tenant
         reply = self.scripts("purge", [j.record, j.attempts, j.events, j.outputs, j.workflow, t.jobs, t.dead, t.done,
-                                       j.progress, j.progress_seen, t.counts, *t.shard.globals],
+                                       j.progress, j.progress_seen, t.counts, t.bookings, t.booking_log,
+                                       *t.shard.globals],
                              [job_id, at(now_ms), retention_ms])
         return Code(reply[0]) is Code.OK
 

@@ -16,7 +16,7 @@ SPAN = re.compile(r"`([^`]+)`")
 COMMENT = re.compile(r"\s+#\s.*$")
 ASSIGNMENT = re.compile(r"^[a-z_]+=")
 CHOICES = re.compile(r"[\w-]+(?:\|[\w-]+)+")
-PLACEHOLDER = re.compile(r"\b(?:JOB_ID|TENANT|SERVER)\b|(?<!\S)[NB](?!\S)")
+PLACEHOLDER = re.compile(r"\b(?:JOB_ID|TENANT|SERVER|FILE|ID)\b|(?<!\S)[NB](?!\S)")
 INLINE_STARTS = ("reckon ", "redis-cli ", "python -m ")
 
 # The commands this test makes state for and runs, as the runbook writes them.
@@ -45,6 +45,10 @@ KNOWN = frozenset({
     "reckon tenant webhook list TENANT",
     "reckon tenant disable TENANT",
     "reckon tenant set TENANT --max-inflight N --rate 5/s --burst B",
+    "reckon invoice reconcile FILE",
+    "reckon invoice reconcile FILE --apply",
+    "reckon usage export TENANT --format jsonl",
+    "reckon cost adjust JOB_ID --units N --id ID --reason 'agreed with the provider'",
     "curl -s 127.0.0.1:8000/readyz",
     "curl -s 127.0.0.1:8000/metrics | grep ^reckon_",
     NOW,

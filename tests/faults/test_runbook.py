@@ -10,17 +10,16 @@ Which text of the runbook is a command (``runbook_commands``):
   that is, word for word, the beginning of another command (``reckon job show``, ``redis-cli -p 6390``) only
   names that command and is not run on its own.
 
-``JOB_ID``, ``TENANT``, ``SERVER`` and the numbers ``N`` and ``B`` are the values an operator fills in; the
-test substitutes real ones from the live stack (for each command, a job in the state its section is about).
-The deployment's addresses (``-p 6390``, ``127.0.0.1:8000``) become the test's. Each command runs under bash
-with the stack's environment and ``.venv/bin`` first on ``PATH``, so ``reckon`` is the installed entry point.
-The ``python -m`` spans are compared with the commands the stack starts its watcher and sweeper with.
+``JOB_ID``, ``TENANT``, ``SERVER``, ``FILE`` (a statement), ``ID`` (a booking id), the numbers ``N`` and ``B``
+are what an operator fills in; the test substitutes real ones from the live stack (for each command, a job
+in the state its section is about). The deployment's addresses (``-p 6390``, ``127.0.0.1:8000``) become the
+test's. Each command runs under bash with the stack's environment and ``.venv/bin`` first on ``PATH`` (so
+``reckon`` is the installed entry point); ``python -m`` spans are compared with the stack's watcher and sweeper.
 
-The docs' runnable blocks run too: every line of a fenced block marked ``sh run`` in ``README.md`` or
-``docs/`` (``docs_commands``), with the same placeholders and substitutions (``DOCS_KNOWN``).
-
-The test fails if the runbook holds a command it has no state for, if a command it knows is gone from the
-runbook, or if a command exits otherwise than expected or shows other than what the runbook says.
+The docs' runnable blocks run too: every line of a fenced block marked ``sh run`` in ``README.md`` or ``docs/``
+(``docs_commands``), with the same placeholders and substitutions (``DOCS_KNOWN``). The test fails if the
+runbook holds a command it has no state for, if a command it knows is gone from the runbook, or if a command
+exits otherwise than expected or shows other than what the runbook says.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ from tests.conftest import REDIS_PORT, free_port, wait_until
 from tests.faults.conftest import BIN, ROOT, Stack
 from tests.faults.runbook import DOCS_KNOWN, KNOWN, NOW, PLACEHOLDER, RUNBOOK, docs_commands, runbook_commands
 from tests.faults.runbook_slots import kept_slots
+from tests.faults.runbook_statement import statement
 
 TENANT, SERVER = "acme", "comfyui"
 
@@ -147,8 +147,7 @@ def test_every_runbook_command_against_a_live_stack(stack: Stack, redis_client, 
     stack.start_web()
     stack.start_sweeper()
     stack.start_worker(pause_at="after_outputs")
-    unknown = unknown_outcomes(live)
-    needs_review(live, *unknown)
+    needs_review(live, *unknown_outcomes(live))
     completed_and_dead(live)
     class_pause_and_admission(live)
     server_pause_and_credentials(live)
@@ -156,6 +155,7 @@ def test_every_runbook_command_against_a_live_stack(stack: Stack, redis_client, 
     processes_and_tenant(live)
     webhooks_behind(live)
     kept_slots(live.rb, live.store, live.store.redis.zrange(TenantKeys(TENANT).dead, 0, 0)[0])
+    statement(live.rb, store, TENANT, stack.logs.parent)
     redis_layout(live)
     assert sorted(set(live.rb.commands) - live.rb.ran) == []
 
