@@ -170,7 +170,7 @@ class JobsWithAdjustments(Jobs):
         else:
             booking_id, attempt = f"b{len(self.booked)}", 0
         job = self.store.job(job_id)
-        total = sum(int(job.get(k, 0)) for k in ("settled", "charged", "uncertain", "adjusted"))
+        total = sum(int(job.get(k, 0)) for k in ("settled", "charged", "adjusted"))
         try:
             done = self.store.adjust(job_id, units, booking_id, "r", attempt=attempt, now_ms=self.tick())
         except BookingRefused:
