@@ -50,10 +50,15 @@ for i = 3, 5 do booked = booked + tonumber(f[i] or '0') end
 if booked + units < 0 then return {18, booked} end
 hincrby(job, 'adjusted', units)
 local reason = ARGV[5]
-local entry = cjson.encode({id = id, units = units, attempt = attempt, reason = reason, at = now})
+-- cjson writes a number with 14 significant digits (1234567890123456 as 1.2345678901235e+15): the units go
+-- in as 0 and are written back exactly ('"units":0' cannot occur inside an encoded string: its quotes are escaped)
+local function exact(fields)
+  return (string.gsub(cjson.encode(fields), '"units":0', '"units":' .. string.format('%d', units), 1))
+end
+local entry = exact({id = id, units = 0, attempt = attempt, reason = reason, at = now})
 local before = hget(job, 'adjustments')
 hset(job, 'adjustments', before and (string.sub(before, 1, -2) .. ',' .. entry .. ']') or ('[' .. entry .. ']'))
 ledger_add(KEYS[2], 'settled', units)
-redis.call('HSET', KEYS[3], id, cjson.encode({job = job_id, attempt = attempt, units = units, reason = reason, at = now}))
+redis.call('HSET', KEYS[3], id, exact({job = job_id, attempt = attempt, units = 0, reason = reason, at = now}))
 redis.call('ZADD', KEYS[4], now, id)
 return {0, units, now}

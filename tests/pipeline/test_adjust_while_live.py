@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import BookingRefused
-from pipeline.state import records
+from pipeline.state import booked, records
 from pipeline.state.store import Store
 from tests.pipeline.test_adjustments import admit, balances
 
@@ -55,3 +55,21 @@ def test_a_charge_booked_during_a_hold_and_its_resolution_after_add_up(store: St
     rows = list(records.every(store.redis, "acme", start_ms=0, end_ms=10**13))
     assert [(r["booking_id"], r["units"]) for r in rows] == [
         (f"uncertain:{JOB}:1", 10), ("credit-2", -14), ("late-1", 4)]
+
+
+def test_an_amount_past_14_digits_is_booked_exactly_and_its_id_replays(store: Store, tenant) -> None:
+    """cjson writes numbers with 14 significant digits: 1234567890123456 was stored as 1.2345678901235e+15,
+    so the same id again was refused ('already booked 1234567890123500') and the rows said 44 units more
+    than the ledger."""
+    tenant("acme", 100)
+    admit(store, JOB, 30)
+    for units, booking_id in ((2**53 - 1, "most"), (-(2**53 - 1), "bigger-credit"), (1_234_567_890_123_456, "big")):
+        first = store.adjust(JOB, units, booking_id, "r", now_ms=2_000_000)
+        again = store.adjust(JOB, units, booking_id, "r", now_ms=2_000_001)
+        assert (first.units, again.units, again.replayed) == (units, units, True)
+    total = 1_234_567_890_123_456
+    assert balances(store)["settled"] == total
+    assert sum(a["units"] for a in booked.adjustments(store.job(JOB))) == total
+    assert [b["units"] for b in store.bookings("acme", 0, 10**13)] == [2**53 - 1, -(2**53 - 1), 1_234_567_890_123_456]
+    rows = list(records.every(store.redis, "acme", start_ms=0, end_ms=10**13))
+    assert sum(r["units"] for r in rows) == total
