@@ -1,9 +1,12 @@
-"""Usage records of a job whose lost outcome was resolved by an operator, then replayed (issue 32 review).
+"""Usage records of a job whose lost outcome was resolved, then replayed (issue 32 review).
 
 A job's charges and resolved holds are timed at its score in the tenant's done index
 (pipeline/state/records.py); a dead-letter replay (lua/replay.lua) takes the job out of that index and
 the job's next end enters it again at a new time. What the first run settled stays settled in the
-ledger at the first end, so the records of a window holding the first end must still list it.
+ledger at the first end, so the records of a window holding the first end must still list it: the
+replay logs them in the tenant's booking log at that time. Before, they left the window (records
+([], 0) while the job ran again), and the month after listed them, so a statement of that month
+reported the first run's prompt 'missing' and reconcile --apply booked it back as a credit.
 """
 
 from __future__ import annotations
@@ -38,8 +41,6 @@ def total(store: Store, start_ms: int, end_ms: int) -> tuple[list[str], int]:
     return [r["booking_id"] for r in rows], sum(r["units"] for r in rows)
 
 
-@pytest.mark.xfail(strict=True, reason="a replay moves the first run's rows to the job's next end: "
-                   "records.py times a job's charges and holds by its one done score (issue 32 review)")
 def test_a_replayed_jobs_first_run_stays_in_the_window_it_settled_in(store: Store, tenant) -> None:
     tenant("acme", 1000)
     lost_then_failed_by_the_operator(store)
@@ -55,10 +56,12 @@ def test_a_replayed_jobs_first_run_stays_in_the_window_it_settled_in(store: Stor
     assert balances(store)["settled"] == 20
     assert total(store, *november) == ([f"uncertain:{JOB}:1"], 10)
     assert total(store, 2_500_001, 4_000_000) == ([f"charge:{JOB}:2"], 10)
+    [row] = records.every(store.redis, "acme", start_ms=0, end_ms=2_500_000)
+    assert row == {"at": FIRST_END, "kind": "uncertain", "booking_id": f"uncertain:{JOB}:1", "job": JOB, "attempt": 1,
+                   "server": "gpu-a", "operation_id": "p1", "seconds": None, "units": 10, "reason": "charged"}
+    assert store.bookings("acme", 0, 10**13) == []  # the adjustments alone
 
 
-@pytest.mark.xfail(strict=True, reason="the December books list November's attempt p1 once the job was "
-                   "replayed and ended in December, so reconcile --apply would credit it back (issue 32 review)")
 def test_reconciling_the_month_after_a_replay_finds_no_attempt_of_the_month_before(store: Store, tenant) -> None:
     tenant("acme", 1000)
     lost_then_failed_by_the_operator(store)
@@ -68,3 +71,5 @@ def test_reconciling_the_month_after_a_replay_finds_no_attempt_of_the_month_befo
     report = invoice.compare({f"op-{JOB}": 10}, {}, december)  # December's statement bills attempt 2 only
     assert report.missing == []  # fails: p1 (November's, billed then) is 'missing', and --apply books -10
     assert sorted(december) == [f"op-{JOB}"]
+    november = invoice.books(store.redis, start_ms=0, end_ms=2_500_000, server=None)
+    assert invoice.compare({"p1": 10}, {}, november).clean()
