@@ -98,6 +98,8 @@ def books(redis: Any, *, start_ms: int, end_ms: int, server: str | None) -> dict
         ids = redis.zrange(log.booking_log, 0, -1) if attempts else []
         for raw in redis.hmget(log.bookings, ids) if ids else []:
             adjustment = orjson.loads(raw) if raw else {}
+            if adjustment.get("kind"):  # a replayed run's charge or hold (lua/replay.lua): a row above already
+                continue
             entry = attempts.get((adjustment.get("job"), adjustment.get("attempt")))
             if entry is not None:
                 entry.units += adjustment["units"]

@@ -72,4 +72,5 @@ class Bookings(Controls):
         if not ids:
             return []
         raws = self.redis.hmget(t.bookings, ids)
-        return [{"booking_id": i, **orjson.loads(raw)} for i, raw in zip(ids, raws, strict=True) if raw]
+        entries = [(i, orjson.loads(raw)) for i, raw in zip(ids, raws, strict=True) if raw]
+        return [{"booking_id": i, **e} for i, e in entries if "kind" not in e]  # kind: a replayed run's (replay.lua)

@@ -5,7 +5,9 @@ An attempt's charge and the resolution of its hold (``charges`` and ``holds``) a
 record (pipeline/state/booked.py) and become final when the job ends: their time is the job's
 settlement, its score in the tenant's done index, and they are kept while the job is
 (``RECKON_RETENTION_SECONDS``, then purged with it). Adjustments come from the tenant's booking log
-(lua/adjust.lua), kept as long as their job (lua/purge.lua removes them with it). A page reads up to ``limit`` jobs and adjustments from
+(lua/adjust.lua), kept as long as their job (lua/purge.lua removes them with it), and so do the charges and
+holds of a run a dead-letter replay sent again (lua/replay.lua logs them there at the time they settled,
+with their ``kind``; kept as long as the tenant). A page reads up to ``limit`` jobs and adjustments from
 the two indexes (and every other one at the lowest time it reached, so no row is skipped between pages)
 and the records and attempts of those jobs, in two round trips.
 """
@@ -81,10 +83,14 @@ def _row(at: int, kind: str, booking_id: str, job_id: str, attempt: int, server:
 
 
 def _job_rows(job_id: str, at: int, record: dict[str, str], runs: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The job's charges and holds of the run that ended at ``at``: those of an earlier run, which a replay
+    logged at the time it settled (``logged_through``, lua/replay.lua), are listed from the log."""
+    through = int(record.get("logged_through") or 0)
     rows = [_row(at, "charge", booked.booking_id("charge", job_id, c["attempt"]), job_id, c["attempt"], c["server"],
-                 runs.get(c["attempt"]), c["units"]) for c in booked.charges(record)]
+                 runs.get(c["attempt"]), c["units"]) for c in booked.charges(record) if c["attempt"] > through]
     rows += [_row(at, "uncertain", booked.booking_id("uncertain", job_id, h["attempt"]), job_id, h["attempt"],
-                  h["server"], runs.get(h["attempt"]), h["units"], h["outcome"]) for h in booked.holds(record)]
+                  h["server"], runs.get(h["attempt"]), h["units"], h["outcome"])
+             for h in booked.holds(record) if h["attempt"] > through]
     return rows
 
 
@@ -104,8 +110,8 @@ def page(redis: Any, tenant: str, *, start_ms: int, end_ms: int, cursor: tuple[i
     rows = [row for job_id, at in done if job_id in jobs for row in _job_rows(job_id, at, *jobs[job_id])]
     for a in adjustments:
         runs = jobs.get(a["job"], ({}, {}))[1]
-        rows.append(_row(a["at"], "adjustment", a["booking_id"], a["job"], a["attempt"], None,
-                         runs.get(a["attempt"]) if a["attempt"] else None, a["units"], a["reason"]))
+        rows.append(_row(a["at"], a.get("kind", "adjustment"), a["booking_id"], a["job"], a["attempt"], a.get("server"),
+                         runs.get(a["attempt"]) if a["attempt"] else None, a["units"], a.get("reason")))
     floor = max((low for low in (done_low, adjusted_low) if low is not None), default=None)
     rows = [r for r in rows if (cursor is None or (r["at"], r["booking_id"]) < cursor)
             and (floor is None or r["at"] >= floor)]

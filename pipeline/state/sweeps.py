@@ -106,7 +106,7 @@ class Sweeps(Reads):
         input_keys = [t.inputs, t.shard.inputs_used, *(t.input_jobs(d) for d in digests)] if digests else []
         reply = self.scripts(
             "replay", [j.record, t.ledger, t.dead, t.queued, t.outbox, j.events, t.counts, t.done, t.shard.wake,
-             *t.shard.globals, *input_keys],
+             *t.shard.globals, t.bookings, t.booking_log, *input_keys],
             [at(now_ms), *digests]
         )
         if Code(reply[0]) is Code.INSUFFICIENT_ALLOWANCE:

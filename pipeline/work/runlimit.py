@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Callable
 
 from pipeline.claims import Claim, Reconcile
-from pipeline.errors import UnknownOutcome
+from pipeline.errors import ProviderError, UnknownOutcome
 from pipeline.providers.base import OperationStatus, Provider
 from pipeline.work.leases import Held
 
@@ -45,10 +45,17 @@ def interrupt_overdue(provider: Provider, rec: Reconcile, job: dict[str, str] | 
     """Interrupt the prompt of ``rec`` that reconciliation finds still running (``job``: its record;
     None: not running) once its job's ``max_seconds`` have passed, on Redis's clock, since it was
     submitted (it started after): its deadline passed while it ran, so no worker's wait or watcher
-    bounds it any more. Asked again at each check until it ends; the next check books what ran."""
+    bounds it any more. Asked again at each check until it ends; the next check books what ran. An
+    interrupt the server refuses (429, 401, down) is asked again at the next check too: the prompt runs
+    on, so the attempt's outcome and its uncertain hold stay with reconciliation (ending the attempt
+    retried the job with the hold still uncertain, and the next attempt's charge released it)."""
     max_seconds = int((job or {}).get("max_seconds") or 0)
     if max_seconds and rec.submitted_ms and rec.claim.claimed_ms - rec.submitted_ms >= max_seconds * 1000:
-        provider.cancel(rec.claim.operation_id)
+        try:
+            provider.cancel(rec.claim.operation_id)
+        except ProviderError as exc:
+            log.warning("job %s: interrupt refused at %s (%s); asked again at the next check", rec.claim.job_id,
+                        rec.claim.server, exc.reason)
 
 
 def overran(status: OperationStatus, max_seconds: int, claimed_ms: int, submitted_ms: int) -> bool:

@@ -15,6 +15,8 @@
 - ``read_error`` (``path``, ``status``): a read (GET) whose path starts with ``path`` (``/history``,
   ``/queue``, ``/view``, ``/system_stats``) answers ``status`` (default 500; 0 closes the connection
   unanswered); nothing changes at the provider
+- ``control_error`` (``status``): ``POST /queue`` (a delete) and ``POST /interrupt`` answer ``status``
+  (default 500); nothing is deleted or interrupted
 - ``trickle`` (``path``, ``seconds``, ``close``): a read whose path starts with ``path`` sends its body
   one byte every ``seconds`` (default 2), each inside any read timeout; with ``close``, its answer
   says ``Connection: close``

@@ -189,6 +189,9 @@ class Handler(BaseHTTPRequestHandler):
         return self._send(status, answer)
 
     def _control(self, sim: SimComfy, path: str, payload: dict[str, Any]) -> None:
+        fault = sim.faults.take("control_error")
+        if fault:
+            return self._send(int(fault.get("status", 500)), {"error": "sim_control_error"})
         with sim.cond:
             if path == "/queue":
                 gone = set(payload.get("delete", []))
