@@ -176,11 +176,16 @@ class Unpark(Middleware):
     def after_process_message(self, broker: dramatiq.Broker, message: Any, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
         try:
-            current = self.executor()  # its fleet: the servers its claims take slots on
-            shard = keys.JobKeys(message.args[0]).shard  # the shard whose slot the message may have freed
-            wait_ms = current.settings.batch_max_wait_seconds * 1000
-            store = current.store  # the jobs called, from the shards waiting for the freed server in turn
-            for job_id in store.calls.after_free(shard, store.freed(), current.fleet.caps(), batch_wait_ms=wait_ms):
+            for job_id in called_after(self.executor(), message.args[0]):
                 self.publish(job_id, "unparked")
         except Exception:  # the sweeper unparks on its next pass
             log.warning("unpark after message %s failed", message.message_id, exc_info=True)
+
+
+def called_after(executor: Executor, job_id: str) -> list[str]:
+    """The parked jobs to call after this thread's step on ``job_id`` gave a dispatch slot back (none if it
+    gave none): its shard's, and with shards, first those of the shards waiting for the freed server."""
+    shard = keys.JobKeys(job_id).shard  # the shard whose slot the step may have freed
+    wait_ms = executor.settings.batch_max_wait_seconds * 1000
+    store = executor.store  # the jobs called, from the shards waiting for the freed server in turn
+    return store.calls.after_free(shard, store.freed(), executor.fleet.caps(), batch_wait_ms=wait_ms)

@@ -3,6 +3,8 @@
 After submission a worker hands its job over (``await``) and is free. One thread per
 server then:
 
+- gives the server's slot back the moment a prompt ends there (``prompt-ended``), and claims and sends the
+  jobs called to it from this process (pipeline/work/dispatch.py), not through the broker;
 - listens to the server's websocket (``/ws?clientId=``): ``progress`` becomes a progress
   event, at most one per job every ``progress_interval_seconds`` (``progress.Coalescer``: the
   newest point waits, and is dropped if the prompt ends first); the end of a prompt sends a
@@ -61,6 +63,8 @@ from pipeline.state.store import Store, open_store
 from pipeline.work.runlimit import RunLimit
 
 log = logging.getLogger(__name__)
+#: Threads that run the jobs called to slots this process freed (pipeline/work/dispatch.py), at most.
+DISPATCH_THREADS = 4
 
 
 class ServerWatch:
@@ -361,22 +365,25 @@ class Watcher:
 def main() -> None:
     from pipeline.logs import configure
     from pipeline.state.progress import record
-    from pipeline.work.actors import adapter
-    from pipeline.work.broker import Publisher, build_broker
+    from pipeline.work.actors import adapter, broker, executor, router
+    from pipeline.work.broker import Publisher
+    from pipeline.work.dispatch import LocalDispatch
 
     configure("watcher")
     name_connections("watcher")
     settings = Settings.from_env()
     store = open_store(settings)
     fleet = Fleet(settings.servers(), adapter)
-    watcher = Watcher(fleet, store, Publisher(build_broker(settings)), settings,
-                      lambda *point: record(store.scripts, *point))
-    open_pools(len(watcher.watches))  # a thread per server: their connections open now, not under load
+    threads = min(len(fleet.servers), DISPATCH_THREADS)
+    dispatch = LocalDispatch(executor, router, Publisher(broker), threads)
+    watcher = Watcher(fleet, store, dispatch, settings, lambda *point: record(store.scripts, *point))
+    open_pools(len(watcher.watches) + threads)  # a thread per server and per dispatch: opened now, not under load
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     log.info("watching %s (%s)", ", ".join(fleet.servers), socket.gethostname())
     watcher.run(stop)
+    dispatch.close()
 
 
 if __name__ == "__main__":

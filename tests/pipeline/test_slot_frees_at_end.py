@@ -22,9 +22,12 @@ from pipeline.state.progress import record
 from pipeline.state.store import Store
 from pipeline.state.submit import Admitter
 from pipeline.state.tenants import create_tenant
+from pipeline.work.dispatch import LocalDispatch
 from pipeline.work.executor import Executor
+from pipeline.work.routing import Router
 from pipeline.work.watcher import ServerWatch
 from tests.conftest import wait_until
+from tests.pipeline.test_failures import inject
 
 WORKFLOW = {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}
 
@@ -92,3 +95,51 @@ def test_the_slot_frees_when_the_prompt_ends_and_the_parked_job_is_called_at_onc
     assert (store.job(first)["state"], busy(store)) == ("completed", 1)
     assert executor.collect(second)  # its end not heard here: its collect's finish gives its slot back
     assert (store.job(second)["state"], busy(store)) == ("completed", 0)
+
+
+def test_a_job_called_to_the_freed_slot_is_sent_from_the_watchers_process_without_the_broker(
+        store: Store, settings, sim) -> None:
+    """The watcher's dispatch (pipeline/work/dispatch.py) claims and sends the called job itself: with no
+    worker at all, the second job reaches the server once the first one's end is heard; a collect still
+    goes to the broker; and a called job that fails is routed as a worker routes it."""
+    settings = dataclasses.replace(settings, watch=True, providers=f"sim={sim.url};cap=1;price=10")
+    fleet = Fleet(settings.servers(), lambda s: ComfyUI(HttpTransport(s.url, timeout=5), price_per_output=10))
+    executor = Executor(store, fleet, BlobStore(settings.blob_dir), settings)
+    create_tenant(store.redis, "acme", 10_000)
+    admit = Admitter(store, lambda job_id, priority: None, settings)
+    first, second = (admit.submit("acme", key, {"kind": "image", "workflow": WORKFLOW, "outputs": 1}).job_id
+                     for key in ("first", "second"))
+    brokered: list[tuple[str, str]] = []
+    dispatch = LocalDispatch(lambda: executor, lambda: Router(store, settings), lambda *m: brokered.append(m), 2)
+    watch = ServerWatch("sim", fleet, store, dispatch, settings, lambda *point: record(store.scripts, *point),
+                        lambda: 1000.0)
+    try:
+        assert executor.run(first) and not executor.run(second)
+        op = store.watch_entry(first)["op"]
+        wait_until(lambda: sim.sim.charges)
+        watch.on_message(orjson.dumps({"type": "executing", "data": {"node": None, "prompt_id": op}}).decode())
+        assert brokered == [(first, "collect")]  # only the collect crossed the broker
+        wait_until(lambda: store.watch_entry(second) is not None)  # claimed, sent and handed over here
+        wait_until(lambda: len(sim.sim.charges) == 2)
+        assert [c["prompt_id"] for c in sim.sim.charges] == [op, store.watch_entry(second)["op"]]
+        assert busy(store) == 1
+    finally:
+        dispatch.close()
+
+
+def test_a_called_job_that_fails_in_the_watchers_process_is_routed(store: Store, settings, sim) -> None:
+    """The called job's prompt goes out and the server's answer is lost: its outcome is unknown, and the
+    job goes to reconciliation, as a worker's failure is routed (never dropped, never sent again blindly)."""
+    settings = dataclasses.replace(settings, watch=True, providers=f"sim={sim.url};cap=1;price=10")
+    fleet = Fleet(settings.servers(), lambda s: ComfyUI(HttpTransport(s.url, timeout=5), price_per_output=10))
+    executor = Executor(store, fleet, BlobStore(settings.blob_dir), settings)
+    create_tenant(store.redis, "acme", 10_000)
+    job = Admitter(store, lambda job_id, priority: None, settings).submit(
+        "acme", "lost", {"kind": "image", "workflow": WORKFLOW, "outputs": 1}).job_id
+    inject(sim, {"kind": "error_after"})
+    dispatch = LocalDispatch(lambda: executor, lambda: Router(store, settings), lambda *m: None, 1)
+    try:
+        dispatch(job, "unparked")
+    finally:
+        dispatch.close()  # waits for the run
+    assert (store.job(job)["state"], store.job(job)["attempt_count"]) == ("reconciling", "1")
