@@ -365,19 +365,24 @@ class Watcher:
 def main() -> None:
     from pipeline.logs import configure
     from pipeline.state.progress import record
-    from pipeline.work.actors import adapter, broker, executor, router
-    from pipeline.work.broker import Publisher
+    from pipeline.work.actors import adapter, executor, router
+    from pipeline.work.broker import Publisher, build_broker
     from pipeline.work.dispatch import LocalDispatch
 
     configure("watcher")
-    name_connections("watcher")
+    name_connections("watcher")  # before any client is made: the broker's and the executor's are named too
     settings = Settings.from_env()
     store = open_store(settings)
     fleet = Fleet(settings.servers(), adapter)
     threads = min(len(fleet.servers), DISPATCH_THREADS)
-    dispatch = LocalDispatch(executor, router, Publisher(broker), threads)
+    dispatch = LocalDispatch(executor, router, Publisher(build_broker(settings)), threads)
     watcher = Watcher(fleet, store, dispatch, settings, lambda *point: record(store.scripts, *point))
-    open_pools(len(watcher.watches) + threads)  # a thread per server and per dispatch: opened now, not under load
+    try:
+        executor()  # the dispatch's: its store, and its lease keeper's 2 threads
+    except Exception as exc:  # Redis not answering: the first called job builds it
+        log.warning("executor not built at start", extra={"error": type(exc).__name__})
+    # a thread per server and per dispatch, and the keeper's: their connections open now, not under load
+    open_pools(len(watcher.watches) + threads + 2, len(watcher.watches) + threads)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

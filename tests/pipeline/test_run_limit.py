@@ -52,6 +52,18 @@ def new_watcher(store, settings, fleet, now: list[float]) -> ServerWatch:  # typ
                        lambda *point: record(store.scripts, *point), lambda: now[0])
 
 
+def collected_for_good(store, executor, router, server, job_id: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Once the server charged the interrupted prompt, its collect fails the job for good (never retried),
+    max_seconds_exceeded; the job's record."""
+    wait_until(lambda: server.sim.charges)
+    with pytest.raises(AttemptFailed) as failed:
+        executor.collect(job_id)
+    assert router.route(failed.value) == "dead_letter", failed.value
+    job = store.job(job_id)
+    assert (job["state"], job["error_reason"]) == ("failed", "max_seconds_exceeded"), job
+    return job
+
+
 def test_a_watcher_that_takes_over_counts_max_seconds_from_the_submission(store, settings, per_second) -> None:
     """The watcher that heard the prompt start is gone; its successor finds it running by /history 1.5 s
     after its submission (Redis's clock) and interrupts it 0.6 s later by its own clock: 2 s in all, where
@@ -65,15 +77,9 @@ def test_a_watcher_that_takes_over_counts_max_seconds_from_the_submission(store,
     now[0] += max(0.6, settings.watch_poll_seconds)
     successor.tick()
     assert provider.cancels == [entry["op"]]
-    wait_until(lambda: per_second.sim.charges)
-    with pytest.raises(AttemptFailed) as failed:
-        executor.collect(job_id)
-    assert router.route(failed.value) == "dead_letter"
+    job = collected_for_good(store, executor, router, per_second, job_id)
     [charge] = per_second.sim.charges
-    job = store.job(job_id)
-    assert (job["state"], job["error_reason"], job["settled"]) == ("failed", "max_seconds_exceeded",
-                                                                   str(charge["units"]))
-    assert 2_000 <= charge["ms"] < 6_000
+    assert job["settled"] == str(charge["units"]) and 2_000 <= charge["ms"] < 6_000
 
 
 def test_a_new_hand_over_of_the_same_prompt_keeps_its_count(store, settings, per_second) -> None:
@@ -89,11 +95,7 @@ def test_a_new_hand_over_of_the_same_prompt_keeps_its_count(store, settings, per
     now[0] += max(1.0, settings.watch_poll_seconds)
     watch.tick()
     assert provider.cancels == [entry["op"]]
-    wait_until(lambda: per_second.sim.charges)
-    with pytest.raises(AttemptFailed) as failed:
-        executor.collect(job_id)
-    assert router.route(failed.value) == "dead_letter", failed.value
-    assert store.job(job_id)["error_reason"] == "max_seconds_exceeded", store.job(job_id)
+    collected_for_good(store, executor, router, per_second, job_id)
 
 
 @pytest.mark.parametrize("watch", [False, True])

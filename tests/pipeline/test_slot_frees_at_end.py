@@ -17,6 +17,7 @@ from pipeline.providers import sim as simulated
 from pipeline.providers.comfyui import ComfyUI
 from pipeline.providers.fleet import Fleet
 from pipeline.providers.http import HttpTransport
+from pipeline.settings import Settings
 from pipeline.state import keys
 from pipeline.state.progress import record
 from pipeline.state.store import Store
@@ -49,6 +50,17 @@ def sharded(request, redis_client) -> Iterator[Store]:  # type: ignore[no-untype
         keys.use_shards(1)
 
 
+def stack(store: Store, settings: Settings, url: str, *keys_: str) -> tuple[Settings, Fleet, Executor, list[str]]:
+    """Watch-mode settings for one simulated server at cap 1, its fleet and executor, and a job of tenant
+    acme admitted for each idempotency key of ``keys_``."""
+    settings = dataclasses.replace(settings, watch=True, providers=f"sim={url};cap=1;price=10")
+    fleet = Fleet(settings.servers(), lambda s: ComfyUI(HttpTransport(s.url, timeout=5), price_per_output=10))
+    create_tenant(store.redis, "acme", 10_000)
+    admit = Admitter(store, lambda job_id, priority: None, settings)
+    jobs = [admit.submit("acme", key, {"kind": "image", "workflow": WORKFLOW, "outputs": 1}).job_id for key in keys_]
+    return settings, fleet, Executor(store, fleet, BlobStore(settings.blob_dir), settings), jobs
+
+
 def busy(store: Store) -> int:
     """The server's slots taken by attempts: every shard's count, and (with shards) its own slot key's
     (where an unpark's call reserves a slot too: ``<job id>/call``)."""
@@ -62,13 +74,7 @@ def busy(store: Store) -> int:
 def test_the_slot_frees_when_the_prompt_ends_and_the_parked_job_is_called_at_once(
         sharded: Store, settings, sim) -> None:
     store = sharded
-    settings = dataclasses.replace(settings, watch=True, providers=f"sim={sim.url};cap=1;price=10")
-    fleet = Fleet(settings.servers(), lambda s: ComfyUI(HttpTransport(s.url, timeout=5), price_per_output=10))
-    executor = Executor(store, fleet, BlobStore(settings.blob_dir), settings)
-    create_tenant(store.redis, "acme", 10_000)
-    admit = Admitter(store, lambda job_id, priority: None, settings)
-    first, second = (admit.submit("acme", key, {"kind": "image", "workflow": WORKFLOW, "outputs": 1}).job_id
-                     for key in ("first", "second"))
+    settings, fleet, executor, (first, second) = stack(store, settings, sim.url, "first", "second")
     published: list[tuple[str, str]] = []
     watch = ServerWatch("sim", fleet, store, lambda job, why: published.append((job, why)), settings,
                         lambda *point: record(store.scripts, *point), lambda: 1000.0)
@@ -102,13 +108,7 @@ def test_a_job_called_to_the_freed_slot_is_sent_from_the_watchers_process_withou
     """The watcher's dispatch (pipeline/work/dispatch.py) claims and sends the called job itself: with no
     worker at all, the second job reaches the server once the first one's end is heard; a collect still
     goes to the broker; and a called job that fails is routed as a worker routes it."""
-    settings = dataclasses.replace(settings, watch=True, providers=f"sim={sim.url};cap=1;price=10")
-    fleet = Fleet(settings.servers(), lambda s: ComfyUI(HttpTransport(s.url, timeout=5), price_per_output=10))
-    executor = Executor(store, fleet, BlobStore(settings.blob_dir), settings)
-    create_tenant(store.redis, "acme", 10_000)
-    admit = Admitter(store, lambda job_id, priority: None, settings)
-    first, second = (admit.submit("acme", key, {"kind": "image", "workflow": WORKFLOW, "outputs": 1}).job_id
-                     for key in ("first", "second"))
+    settings, fleet, executor, (first, second) = stack(store, settings, sim.url, "first", "second")
     brokered: list[tuple[str, str]] = []
     dispatch = LocalDispatch(lambda: executor, lambda: Router(store, settings), lambda *m: brokered.append(m), 2)
     watch = ServerWatch("sim", fleet, store, dispatch, settings, lambda *point: record(store.scripts, *point),
@@ -130,12 +130,7 @@ def test_a_job_called_to_the_freed_slot_is_sent_from_the_watchers_process_withou
 def test_a_called_job_that_fails_in_the_watchers_process_is_routed(store: Store, settings, sim) -> None:
     """The called job's prompt goes out and the server's answer is lost: its outcome is unknown, and the
     job goes to reconciliation, as a worker's failure is routed (never dropped, never sent again blindly)."""
-    settings = dataclasses.replace(settings, watch=True, providers=f"sim={sim.url};cap=1;price=10")
-    fleet = Fleet(settings.servers(), lambda s: ComfyUI(HttpTransport(s.url, timeout=5), price_per_output=10))
-    executor = Executor(store, fleet, BlobStore(settings.blob_dir), settings)
-    create_tenant(store.redis, "acme", 10_000)
-    job = Admitter(store, lambda job_id, priority: None, settings).submit(
-        "acme", "lost", {"kind": "image", "workflow": WORKFLOW, "outputs": 1}).job_id
+    settings, _, executor, (job,) = stack(store, settings, sim.url, "lost")
     inject(sim, {"kind": "error_after"})
     dispatch = LocalDispatch(lambda: executor, lambda: Router(store, settings), lambda *m: None, 1)
     try:
