@@ -145,7 +145,8 @@ def measured(stack: Deployed, mine: Callable[[str], bool], started: float, ended
         prompts += len(spans)
         total += sum(end - start for start, end in spans)
         last = max([last, *(end for _, end in spans)])
-    return Busy(len(stack.sim_ports), prompts, (ended if ended is not None else last / 1000) - started, total / 1000)
+    makespan = (ended if ended is not None else last / 1000) - started
+    return Busy(len(stack.sim_ports), prompts, makespan, total / 1000)
 
 
 def anchor(stack: Deployed, jobs: int, graph: dict[str, Any], outputs: int) -> Busy:
