@@ -154,10 +154,16 @@ def anchor(stack: Deployed, jobs: int, graph: dict[str, Any], outputs: int) -> B
     ids = [f"{ANCHOR}-{i}" for i in range(jobs)]
     servers = len(stack.sim_ports)
 
+    extra = {"reckon_outputs": list(range(outputs))}
+    errors: list[Exception] = []
+
     def share(index: int) -> None:
-        for prompt_id in ids[index::servers]:
-            call(stack.sim_ports[index], "POST", "/prompt", {"prompt": graph, "prompt_id": prompt_id, "client_id": ANCHOR,
-                                            "extra_data": {"reckon_outputs": list(range(outputs))}})
+        try:
+            for prompt_id in ids[index::servers]:
+                call(stack.sim_ports[index], "POST", "/prompt",
+                     {"prompt": graph, "prompt_id": prompt_id, "client_id": ANCHOR, "extra_data": extra})
+        except (OSError, RuntimeError) as exc:
+            errors.append(exc)
 
     threads = [threading.Thread(target=share, args=(i,)) for i in range(servers)]
     started = time.time()
@@ -165,6 +171,8 @@ def anchor(stack: Deployed, jobs: int, graph: dict[str, Any], outputs: int) -> B
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise RuntimeError(f"a server refused the anchor's prompts: {errors[0]}")
 
     def drained() -> bool:
         return all(not (q["queue_running"] or q["queue_pending"])
