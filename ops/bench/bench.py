@@ -15,6 +15,9 @@ each measuring the baseline then reckon:
 - http (ops/bench/bench_http.py): admission through gunicorn against a trivial authenticated endpoint on
   the same server, loaded by wrk (or Python client processes): requests/s, p50, p99;
 - pickup (ops/bench/bench_pickup.py): one job at a time on an idle stack, from admission to claim;
+- busy (ops/bench/busy.py): GPU busy time with cap 1 and a backlog over HTTP, against the same prompts
+  posted to the simulated servers' own queues, at 2 x 0.25 s (120 jobs) and 16 x 0.2 s (800 jobs), and
+  the idle overhead (``--busy-idle`` single jobs: completed - created - D); each its own stack;
 - memory: Redis bytes per finished job within retention, with a 10 KiB workflow (ops/bench/memory.py);
 - growth (opt-in, long; ops/bench/bench_growth.py): per-job costs at a 1,000- and a 100,000-job backlog
   with 10,000 tenants.
@@ -46,6 +49,13 @@ from ops.bench.benchlib import Bench, Stack, free_port, wait_for  # noqa: E402
 MEMORY_WORKFLOW_BYTES = 10 * 1024
 #: The issue's target for it: Redis bytes per finished job within retention.
 MEMORY_TARGET_BYTES = 1536
+
+
+#: The busy phase's runs (servers, seconds a prompt, jobs) and the issue's target for each ratio of
+#: reckon's busy time to the servers' own queues'; the idle overhead's target (p50, ms).
+BUSY_RUNS = ((2, 0.25, 120), (16, 0.2, 800))
+BUSY_TARGETS = (0.98, 0.97)
+BUSY_IDLE_TARGET_MS = 5
 
 
 def memory(bench: Bench) -> Section:
@@ -86,8 +96,33 @@ def deployed(bench: Bench) -> Section:
                   fig.bytes_per_job <= 1024)])
 
 
-PHASES = {"deployed": deployed, "drain": bench_drain.run, "http": bench_http.run, "pickup": bench_pickup.run, "memory": memory,
-          "growth": bench_growth.run}
+def busy(bench: Bench) -> Section:
+    """ops/bench/busy.py's figures at the issue's two configurations, with its targets."""
+    from ops.bench.busy import run
+
+    rows, notes = [], []
+    for (servers, delay, jobs), target in zip(BUSY_RUNS, BUSY_TARGETS):
+        idle = bench.args.busy_idle if (servers, delay, jobs) == BUSY_RUNS[0] else 0
+        result = run(bench.work / f"busy-{servers}", servers=servers, delay=delay, jobs=jobs, idle_jobs=idle)
+        anchor, reckon = result.anchor, result.reckon
+        assert anchor is not None and reckon is not None and result.ratio is not None
+        name = f"{servers} x {delay:g} s, {jobs} jobs"
+        limit = -(-jobs // servers) * delay
+        notes.append(f"{name}: ratio {result.ratio:.3f}; makespan {anchor.makespan:.2f} s (the servers' own"
+                     f" queues), {reckon.makespan:.2f} s (reckon), the physical limit {limit:.2f} s")
+        rows += [Row(f"{name}: GPU busy, %", anchor.busy * 100, reckon.busy * 100,
+                     f"ratio >= {target}", result.ratio >= target)]
+        if result.idle_ms:
+            p50, p90 = result.idle(50), result.idle(90)
+            rows += [Row(f"idle overhead p50, ms ({idle} jobs, {servers} x {delay:g} s)", None, p50 or 0,
+                         f"<= {BUSY_IDLE_TARGET_MS} ms", (p50 or 0) <= BUSY_IDLE_TARGET_MS),
+                     Row("idle overhead p90, ms", None, p90 or 0)]
+    return Section("busy: cap 1, a backlog over HTTP, simulated servers running one prompt at a time",
+                   notes=notes, columns=("own queues", "reckon"), rows=rows)
+
+
+PHASES = {"deployed": deployed, "busy": busy, "drain": bench_drain.run, "http": bench_http.run,
+          "pickup": bench_pickup.run, "memory": memory, "growth": bench_growth.run}
 
 
 def numbers(kind: type, count: int | None = None):
@@ -104,7 +139,7 @@ def numbers(kind: type, count: int | None = None):
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--phases", type=numbers(str), default=["deployed", "drain", "http", "pickup", "memory"],
+    add("--phases", type=numbers(str), default=["deployed", "busy", "drain", "http", "pickup", "memory"],
         help="comma-separated, of: " + ",".join(PHASES) + " (default all but growth)")
     add("--growth", action="store_true", help="add the growth phase (long)")
     add("--json", type=Path, help="also write every figure to this file as JSON")
@@ -124,6 +159,7 @@ def parse_args() -> argparse.Namespace:
     add("--pickup-jobs", type=int, default=200, help="pickup: jobs per side")
     add("--pickup-idle", type=float, default=5, help="pickup: seconds of quiet before the first job")
     add("--pickup-pause", type=numbers(float, 2), default=[0.05, 0.4], help="pickup: LOW,HIGH seconds between jobs")
+    add("--busy-idle", type=int, default=50, help="busy: single jobs on the idle stack (the 2 x 0.25 s one)")
     add("--memory-jobs", type=int, default=5000, help="memory: jobs")
     add("--growth-tenants", type=int, default=10_000, help="growth: tenants present")
     add("--growth-jobs", type=numbers(int, 2), default=[1000, 100_000], help="growth: SMALL,LARGE backlogs")

@@ -93,10 +93,10 @@ class Deployed:
     """A private redis-server and the stack on it, every process stopped by its PID on exit."""
 
     def __init__(self, work: Path, *, servers: int = 2, cap: int = 8, env: dict[str, str] | None = None,
-                 options: str = "") -> None:
+                 options: str = "", delay: float = 0.0) -> None:
         self.work, self.redis_port, self.web_port, self.streams_port = work, free_port(), free_port(), free_port()
         work.mkdir(parents=True, exist_ok=True)
-        self.sim_ports = [free_port() for _ in range(servers)]
+        self.sim_ports, self.delay = [free_port() for _ in range(servers)], delay  # each sim's prompt, s
         fleet = ",".join(f"sim{i}=http://127.0.0.1:{port};cap={cap}{options}" for i, port in enumerate(self.sim_ports))
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RECKON_")} | {
             "RECKON_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
@@ -122,7 +122,7 @@ class Deployed:
         wait_for(self.client.ping)
         for i, port in enumerate(self.sim_ports):
             self.start(f"sim{i}", str(BIN / "python"), "-m", "pipeline.providers.sim", "--port", str(port),
-                       "--delay", "0")
+                       "--delay", str(self.delay))
         for port in self.sim_ports:
             wait_for(lambda: _get(port, "/queue") == 200)
         self.start("web", str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "api.app:create_app()")
