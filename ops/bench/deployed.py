@@ -30,6 +30,7 @@ from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import orjson
 import redis
@@ -82,7 +83,10 @@ class Deployed:
     """A private redis-server and the stack on it, every process stopped by its PID on exit."""
 
     def __init__(self, work: Path, *, servers: int = 2, cap: int = 8, env: dict[str, str] | None = None,
-                 options: str = "") -> None:
+                 options: str = "", library: str = "") -> None:
+        #: A Functions library loaded before any process starts (ops/bench/luaprof.py: an instrumented
+        #: copy of reckon's under its name, which the processes then find loaded and call).
+        self.library = library
         self.work, self.redis_port, self.web_port, self.streams_port = work, free_port(), free_port(), free_port()
         work.mkdir(parents=True, exist_ok=True)
         self.sim_ports = [free_port() for _ in range(servers)]
@@ -109,6 +113,8 @@ class Deployed:
         self.start("redis", "redis-server", "ops/redis.conf", "--port", str(self.redis_port), "--dir", str(self.work),
                    "--appendonly", "no", "--save", "")
         wait_for(self.client.ping)
+        if self.library:
+            self.client.function_load(self.library)
         for i, port in enumerate(self.sim_ports):
             self.start(f"sim{i}", str(BIN / "python"), "-m", "pipeline.providers.sim", "--port", str(port),
                        "--delay", "0")
@@ -276,13 +282,15 @@ class Monitor:
 
 def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, workflow_bytes: int = 10_240,
         steps: bool = False, cap: int = 8, env: dict[str, str] | None = None, webhook: bool = False, warm: bool = True,
-        options: str = "", profile: bool = False) -> Figures:
+        options: str = "", profile: bool = False, library: str = "",
+        after: Callable[[redis.Redis], object] | None = None) -> Figures:
     """Post ``jobs`` jobs to a fresh deployed stack (each server at ``cap``) and measure them to their
     completion; with ``webhook``, the tenant has an endpoint for ``job.completed`` (a receiver in this
-    process, on loopback) and the run ends when every completion was delivered; ``warm``: one job first, uncounted."""
+    process, on loopback) and the run ends when every completion was delivered; ``warm``: one job first, uncounted;
+    ``library``: see ``Deployed``; ``after`` is called with this tool's client once the run is measured."""
     if webhook:
         env = {**(env or {}), "RECKON_WEBHOOK_ALLOW_PRIVATE": "1"}
-    stack = Deployed(work, cap=cap, env=env, options=options)
+    stack = Deployed(work, cap=cap, env=env, options=options, library=library)
     receiver = Receiver() if webhook else None
     try:
         stack.up()
@@ -314,6 +322,8 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
         calls = total_calls(client) - calls0 - polls - (slow.commands if slow else 0)  # the tool's own
         redis_s, cpu_s = redis_cpu(client) - redis0, stack.stack_cpu() - cpu0
         mem = snapshot(client) - mem0
+        if after is not None:
+            after(client)
         prof = slow.profile() if slow else None
         if monitor is None and slow is not None and prof is not None:  # the log counts commands as MONITOR does
             by_step, sizes = prof.scripts()

@@ -19,8 +19,10 @@ import redis
 
 from ops.bench import budget
 from ops.bench.deployed import Figures, run
+from ops.bench.luaprof import instrumented
 from ops.bench.slowlog import Profile, Slowlog
 from pipeline.state import keys
+from pipeline.state.scripts import Scripts
 
 JOBS = 100
 #: Each step of a job's own path: how many calls a job makes of it (the others: one).
@@ -157,3 +159,23 @@ def test_the_profile_times_each_script_on_its_own_and_counts_its_commands(redis_
     assert costs[("broker: worker", "dispatch.lua fetch reckon-collect")].inner_calls == Counter({"lpop": 1})
     calls, sizes = log.profile().scripts()  # what MONITOR would count, Dramatiq's calls aside
     assert (calls, sizes) == (Counter({"outputs": 3, "finish": 1}), {"outputs": Counter({3: 3}), "finish": Counter({2: 1})})
+
+
+def test_the_lua_profile_times_a_script_and_the_helpers_it_called(redis_client: redis.Redis) -> None:
+    """ops/bench/luaprof.py's instrumented library loads, answers as reckon's does, and times the script
+    and each helper it called (confirm-publish: the idempotency lookup)."""
+    scripts = Scripts(redis_client)
+    redis_client.function_load(instrumented(scripts), replace=True)
+    try:
+        keys = [f"reckon:{{t:a}}:k{i}" for i in range(7)]
+        assert scripts("confirm-publish", keys, ["a.0", "", "", "idem", "1", "86400"]) == [0, 0]
+        dumped = redis_client.fcall(f"{scripts.library}_prof_dump", 0)
+    finally:
+        redis_client.function_delete(scripts.library)  # the next test loads reckon's own
+    measured = {line.rsplit(" ", 2)[0]: int(line.rsplit(" ", 1)[1]) for line in map(_text, dumped)}
+    assert measured["confirm-publish (whole)"] == 1 and measured["confirm-publish (its body)"] == 1
+    assert measured["confirm-publish idem_find"] == 1 and "admit (whole)" not in measured
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
