@@ -86,3 +86,30 @@ WEBHOOK_STEPS = {"webhooks": 34, "finish": 20}
 #: a job over windows of 9.8 to 13.6 s with two CPU-bound loops and a second run beside it (2026-12-06,
 #: 4 runs), and 3,535 over 19.7 s in a full-suite run that failed at 5 a second; 2x what that run needed.
 WEBHOOK_WAITS_PER_SECOND = 50
+
+#: Redis's execution time of each script of a job's own path, µs a job, at most: the median call's time
+#: as Redis logs it (SLOWLOG at threshold 0, ops/bench/slowlog.py; the commands the script calls and
+#: their keyspace events included, reading the request and writing the reply not) times its calls a job.
+#: A median, not a mean: a call the kernel preempted on this shared machine is one of a hundred.
+#: Measured (2026-12-06, six runs of tests/faults/test_budget.py's first test, load average 2.7 to 2.9 on
+#: the 2 cores): 1,148 to 1,294 a job in all; admission 208 to 245, confirm-publish 37 to 53, claim 196 to
+#: 224, submit mark 72 to 87, hand-over 56 to 71, collect 77 to 106, outputs (two calls) 72 to 142, finish
+#: 368 to 425. Each figure here is about 1.5 times the most measured (2 for outputs, whose median call
+#: moved between 36 and 71 µs from run to run), so a machine slower for a while does not fail it.
+REDIS_US_STEPS = {
+    "admission": 360, "confirm-publish": 80, "claim": 340, "submit mark": 130, "hand-over": 110,
+    "collect": 160, "outputs": 220, "finish": 640, "slot release": 60,  # prompt-ended.lua: 4 commands, a ZCARD
+}
+#: All of them together, at most: 1.35 times the most measured (1,294), 1.5 times the median run (1,186).
+REDIS_US_PER_JOB = 1_750
+#: Each step's share of that sum, at most, less ``SHARE_MARGIN``: a ratio within one run, which a slower
+#: machine leaves as it is (the six runs above: finish 0.318 to 0.337, admission 0.169 to 0.207, claim
+#: 0.159 to 0.178, outputs 0.061 to 0.115, the others within 0.03; a seventh on a quieter machine, 1,066
+#: µs in all, finish 0.345: the smaller steps got faster, finish did not). This is what catches one script made
+#: heavier: finish with 300 cjson encodes more (about 190 µs a call) measured 572 of 1,266, a share of
+#: 0.45, within its figure above and the total.
+REDIS_US_SHARES = {
+    "admission": 0.21, "confirm-publish": 0.05, "claim": 0.18, "submit mark": 0.07, "hand-over": 0.06,
+    "collect": 0.09, "outputs": 0.12, "finish": 0.35, "slot release": 0.03,
+}
+SHARE_MARGIN = 0.05

@@ -9,6 +9,9 @@ databases, ``info`` itself left out), Redis CPU, the stack's CPU, and Redis byte
 also follows ``MONITOR`` and attributes every command to the step that sent it (``STEPS``): a
 script's own commands to the script, the others to the process that sent them (its connection's
 ``CLIENT SETNAME``). MONITOR slows Redis down, so CPU figures are taken from a run without it.
+With ``profile=True`` (``--profile``) it times every script and command by Redis's own SLOWLOG
+(ops/bench/slowlog.py: Redis CPU per step), which also counts each script call's commands: the
+figures of ``steps`` without MONITOR (``calls``, ``sizes``, ``window``; not ``steps`` or ``broker``).
 
 Used by the ``deployed`` phase of ops/bench/bench.py and by ``tests/faults/test_budget.py``.
 """
@@ -27,6 +30,7 @@ from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import orjson
 import redis
@@ -35,25 +39,9 @@ from ops.bench.bench_drain import Phase
 from ops.bench.memsplit import Snapshot, settled, snapshot
 from ops.bench.benchlib import BIN, ROOT, free_port, group_cpu, redis_cpu, wait_for
 from ops.bench.receiver import Receiver
+from ops.bench.slowlog import Profile, Slowlog, table
+from ops.bench.steps import CLIENT_STEPS, TOOL, broker_call, script_verb, step_of
 
-#: FCALL function (a script's verb) -> the step of a job's path it is.
-SCRIPT_STEPS = {
-    "admit": "admission", "claim": "claim", "mark-submit": "submit mark", "await": "hand-over",
-    "progress": "progress", "collect-claim": "collect", "store-output": "outputs", "charge": "charge",
-    "finish": "finish", "prompt-ended": "slot release", "heartbeat": "lease renewal", "slot-take": "server slot", "slot-keep": "server slot",
-    "webhook-fanout": "webhooks", "webhook-take": "webhooks", "webhook-done": "webhooks",
-}
-#: (script verb, the connection's name) -> the step, where the process that calls a script says which
-#: step it is: the worker's slot check before its send is a job's own, the sweeper's pass a renewal
-#: that comes with time (a share of every slot held, every ``KEEP_EVERY_MS``).
-SENDER_STEPS = {("slot-keep", "worker"): "server slot", ("slot-keep", "sweeper"): "slot renewal"}
-#: A connection's name (``CLIENT SETNAME``, pipeline/state/redisconn.py) -> the step its other commands count to.
-CLIENT_STEPS = {"web": "api", "worker": "worker", "sweeper": "sweeper share", "watcher": "watcher share",
-                "webhooks": "webhooks", "streams": "streams",
-                "broker-web": "broker: publish", "broker-worker": "broker: worker",
-                "broker-watcher": "broker: watcher", "broker-sweeper": "broker: sweeper"}
-#: The client name of this tool's own connections.
-TOOL = "deployed-measure"
 _MONITOR_RE = re.compile(r'^\d+\.\d+ \[(\d+) ([^\]]+)\] "([^"]+)"(?: "([^"]*)")?')
 _ARG_RE = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
@@ -76,6 +64,8 @@ class Figures(Phase):
     sizes: dict[str, Counter] = field(default_factory=dict)
     #: How long MONITOR followed the run (s): what the time-driven shares are bounded by.
     window: float = 0.0
+    #: With ``profile=True``: Redis's execution time per script and command (ops/bench/slowlog.py).
+    profile: Profile | None = None
     #: Redis's memory after the run less before it (ops/bench/memsplit.py): keys, clients, the rest.
     memory: Snapshot | None = None
 
@@ -93,7 +83,10 @@ class Deployed:
     """A private redis-server and the stack on it, every process stopped by its PID on exit."""
 
     def __init__(self, work: Path, *, servers: int = 2, cap: int = 8, env: dict[str, str] | None = None,
-                 options: str = "", delay: float = 0.0) -> None:
+                 options: str = "", delay: float = 0.0, library: str = "") -> None:
+        #: A Functions library loaded before any process starts (ops/bench/luaprof.py: an instrumented
+        #: copy of reckon's under its name, which the processes then find loaded and call).
+        self.library = library
         self.work, self.redis_port, self.web_port, self.streams_port = work, free_port(), free_port(), free_port()
         work.mkdir(parents=True, exist_ok=True)
         self.sim_ports, self.delay = [free_port() for _ in range(servers)], delay  # each sim's prompt, s
@@ -120,6 +113,8 @@ class Deployed:
         self.start("redis", "redis-server", "ops/redis.conf", "--port", str(self.redis_port), "--dir", str(self.work),
                    "--appendonly", "no", "--save", "")
         wait_for(self.client.ping)
+        if self.library:
+            self.client.function_load(self.library)
         for i, port in enumerate(self.sim_ports):
             self.start(f"sim{i}", str(BIN / "python"), "-m", "pipeline.providers.sim", "--port", str(port),
                        "--delay", str(self.delay))
@@ -267,8 +262,8 @@ class Monitor:
                 step = "other"  # this tool's own (a broker's ping or setname is the broker's)
                 continue
             if command in ("fcall", "fcall_ro"):
-                verb = _verb(first or "")
-                step = SENDER_STEPS.get((verb, names.get(addr, "")), SCRIPT_STEPS.get(verb, verb))
+                verb = script_verb(first or "")
+                step = step_of(verb, names.get(addr, ""))
                 self.calls[step] += 1
                 self.scripts[verb] += 1
                 size = 1
@@ -276,7 +271,7 @@ class Monitor:
                 name = names.get(addr, "")
                 step = CLIENT_STEPS.get(name, name or "other")
                 if step.startswith("broker"):
-                    detail = f"{step[8:]} {_broker_call(command, str(line))}"
+                    detail = f"{step[8:]} {broker_call(command, _ARG_RE.findall(str(line))[1:])}"
                     self.broker[detail] += 1
                     self.broker_calls[detail] += 1
             self.steps[step] += 1
@@ -285,31 +280,17 @@ class Monitor:
             self.sizes.setdefault(step, Counter())[size] += 1
 
 
-def _broker_call(command: str, line: str) -> str:
-    """What a broker command did: ``evalsha`` as Dramatiq's dispatch verb and queue (``fetch
-    reckon-collect``), a (un)subscription or ``llen`` with the queue it is about."""
-    args = _ARG_RE.findall(line)[1:]
-    if command == "evalsha" and len(args) > 5:
-        return f"{args[3]} {args[5]}"
-    queue = args[0].rsplit(":", 1)[-1] if args else ""
-    return f"{command} {queue}"
-
-
-def _verb(function: str) -> str:
-    """A library function's script verb: ``reckon_<hash>_mark_submit`` -> ``mark-submit``."""
-    parts = function.split("_", 2)
-    return parts[2].replace("_", "-") if len(parts) == 3 else function
-
-
 def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, workflow_bytes: int = 10_240,
         steps: bool = False, cap: int = 8, env: dict[str, str] | None = None, webhook: bool = False, warm: bool = True,
-        options: str = "") -> Figures:
+        options: str = "", profile: bool = False, library: str = "",
+        after: Callable[[redis.Redis], object] | None = None) -> Figures:
     """Post ``jobs`` jobs to a fresh deployed stack (each server at ``cap``) and measure them to their
     completion; with ``webhook``, the tenant has an endpoint for ``job.completed`` (a receiver in this
-    process, on loopback) and the run ends when every completion was delivered; ``warm``: one job first, uncounted."""
+    process, on loopback) and the run ends when every completion was delivered; ``warm``: one job first, uncounted;
+    ``library``: see ``Deployed``; ``after`` is called with this tool's client once the run is measured."""
     if webhook:
         env = {**(env or {}), "RECKON_WEBHOOK_ALLOW_PRIVATE": "1"}
-    stack = Deployed(work, cap=cap, env=env, options=options)
+    stack = Deployed(work, cap=cap, env=env, options=options, library=library)
     receiver = Receiver() if webhook else None
     try:
         stack.up()
@@ -325,7 +306,8 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
         mem0, calls0, redis0, cpu0 = settled(client), total_calls(client), redis_cpu(client), stack.stack_cpu()
         t0 = time.perf_counter()
         monitor = Monitor(stack.redis_port) if steps else None
-        with monitor or nullcontext():
+        slow = Slowlog(stack.redis_port) if profile else None
+        with monitor or nullcontext(), slow or nullcontext():
             post(stack.web_port, api_key, [f"job-{i}" for i in range(jobs)], concurrency, body)
             polls = 0
 
@@ -337,16 +319,23 @@ def run(work: Path, *, jobs: int = 200, outputs: int = 2, concurrency: int = 8, 
             wait_for(done, timeout=60 + jobs, what="the jobs did not complete")
             seconds = time.perf_counter() - t0
             time.sleep(2.5)  # the sweeper's and watcher's passes after the last completion
-        calls = total_calls(client) - calls0 - polls  # each poll: one HGET of this tool's
+        calls = total_calls(client) - calls0 - polls - (slow.commands if slow else 0)  # the tool's own
         redis_s, cpu_s = redis_cpu(client) - redis0, stack.stack_cpu() - cpu0
         mem = snapshot(client) - mem0
+        if after is not None:
+            after(client)
+        prof = slow.profile() if slow else None
+        if monitor is None and slow is not None and prof is not None:  # the log counts commands as MONITOR does
+            by_step, sizes = prof.scripts()
+            return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem.used / jobs, memory=mem,
+                           profile=prof, calls=by_step, sizes=sizes, window=slow.window)
         if monitor is None:
             return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem.used / jobs, memory=mem)
         return Figures(jobs, seconds, redis_s, cpu_s, commands=calls, bytes_per_job=mem.used / jobs, memory=mem,
                        steps=monitor.steps,
                        calls=monitor.calls, broker=monitor.broker, broker_calls=monitor.broker_calls,
                        trips=monitor.trips, scripts=monitor.scripts, sizes=monitor.sizes,
-                       window=monitor.window)
+                       window=monitor.window, profile=prof)
     finally:
         stack.down()
         if receiver is not None:
@@ -360,6 +349,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--steps", action="store_true", help="attribute commands to steps (MONITOR; slower)")
     parser.add_argument("--broker", action="store_true", help="with --steps: the broker's commands by call and queue")
+    parser.add_argument("--profile", action="store_true", help="Redis CPU per script and command (SLOWLOG at 0)")
+    parser.add_argument("--workflow-bytes", type=int, default=10_240, help="each job's workflow, about")
+    parser.add_argument("--top", type=int, default=10, help="with --profile: the scripts and commands shown")
     parser.add_argument("--shards", type=int, default=1, help="RECKON_SHARDS of the stack")
     parser.add_argument("--webhook", action="store_true", help="the tenant has an endpoint for job.completed")
     parser.add_argument("--cap", type=int, default=8, help="each server's cap (above --jobs: no job parks)")
@@ -372,8 +364,10 @@ def main() -> None:
     keys.use_shards(args.shards)  # this process reads the tenant's counts where the stack writes them
     with tempfile.TemporaryDirectory(prefix="reckon-deployed-") as tmp:
         per_second = {"RECKON_MAX_SECONDS_INTERACTIVE": "60"} if args.price_per_second else {}
+        queue_cap = {"RECKON_QUEUE_CAP_INTERACTIVE": str(args.jobs)} if args.jobs > 1000 else {}  # all queued at once
         fig = run(Path(tmp), jobs=args.jobs, steps=args.steps or args.broker, cap=args.cap, webhook=args.webhook,
-                  env={"RECKON_SHARDS": str(args.shards), **per_second}, warm=not args.no_warm_up,
+                  profile=args.profile, workflow_bytes=args.workflow_bytes,
+                  env={"RECKON_SHARDS": str(args.shards), **per_second, **queue_cap}, warm=not args.no_warm_up,
                   options=f";price_per_second={args.price_per_second}" if args.price_per_second else "")
     print(f"{fig.jobs} jobs in {fig.seconds:.2f} s = {fig.rate:.1f} jobs/s; {fig.commands_per_job:.1f} commands/job;"
           f" Redis {fig.redis_us:.0f} us/job; machine {fig.machine_us:.0f} us/job; {fig.bytes_per_job:.0f} B/job"
@@ -384,6 +378,8 @@ def main() -> None:
     for step, n in fig.steps.most_common():
         calls = f"{fig.calls[step] / fig.jobs:5.2f} calls" if fig.calls[step] else ""
         print(f"  {step:16s} {n / fig.jobs:7.1f} commands {fig.trips[step] / fig.jobs:6.2f} round trips  {calls}")
+    if fig.profile is not None:
+        print("\n".join(table(fig.profile, fig.jobs, fig.redis_s, top=args.top)))
     if args.broker:
         acked = sum(n for what, n in fig.broker_calls.items() if what.split()[1:2] == ["ack"]) / fig.jobs
         worker = fig.steps["broker: worker"] / fig.jobs
