@@ -5,7 +5,8 @@
 -- waits in `queued` (or `reconciling`) past its window without being claimed is
 -- published again; duplicates are harmless (a claim takes the job once). Each
 -- redelivery of the same wait doubles the window (up to 32x), so a long backlog
--- is not flooded with copies; a claim resets it. A queued job past its deadline
+-- is not flooded with copies; a claim resets it. A job parked for a slot is not sent again (it has no
+-- message to lose: a freed slot calls it); it is looked at again 32 windows later. A queued job past its deadline
 -- fails `deadline_exceeded` here instead, settled, never dispatched, and leaves the fleet's parked
 -- and called sets with its fields there (`p:` and `c:`: _slots.lua), as a claim would.
 --
@@ -29,6 +30,7 @@
 -- Returns {0 OK, sends so far, priority} (publish now) | {14 EXPIRED} | {11 NOT_DUE}
 --   | {7 NOT_FOUND} (index cleaned)
 
+local PARKED_WINDOWS = 32
 use_globals(10)
 local job, now, job_id, state = KEYS[1], clock(ARGV[1]), ARGV[2], ARGV[3]
 local f = hmget(job, 'state', 'deadline', 'priority')
@@ -45,6 +47,15 @@ if state == 'queued' and tonumber(f[2]) <= now then
   expire_queued(job, {ledger = KEYS[3], queued = KEYS[2], dead = KEYS[4], events = KEYS[5], counts = KEYS[6],
     done = KEYS[7], workflow = KEYS[8], wake = KEYS[9], retention = ARGV[5]}, now, 'deadline_passed_while_queued')
   return {14}
+end
+-- Parked for a slot, it has no message to lose: a freed slot's unpark (or the sweeper's pass) calls it,
+-- and a lost call lapses and is made again. Sending it again would only park it again (a claim, a
+-- broker message, a fetch: Redis CPU a backlog paid for each parked job, each window). Asked again
+-- once PARKED_WINDOWS windows passed.
+if state == 'queued' and redis.call('ZSCORE', KEYS[14], job_id) then
+  redis.call('ZADD', KEYS[2], now + (PARKED_WINDOWS - 1) * tonumber(ARGV[4]), job_id)
+  wake(KEYS[9], job, now + PARKED_WINDOWS * tonumber(ARGV[4]))
+  return {11}
 end
 local sends = hincrby(job, 'sends', 1)
 local window = tonumber(ARGV[4]) * 2 ^ math.min(sends - 1, 5)

@@ -18,6 +18,7 @@ from pipeline.state.keys import JobKeys
 from pipeline.state.store import CALL_MS
 from pipeline.work import actors
 from pipeline.work.executor import Executor
+from pipeline.work.sweeper import Sweeper
 from tests.conftest import wait_until
 from tests.pipeline.test_fleet import in_order
 
@@ -142,3 +143,35 @@ def test_a_prompt_billed_while_the_collect_claim_was_under_way_is_never_taken_fo
     assert failed.value.cause.error_class == "unknown_outcome"
     job = store.job(job_id)
     assert job["state"] == "running" and job["settled"] == "0"  # not ended "removed" with nothing paid
+
+
+def test_a_parked_job_is_not_sent_again_past_its_window_and_a_lost_one_still_is(
+        store, settings, admit, make_executor, sim) -> None:
+    """A job parked for a slot has no message to lose: the sweeper does not publish it again however long
+    it waits (each copy only parked it again: a claim, a broker message, a fetch), and it is looked at
+    again 32 windows later; a queued job whose message was lost (not parked) is sent again after one."""
+    executor = make_executor(sim)
+    full = [admit(f"busy-{i}") for i in range(2)]
+    parked, lost = admit("parked"), admit("lost")
+    store.redis.hset(keys.TenantKeys("acme").shard.fleet, "busy:sim", 1000)  # every slot taken
+    assert not executor.run(parked)
+    assert store.redis.zscore(keys.TenantKeys("acme").shard.parked, parked) is not None
+    window, before = settings.outbox_grace_seconds, time.time()
+    published = sweep_published(store, settings, ahead=window * 3)
+    assert parked not in published and lost in published and set(full) <= set(published)
+    queued = keys.TenantKeys("acme").queued
+    looked = store.redis.zscore(queued, parked)  # when it is looked at again: 32 windows on
+    assert looked >= (before + window * 3 + window * 31) * 1000 - 1  # the clock read in whole ms
+    assert parked not in sweep_published(store, settings, ahead=window * 20)
+    assert store.redis.zscore(queued, parked) == looked  # not yet due
+    assert parked not in sweep_published(store, settings, ahead=window * 70)  # due, looked at, still parked
+    assert store.redis.zscore(queued, parked) > looked
+    assert store.job(parked).get("sends", "0") == "0"  # never sent again
+
+
+def sweep_published(store, settings, *, ahead: float) -> list[str]:  # type: ignore[no-untyped-def]
+    """The job ids one sweeper pass publishes, ``ahead`` seconds from now."""
+    published: list[str] = []
+    Sweeper(store, lambda job_id, route: published.append(job_id), settings,
+            clock=lambda: time.time() + ahead).sweep_once()
+    return published
