@@ -1,0 +1,152 @@
+"""The slot life of issue 33 attacked with every Procfile process (docs/fleet.md "The slot is the GPU"):
+one simulated server at cap 1, watched at its own ``/queue`` and in Redis (``busy:<server>``) while the
+slot frees at each prompt's end. The server restarts after an end was heard and before its collect (no
+worker runs: the watcher has called and sent the next job itself); a parked job is cancelled; the
+server is paused while a prompt runs. The cap holds at the server and in Redis, busy never goes below
+the prompts at the server nor negative, every job ends, and every slot is given back."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+from urllib.request import urlopen
+
+import orjson
+import pytest
+
+from pipeline.state import keys
+from pipeline.state.store import Store
+from pipeline.state.tenants import create_key, create_tenant
+from tests.conftest import free_port, wait_until
+from tests.faults.conftest import Stack
+from tests.faults.test_crashes import BODY
+
+SERVER = "s1"
+FINAL = ("completed", "failed", "cancelled", "needs_review")
+
+
+class Watch:
+    """Polls the server's /queue and the shard's ``busy:<server>``: the most prompts it held at once,
+    and each reading where Redis counted fewer slots taken than prompts at the server, or a negative."""
+
+    def __init__(self, port: int, store: Store) -> None:
+        self.port, self.store = port, store
+        self.most, self.busiest = 0, 0
+        self.under: list[tuple[int, list[str]]] = []  # (busy, prompts at the server) each time busy < prompts
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def prompts(self) -> list[str]:
+        with urlopen(f"http://127.0.0.1:{self.port}/queue", timeout=5) as resp:
+            queue = orjson.loads(resp.read())
+        return [item[1] for item in queue["queue_running"] + queue["queue_pending"]]
+
+    def busy(self) -> int:
+        return int(self.store.redis.hget(keys.ShardKeys(0).fleet, f"busy:{SERVER}") or 0)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            before = self.busy()  # read around the queue: a slot taken is taken before its prompt is sent
+            prompts = self.prompts()
+            after = self.busy()
+            self.most, self.busiest = max(self.most, len(prompts)), max(self.busiest, before, after)
+            if min(before, after) < 0 or max(before, after) < len(prompts):
+                self.under.append((max(before, after), prompts))
+            time.sleep(0.003)
+
+
+@pytest.fixture
+def slot_stack(redis_client, store: Store, tmp_path: Path) -> Iterator[tuple[Stack, Watch, dict[str, str]]]:
+    port = free_port()
+    stack = Stack(tmp_path, RECKON_PROVIDERS=f"{SERVER}=http://127.0.0.1:{port};cap=1")
+    stack.sim_port = port  # sim_post / charges talk to it
+    watch = Watch(port, store)
+    create_tenant(redis_client, "acme", 10**6)
+    auth = {"Authorization": f"Bearer {create_key(redis_client, 'acme')}"}
+    try:
+        stack.start_provider(delay=1.5)
+        watch.thread.start()
+        yield stack, watch, auth
+    finally:
+        watch.stop.set()
+        if watch.thread.is_alive():
+            watch.thread.join()
+        stack.stop()
+
+
+def post(stack: Stack, auth: dict[str, str], key: str) -> str:
+    status, headers, _ = stack.api("POST", "/v1/jobs", BODY, **auth, **{"Idempotency-Key": key})
+    assert status == 202
+    return headers["location"].rsplit("/", 1)[1]
+
+
+def state(store: Store, job_id: str) -> str:
+    return (store.job(job_id) or {}).get("state", "")
+
+
+def parked(store: Store, job_id: str) -> bool:
+    return store.redis.zscore(keys.ShardKeys(0).parked, job_id) is not None
+
+
+def at_server(watch: Watch, store: Store, job_id: str) -> bool:
+    op = (store.job(job_id) or {}).get("operation_id")
+    return bool(op) and op in watch.prompts()
+
+
+def test_a_restart_after_the_end_was_heard_and_before_the_collect_keeps_the_cap_and_ends_every_job(
+        slot_stack, store: Store) -> None:
+    stack, watch, auth = slot_stack
+    stack.start_web()
+    stack.start_sweeper()
+    stack.start_worker()  # and the watcher
+    first = post(stack, auth, "a")
+    wait_until(lambda: at_server(watch, store, first), timeout=20)
+    second, third = post(stack, auth, "b"), post(stack, auth, "c")
+    wait_until(lambda: parked(store, second) and parked(store, third), timeout=10)
+    stack.kill("worker")  # idle: nothing collects now; the watcher alone frees and sends
+    assert state(store, first) == "running" and at_server(watch, store, first)  # not ended yet (1.5 s)
+    # the first ends: its slot frees at once and the watcher sends the next parked job itself
+    wait_until(lambda: at_server(watch, store, second), timeout=20)
+    assert state(store, first) == "running"  # ended at the server, not collected (no worker)
+    assert watch.busy() == 1
+    stack.sim_post("/sim/restart", {})  # the first's history and the second's prompt are lost
+    stack.start_worker(watcher=False)
+    wait_until(lambda: all(state(store, j) in FINAL for j in (first, second, third)), timeout=90, interval=0.1)
+    wait_until(lambda: watch.busy() == 0 and not watch.prompts(), timeout=20)
+    watch.stop.set()
+    watch.thread.join()
+    assert watch.most == 1 and watch.busiest == 1, (watch.most, watch.busiest)
+    assert watch.under == [], watch.under[:3]
+    # what the restart lost goes to review, its cost held (docs/fleet.md: no epoch to compare); the third ran
+    assert [state(store, j) for j in (first, second, third)] == ["needs_review", "needs_review", "completed"]
+    ledger = store.ledger("acme")
+    assert ledger["allowance"] == ledger["available"] + ledger["reserved"] + ledger["uncertain"] + ledger["settled"]
+    assert (ledger["uncertain"], ledger["settled"]) == (40, 20), ledger
+
+
+def test_a_cancelled_parked_job_and_a_paused_server_get_nothing_from_a_freed_slot(slot_stack, store: Store) -> None:
+    stack, watch, auth = slot_stack
+    stack.start_web()
+    stack.start_sweeper()
+    stack.start_worker()
+    first = post(stack, auth, "a")
+    wait_until(lambda: at_server(watch, store, first), timeout=20)
+    second, third = post(stack, auth, "b"), post(stack, auth, "c")
+    wait_until(lambda: parked(store, second) and parked(store, third), timeout=10)
+    assert stack.api("POST", f"/v1/jobs/{second}/cancel", **auth)[0] in (200, 202)
+    assert store.block_provider(SERVER, "dispatch_paused")
+    wait_until(lambda: state(store, first) == "completed", timeout=20)
+    time.sleep(1.0)  # the freed slot's call, and the sweeper's passes (every 0.2 s), had their turn
+    assert state(store, second) == "cancelled"
+    assert state(store, third) == "queued"  # paused: nothing sent
+    assert watch.prompts() == [] and watch.busy() == 0
+    assert not (store.job(second) or {}).get("operation_id")  # the cancelled one never left reckon
+    assert store.clear_provider(SERVER, ["dispatch_paused"])
+    wait_until(lambda: state(store, third) == "completed", timeout=20)
+    assert state(store, second) == "cancelled" and not (store.job(second) or {}).get("operation_id")
+    watch.stop.set()
+    watch.thread.join()
+    assert watch.most == 1 and watch.under == [], (watch.most, watch.under[:3])
+    assert len(stack.charges()["charges"]) == 2  # the first and the third ran, the cancelled one never
