@@ -16,11 +16,12 @@ from urllib.request import urlopen
 import orjson
 import pytest
 
+from ops.soak import soak_check
 from pipeline.state import keys
 from pipeline.state.store import Store
 from pipeline.state.tenants import create_key, create_tenant
 from tests.conftest import free_port, wait_until
-from tests.faults.conftest import Stack
+from tests.faults.conftest import BIN, Stack
 from tests.faults.test_crashes import BODY
 
 SERVER = "s1"
@@ -124,6 +125,7 @@ def test_a_restart_after_the_end_was_heard_and_before_the_collect_keeps_the_cap_
     ledger = store.ledger("acme")
     assert ledger["allowance"] == ledger["available"] + ledger["reserved"] + ledger["uncertain"] + ledger["settled"]
     assert (ledger["uncertain"], ledger["settled"]) == (40, 20), ledger
+    assert soak_check.slots_left(store.redis) == []  # the reviews kept no slot: the prompts were gone
 
 
 def test_a_cancelled_parked_job_and_a_paused_server_get_nothing_from_a_freed_slot(slot_stack, store: Store) -> None:
@@ -150,3 +152,43 @@ def test_a_cancelled_parked_job_and_a_paused_server_get_nothing_from_a_freed_slo
     watch.thread.join()
     assert watch.most == 1 and watch.under == [], (watch.most, watch.under[:3])
     assert len(stack.charges()["charges"]) == 2  # the first and the third ran, the cancelled one never
+
+
+@pytest.mark.parametrize("point", ["before_claim", "after_submit"])
+def test_a_watcher_killed_while_it_sends_a_called_job_loses_nothing(slot_stack, store: Store, point: str) -> None:
+    """The watcher runs the job called to the slot it freed (pipeline/work/dispatch.py LocalDispatch); killed
+    there, before the claim (the call lapses and the sweeper's pass calls the job again, to a worker) or
+    after the prompt was sent (its lease lapses and it is reconciled), the job still runs once."""
+    stack, watch, auth = slot_stack
+    stack.start_web()
+    stack.start_sweeper()
+    stack.start_worker(watcher=False)
+    stack.start("watcher", str(BIN / "python"), "-m", "pipeline.work.watcher", pause_at=point)
+    first = post(stack, auth, "a")
+    wait_until(lambda: at_server(watch, store, first), timeout=20)
+    second = post(stack, auth, "b")
+    wait_until(lambda: parked(store, second), timeout=10)
+    stack.kill_when_paused("watcher", timeout=30)  # the first ended; the watcher was sending the second
+    stack.pause_file("watcher").unlink()
+    stack.start_watcher()
+    wait_until(lambda: state(store, first) in FINAL and state(store, second) in FINAL, timeout=60, interval=0.1)
+    wait_until(lambda: watch.busy() == 0 and not watch.prompts(), timeout=20)
+    watch.stop.set()
+    watch.thread.join()
+    assert [state(store, j) for j in (first, second)] == ["completed", "completed"]
+    assert watch.most == 1 and watch.under == [], (watch.most, watch.under[:3])
+    assert len(stack.charges()["charges"]) == 2  # each ran once
+    ledger = store.ledger("acme")
+    assert ledger["allowance"] == ledger["available"] + ledger["reserved"] + ledger["uncertain"] + ledger["settled"]
+    assert (ledger["reserved"], ledger["uncertain"], ledger["settled"]) == (0, 0, 40), ledger
+
+
+def test_the_soak_finds_a_slot_left_taken_at_rest(store: Store) -> None:
+    """ops/soak/soak_check.py ``slots_left``: at rest a server's count equals the slots reviews keep there."""
+    fleet = keys.ShardKeys(0).fleet
+    store.redis.hset(fleet, mapping={"busy:s1": 1, "busy:s2": 0})
+    assert soak_check.slots_left(store.redis) == [{"shard": 0, "server": "s1", "busy": 1, "kept": 0}]
+    store.redis.hset(fleet, "k:j1/op1", orjson.dumps({"server": "s1", "since": 0}))
+    assert soak_check.slots_left(store.redis) == []
+    store.redis.hset(fleet, "busy:s2", -1)  # given back twice
+    assert soak_check.slots_left(store.redis) == [{"shard": 0, "server": "s2", "busy": -1, "kept": 0}]
