@@ -192,3 +192,26 @@ def test_the_soak_finds_a_slot_left_taken_at_rest(store: Store) -> None:
     assert soak_check.slots_left(store.redis) == []
     store.redis.hset(fleet, "busy:s2", -1)  # given back twice
     assert soak_check.slots_left(store.redis) == [{"shard": 0, "server": "s2", "busy": -1, "kept": 0}]
+
+
+def test_an_interrupt_at_max_seconds_and_a_cancel_of_the_running_prompt_give_the_slot_back_once(
+        slot_stack, store: Store) -> None:
+    """Both prompts end interrupted at the server: the end gives the slot back, the collect's finish nothing."""
+    stack, watch, auth = slot_stack
+    stack.start_web()
+    stack.start_sweeper()
+    stack.start_worker()
+    status, headers, _ = stack.api("POST", "/v1/jobs", {**BODY, "max_seconds": 1}, **auth, **{"Idempotency-Key": "a"})
+    assert status == 202
+    limited = headers["location"].rsplit("/", 1)[1]
+    cancelled, last = post(stack, auth, "b"), post(stack, auth, "c")
+    wait_until(lambda: at_server(watch, store, cancelled), timeout=30)  # the first was interrupted at 1 s
+    assert stack.api("POST", f"/v1/jobs/{cancelled}/cancel", **auth)[0] in (200, 202)
+    wait_until(lambda: all(state(store, j) in FINAL for j in (limited, cancelled, last)), timeout=60, interval=0.1)
+    wait_until(lambda: watch.busy() == 0 and not watch.prompts(), timeout=20)
+    watch.stop.set()
+    watch.thread.join()
+    assert [state(store, j) for j in (limited, cancelled, last)] == ["failed", "cancelled", "completed"]
+    assert store.job(limited)["error_reason"] == "max_seconds_exceeded"
+    assert watch.most == 1 and watch.busiest == 1 and watch.under == [], (watch.most, watch.busiest, watch.under[:3])
+    assert soak_check.slots_left(store.redis) == []
