@@ -225,6 +225,21 @@ def job_checks(jobs: dict[str, dict[str, Any]], accepted: dict[str, str], cancel
             "stalled": stalled(jobs, margin_s, {"running": 3 * margin_s, "reconciling": 3 * margin_s})}
 
 
+def slots_left(client: Client) -> list[dict[str, Any]]:
+    """Dispatch slots still taken once every job is at rest: each shard's ``busy:<server>`` must equal the
+    slots its reviews keep there (``k:`` fields, for a prompt that may still occupy the server), never
+    less, never more (a slot given back twice, or never)."""
+    left = []
+    for shard in shards():
+        fleet = client.hgetall(shard.fleet)
+        kept = Counter(orjson.loads(raw)["server"] for field, raw in fleet.items() if field.startswith("k:"))
+        for field, busy in fleet.items():
+            server = field.removeprefix("busy:")
+            if field.startswith("busy:") and int(busy) != kept[server]:
+                left.append({"shard": shard.n, "server": server, "busy": int(busy), "kept": kept[server]})
+    return left
+
+
 def stalled(jobs: dict[str, dict[str, Any]], margin_s: float, limits: dict[str, float]) -> list[dict[str, Any]]:
     """Jobs that sat in a state without cause: ``queued`` while a job of the same priority admitted more
     than ``margin_s`` later was claimed (not cancelled) during that wait, more than ``margin_s`` before it
@@ -315,7 +330,7 @@ def report(client: Client, broker: Client, tenants: list[str], charges: list[dic
         "replay_mismatch": load.mismatched, "charge_mismatch": paid["mismatched"],
         "duplicated_execution": paid["duplicated"], "orphan_charges": paid["orphan_charges"],
         "ledger_final": ledger_broken, "ledger_samples": sampler.violations,
-        "global_figures": audit(client, tenants)}
+        "global_figures": audit(client, tenants), "slots_left": slots_left(client)}
     where = whereabouts(broker, {item["job_id"] for item in found["stuck"] + found["stalled"]})
     for item in found["stuck"] + found["stalled"]:
         item["broker"] = where.get(item["job_id"], [])
