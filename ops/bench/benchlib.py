@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 import redis
@@ -206,3 +206,12 @@ class Bench:
         self.stack.start(name, str(BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", app, env={"PORT": str(port)})
         wait_for(lambda: http_ok(port, "/healthz"))
         return port
+
+
+def in_threads(work: Callable[[Any], None], shares: list[Any]) -> None:
+    """``work(share)`` for each share at once, a thread each; back once every one has returned."""
+    threads = [threading.Thread(target=work, args=(share,)) for share in shares]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import http.client
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,7 +35,7 @@ from typing import Any, Callable
 
 import orjson
 
-from ops.bench.benchlib import percentile, wait_for
+from ops.bench.benchlib import in_threads, percentile, wait_for
 from ops.bench.deployed import Deployed, completed, post, workflow
 
 #: Each job's workflow size (bytes of JSON) and outputs; the anchor's prompts carry the same graph.
@@ -165,12 +164,8 @@ def anchor(stack: Deployed, jobs: int, graph: dict[str, Any], outputs: int) -> B
         except (OSError, RuntimeError) as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=share, args=(i,)) for i in range(servers)]
     started = time.time()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(share, list(range(servers)))
     if errors:
         raise RuntimeError(f"a server refused the anchor's prompts: {errors[0]}")
 

@@ -37,7 +37,7 @@ import redis
 
 from ops.bench.bench_drain import Phase
 from ops.bench.memsplit import Snapshot, settled, snapshot
-from ops.bench.benchlib import BIN, ROOT, free_port, group_cpu, redis_cpu, wait_for
+from ops.bench.benchlib import BIN, ROOT, free_port, group_cpu, in_threads, redis_cpu, wait_for
 from ops.bench.receiver import Receiver
 from ops.bench.slowlog import Profile, Slowlog, table
 from ops.bench.steps import CLIENT_STEPS, TOOL, broker_call, script_verb, step_of
@@ -182,11 +182,7 @@ def post(port: int, api_key: str, keys: list[str], concurrency: int, body: bytes
                 errors.append(f"{resp.status}")
         conn.close()
 
-    threads = [threading.Thread(target=share, args=(keys[i::concurrency],)) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(share, [keys[i::concurrency] for i in range(concurrency)])
     if errors:
         raise RuntimeError(f"admission refused {len(errors)} jobs: {sorted(set(errors))}")
 
