@@ -17,7 +17,7 @@
 --
 -- KEYS[9] global stats (hash), KEYS[10] queue (zset), KEYS[11] due (zset):
 --   see use_globals in _lib.lua
--- KEYS[12] fleet's parked jobs (zset): the caller publishes them if this freed their slot
+-- KEYS[12] fleet's parked jobs (zset): the caller publishes them if this freed their slot (0 if it freed none)
 --
 -- ARGV[1] lease generation held by the caller
 -- ARGV[2] now (ms; '' = Redis's clock)
@@ -25,17 +25,18 @@
 -- ARGV[4] reason
 -- ARGV[5] 1: the prompt may still occupy its server, keep its slot | '' or 0: give it back
 --
--- Returns {0 OK, jobs parked in the shard} | {9 STALE_LEASE}
+-- Returns {0 OK, jobs parked in the shard (0 when it gave no slot back)} | {9 STALE_LEASE}
 
 use_globals(9)
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local now = clock(ARGV[2])
 local job_id = hget(KEYS[1], 'id')
-if ARGV[5] == '1' then keep_slot(KEYS[1], KEYS[8], now) else free_slot(KEYS[1], KEYS[8]) end
+local freed = false  -- a kept slot, or one given back when its prompt ended, frees nothing here
+if ARGV[5] == '1' then keep_slot(KEYS[1], KEYS[8], now) else freed = free_slot(KEYS[1], KEYS[8]) end
 release(KEYS[1], KEYS[2], job_id)
 hset(KEYS[1], 'error_class', 'needs_review', 'error_reason', ARGV[4])
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), job_id)
 wake(KEYS[7], KEYS[1], now + tonumber(ARGV[3]))
 move(KEYS[1], KEYS[6], KEYS[5], now, 'reconciling', 'needs_review', ARGV[4])
-return {0, redis.call('ZCARD', KEYS[12])}
+return {0, freed and redis.call('ZCARD', KEYS[12]) or 0}
