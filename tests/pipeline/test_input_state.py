@@ -16,6 +16,7 @@ from pipeline.inputs import name_for
 from pipeline.state import keys
 from pipeline.state.inputs import RECHECK_MS, Input, InputStore
 from pipeline.state.keys import TenantKeys
+from pipeline.state.offers import Routes
 from pipeline.state.scripts import Code
 from pipeline.state.submit import Admitter
 from pipeline.work import actors
@@ -45,6 +46,8 @@ def inputs(store) -> InputStore:
 def submit(store, settings, broker, tenant):
     tenant()
     admitter = Admitter(store, Publisher(broker), settings)
+    # offers read once: a re-read every 5 s (5 GETs) would land in a count on a slow machine
+    admitter.routes = Routes(store.redis, [server.name for server in settings.servers()], ttl=float("inf"))
     return lambda key, *names: admitter.submit("acme", key, {"kind": "image", "workflow": workflow(*names),
                                                              "outputs": 1}).job_id
 
