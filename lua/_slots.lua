@@ -62,6 +62,23 @@ local function promised(called, parked, now)
   return live
 end
 
+-- How many of the `calls` (as `promised` read them) hold a slot of `servers` ({name, cap} pairs): those
+-- promised one of them (`c:<job id>` in the fleet hash), or no server. A call promised another server
+-- holds none of these: an unpark of one server's slot (the watcher's, when a prompt ended there) is
+-- not held back by a call to another server whose job has not claimed yet.
+local function calls_held(fleet, servers, calls)
+  if #calls == 0 then return 0 end
+  local fields, here, held = {}, {}, 0
+  for i, id in ipairs(calls) do fields[i] = 'c:' .. id end
+  preload(fleet, fields)
+  for _, server in ipairs(servers) do here[server[1]] = true end
+  for _, id in ipairs(calls) do
+    local to = hget(fleet, 'c:' .. id)
+    if not to or here[to] then held = held + 1 end
+  end
+  return held
+end
+
 -- Takes a dispatch slot on a usable server of `servers` ({name, cap} pairs) with a slot free:
 -- one that last took a job of checkpoint `ckpt` (the job's `ckpt`, a digest of its first
 -- checkpoint; `ckpt:<server>` in the fleet hash) if any, so its GPU need not load another model;

@@ -4,7 +4,9 @@
 -- Guarantees: a called job is promised a slot until it claims (or `call` ms pass: its
 -- message was lost), so unparks that run before it arrives call nobody else for the
 -- same slot: no job is published without a slot for it, and a full fleet is not
--- polled. A called job stays in the parked set, in its place, until it claims: if its
+-- polled. Only the calls promised a slot of ARGV's servers hold one of them (`calls_held`): an
+-- unpark of one server's slot is not held back by a call to another server not yet claimed.
+-- A called job stays in the parked set, in its place, until it claims: if its
 -- call lapses, a later unpark calls it again first.
 --
 -- No starvation: while a batch job queued longer than the bound (ARGV[3]) waits parked and a usable
@@ -63,7 +65,7 @@ if not batch_paused then  -- a job moved or sent back keeps its score in its ind
   reindex_parked(KEYS[1], indexes, age_batch(KEYS[1], servers, KEYS[2], KEYS[4], now, tonumber(ARGV[3])))
 end
 local calls = promised(KEYS[3], KEYS[2], now)
-local open = free_slots(KEYS[1], servers) - #calls
+local open = free_slots(KEYS[1], servers) - calls_held(KEYS[1], servers, calls)
 local reply = {0, parked}
 if open <= 0 or (interactive_paused and batch_paused) then return reply end
 -- The parked jobs in dispatch order from `offset` on (`count` of them), less those of a paused class.
