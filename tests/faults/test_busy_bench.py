@@ -43,3 +43,19 @@ def test_a_tiny_run_measures_both_sides_and_the_idle_overhead(tmp_path: Path) ->
     assert result.ratio == reckon.busy / anchor.busy
     # an idle job's completion comes after its DELAY of execution, and the two were measured
     assert len(result.idle_ms) == 2 and all(ms > 0 for ms in result.idle_ms)
+
+
+def test_each_gap_is_cut_at_the_traced_points_and_a_gap_sent_otherwise_counts_apart(tmp_path: Path) -> None:
+    from ops.bench.gaps import gaps, read_trace
+
+    trace = tmp_path / "trace.log"
+    trace.write_text("\n".join([
+        "1001 heard p1 9 w", "1001.5 released p1 9 w", "1002 thread acme.b 9 d", "1003 claimed acme.b p2 9 d",
+        "1003.5 staged p2 9 d", "1004 post p2 9 d", "1004.5 posted p2 9 d",
+        "2001 heard p2 9 w", "2001.5 released p2 9 w",  # p3 was claimed by a worker, its thread untraced
+        "2900 claimed acme.c p3 8 t", "2901 staged p3 8 t", "2902 post p3 8 t"]))
+    whole, parts = gaps({"p1": (0, 1000), "p2": (1005, 2000), "p3": (2903, 3000)}, read_trace(trace))
+    assert whole == [5, 903]
+    assert {name: values for name, values in parts.items()} == {
+        "heard": [1], "released": [0.5], "thread": [0.5], "claimed": [1], "staged": [0.5], "post": [0.5],
+        "start": [1], "other": [903]}
