@@ -3,8 +3,9 @@ an unpark for a freed slot reads the promise of each called job and the placemen
 as far as the matching goes (lua/_slots.lua `match_calls`), not the whole head of the parked set read
 for it (an HMGET of 2 fields a job: about 60 µs of a 270 µs unpark at a 2,000-job backlog); an output's
 record reads the 2 fields of the job record its fence needs (lua/store-output.lua), not the whole record
-(HGETALL of about 35 fields into a Lua table: 7 µs against 1). Real admission, claim, finish, unpark and
-store-output scripts on a real redis-server, whose SLOWLOG at threshold 0 logs each command a script
+(HGETALL of about 35 fields into a Lua table: 7 µs against 1), and the lease renewal, the submit mark and
+the hand-over read theirs in one HMGET. Real admission, claim, finish, unpark, store-output, heartbeat,
+mark-submit and await scripts on a real redis-server, whose SLOWLOG at threshold 0 logs each command a script
 calls, with its arguments (docs/performance.md "Redis CPU per step")."""
 
 from __future__ import annotations
@@ -67,3 +68,21 @@ def test_an_output_record_reads_the_fence_of_the_job_record_only(store, admit) -
     with pytest.raises(StaleLease):
         store.store_output(claim, 1, output)
     assert sorted(store.redis.hkeys(record)) == ["state", "z"]
+
+
+def test_the_steps_between_claim_and_collect_read_the_job_record_in_one_hmget(store, admit) -> None:
+    """The lease renewal, the submit mark and the hand-over to the watcher read the fields they use, each in
+    one HMGET (the fields their fence, their step, `renew` and `wake` read), never the whole record, and
+    never a field more in a second read."""
+    claim = store.claim(admit("k0"), worker="w", lease_ms=60_000, operation_id="op0", servers=CAPS)
+    record = JobKeys(claim.job_id).record
+
+    def record_reads(run: Callable[[], Any]) -> list[str]:
+        commands, _ = logged(store.redis, run)
+        return [words[0] for words in commands if len(words) > 1 and words[1] == record]
+
+    assert record_reads(lambda: store.heartbeat(claim, lease_ms=60_000)) == ["HMGET", "HSET"]
+    assert record_reads(lambda: store.mark_submit(claim, epoch="e1", lease_ms=60_000)) == ["HMGET", "HSET"]
+    assert record_reads(lambda: store.await_provider(claim, lease_ms=60_000)) == ["HMGET", "HSET"]
+    job = store.redis.hgetall(record)
+    assert (job["submitted"], job["submit_epoch"], job["lease_owner"]) == ("1", "e1", "watcher")
