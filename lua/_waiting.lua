@@ -116,9 +116,17 @@ local function parked_ahead(fleet, parked, indexes, mine, calls, rank)
 end
 
 -- The parked jobs of `best` and `more` ({id, score, ...} each), once each, in rank order (as ZRANGE: score,
--- then id).
+-- then id). `best` is in that order already (a ZRANGE's): when `more` adds no job to it, it is the answer
+-- as it is (the common case, the indexes' heads being jobs of the parked set's head), with no sort.
 local function merge_ranked(best, more)
   local seen, items, merged = {}, {}, {}
+  for i = 1, #best, 2 do seen[best[i]] = true end
+  local new = false
+  for i = 1, #more, 2 do
+    if not seen[more[i]] then new = true break end
+  end
+  if not new then return best end
+  seen = {}
   for _, list in ipairs({best, more}) do
     for i = 1, #list, 2 do
       if not seen[list[i]] then seen[list[i]], items[#items + 1] = true, {list[i], tonumber(list[i + 1])} end

@@ -25,6 +25,9 @@
 -- Returns {0 OK, new generation} | {9 STALE_LEASE} | {8 NOT_CLAIMABLE, 'not_submitted'}
 
 local job = KEYS[1]
+-- the fields the fence, the watch entry, renew and wake read, in one HMGET: not the whole record
+preload(job, {'state', 'lease_gen', 'id', 'submitted', 'server', 'operation_id', 'attempt_count', 'deadline',
+  'cancel_requested', 'max_seconds', 'submitted_at', 'lease_expires', 'tenant'})
 if not holds_lease(job, ARGV[1]) then return {9} end
 local f = hmget(job, 'id', 'submitted', 'server', 'operation_id', 'attempt_count', 'deadline', 'cancel_requested',
   'max_seconds', 'submitted_at')

@@ -13,6 +13,7 @@
 --
 -- Returns {0 OK, new expiry (ms)} | {9 STALE_LEASE}
 
+preload(KEYS[1], {'state', 'lease_gen', 'lease_expires', 'id'})  -- what the fence and renew read: not the whole record
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local expires = clock(ARGV[2]) + tonumber(ARGV[3])
 renew(KEYS[1], KEYS[2], nil, expires)

@@ -22,6 +22,9 @@
 --
 -- Returns {0 OK} | {9 STALE_LEASE} | {12 CANCELLED} | {14 EXPIRED} | {16 PAUSED}
 
+-- the fields the fence, this step and renew read, in one HMGET: not the whole record
+preload(KEYS[1], {'state', 'lease_gen', 'cancel_requested', 'deadline', 'priority', 'server', 'lease_expires', 'id',
+  'attempt_count'})
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local f = hmget(KEYS[1], 'cancel_requested', 'deadline', 'priority', 'server')
 if f[1] == '1' then return {12} end

@@ -14,6 +14,9 @@
 --
 -- Returns {0 OK, 1 if recorded now or 0 if it was already there} | {9 STALE_LEASE}
 
+-- The two fields the fence reads, not the whole record (HGETALL of about 35 fields into a Lua table, for
+-- 2 of them: a finished job's packed fields stay packed, and its `state` fails the fence as before).
+preload(KEYS[1], {'state', 'lease_gen'})
 if not holds_lease(KEYS[1], ARGV[1]) then return {9} end
 local added = redis.call('HSETNX', KEYS[2], ARGV[3], ARGV[4])
 hset(KEYS[1], 'updated_at', clock(ARGV[2]))

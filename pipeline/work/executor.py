@@ -107,8 +107,9 @@ class Executor:
         with self.keeper.hold(claim, deadline_ms=claim.inputs.deadline_ms if claim.inputs else None) as heartbeat:
             try:
                 status = self._attempt(claim, provider, heartbeat)
-                if status is not None:
-                    self._complete(claim, provider, status, heartbeat)
+                if status is not None:  # max_seconds as the claim read it: no read of the record
+                    bound = (claim.inputs.max_seconds if claim.inputs else 0, 0)
+                    self._complete(claim, provider, status, heartbeat, bound=bound)
             except CancelRequested:
                 self.store.finish(claim, "cancelled", reason="cancelled")
             except DeadlineExceeded:  # nothing was submitted: fail it now, settled, nothing paid
