@@ -62,10 +62,9 @@ local function promised(called, parked, now)
   return live
 end
 
--- How many of the `calls` (as `promised` read them) hold a slot of `servers` ({name, cap} pairs): those
--- promised one of them (`c:<job id>` in the fleet hash), or no server. A call promised another server
--- holds none of these: an unpark of one server's slot (the watcher's, when a prompt ended there) is
--- not held back by a call to another server whose job has not claimed yet.
+-- How many `calls` (as `promised` read them) hold a slot of `servers` ({name, cap} pairs): those promised
+-- one of them (`c:<job id>` in the fleet hash), or no server. A call promised another server holds none:
+-- a freed server's unpark is not held back by a call to another server whose job has not claimed yet.
 local function calls_held(fleet, servers, calls)
   if #calls == 0 then return 0 end
   local fields, here, held = {}, {}, 0
