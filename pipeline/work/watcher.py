@@ -1,40 +1,38 @@
 """The watcher: follows prompts at their servers, so no worker thread waits for a render.
 
-After submission a worker hands its job over (``await``) and is free. One thread per
-server then:
+After submission a worker hands its job over (``await``) and is free. One thread per server then:
 
 - gives the server's slot back the moment a prompt ends there (``prompt-ended``), and claims and sends the
   jobs called to it from this process (pipeline/work/dispatch.py), not through the broker;
-- listens to the server's websocket (``/ws?clientId=``): ``progress`` becomes a progress
-  event, at most one per job every ``progress_interval_seconds`` (``progress.Coalescer``: the
-  newest point waits, and is dropped if the prompt ends first); the end of a prompt sends a
-  ``collect`` message, and a worker stores the outputs under a new fenced claim. ComfyUI
-  sends ``execution_success`` (``_error``, ``_interrupted``) before it writes the prompt's
-  history, and ``executing`` with ``node: null`` after: that one is the end (a collect before
-  the history exists finds the prompt still running and hands it back);
+- listens to the server's websocket (``/ws?clientId=``): ``progress`` becomes a progress event, at most one
+  per job every ``progress_interval_seconds`` (``progress.Coalescer``: the newest point waits, and is
+  dropped if the prompt ends first); the end of a prompt is collected here (pipeline/work/collecting.py: its
+  outputs stored under a new fenced claim, on threads of this process). ComfyUI sends ``execution_success``
+  (``_error``, ``_interrupted``) before it writes the prompt's history, and ``executing`` with
+  ``node: null`` after: that one is the end (a collect before the history exists finds the prompt still
+  running and hands it back);
 - renews the leases of the prompts watched there, while the server is in contact;
 - interrupts a prompt that has run its job's ``max_seconds`` (``RunLimit``: from its ``execution_start``
-  heard here, else from its submission on Redis's clock, once per prompt) with the adapter's ``cancel``: it then ends
-  ``execution_interrupted`` and its collect fails the job ``max_seconds_exceeded``, booked for what ran;
-- asks ``/history`` about one watched prompt per tick (at most once a second per server,
-  not per job), round-robin: every tick while the websocket is down, and for each prompt
-  every ``watch_recheck_seconds`` while it is up, so a lost message costs a delay, never a job;
-- asks the same way about each prompt a review left at the server with its slot kept (it may still
-  occupy the server: lua/_slots.lua ``keep_slot``), and gives the slot back once the server says the
-  prompt ended or has no record of it (``ServerSlots.let_go``; a completed one books the review's
-  uncertain hold as charged); a kept slot of a server this process is not configured with is left
-  alone (a server just added, this process not yet restarted, looks the same as one removed): only
-  the server's own watcher, or an operator's ``reckon provider forget SERVER``, gives it back;
+  heard here, else from its submission on Redis's clock, once per prompt) with the adapter's ``cancel``: it
+  then ends ``execution_interrupted`` and its collect fails the job ``max_seconds_exceeded``, booked for
+  what ran;
+- asks ``/history`` about one watched prompt per tick (at most once a second per server, not per job),
+  round-robin: every tick while the websocket is down, and for each prompt every ``watch_recheck_seconds``
+  while it is up, so a lost message costs a delay, never a job;
+- asks the same way about each prompt a review left at the server with its slot kept (it may still occupy
+  the server: lua/_slots.lua ``keep_slot``), and gives the slot back once the server says the prompt ended
+  or has no record of it (``ServerSlots.let_go``; a completed one books the review's uncertain hold as
+  charged); a kept slot of a server this process is not configured with is left alone (a server just added,
+  this process not yet restarted, looks the same as one removed): only the server's own watcher, or an
+  operator's ``reckon provider forget SERVER``, gives it back;
 - probes a server marked unreachable and clears the mark when it answers;
-- reads what the server can run (node classes, model files: pipeline/state/offers.py) when it
-  connects (a restarted server is reconnected to), when a probe finds it back, and every
-  ``offers_refresh_seconds``.
+- reads what the server can run (node classes, model files: pipeline/state/offers.py) when it connects (a
+  restarted server is reconnected to), when a probe finds it back, and every ``offers_refresh_seconds``.
 
-While a server does not answer, its watched prompts' leases are not renewed: they expire
-and the sweeper moves the jobs to reconciliation, which asks that same server until it
-answers, or hands the job to an operator at the age limit. A watcher that dies is the
-same case. One watcher per server at a time holds a Redis lock (``reckon:fleet:watcher:``),
-so a second watcher process is a standby.
+While a server does not answer, its watched prompts' leases are not renewed: they expire and the sweeper
+moves the jobs to reconciliation, which asks that same server until it answers, or hands the job to an
+operator at the age limit. A watcher that dies is the same case. One watcher per server at a time holds a
+Redis lock (``reckon:fleet:watcher:``), so a second watcher process is a standby.
 
 Run it: ``python -m pipeline.work.watcher`` (the ``watcher`` process in the Procfile).
 """
@@ -340,8 +338,8 @@ class ServerWatch:
             self.publish(called, "unparked")
 
     def _collect(self, job_id: str) -> None:
-        """A worker takes the job; a progress point still pending is dropped (what the worker
-        makes of the job, a completion most often, says more)."""
+        """Collect the job (``publish``: here, pipeline/work/collecting.py); a progress point still pending
+        is dropped (what the collect makes of the job, a completion most often, says more)."""
         self.progress.drop(job_id)
         log.info("prompt of %s ended at %s; collecting", job_id, self.name)
         self.publish(job_id, "collect")
@@ -367,6 +365,7 @@ def main() -> None:
     from pipeline.state.progress import record
     from pipeline.work.actors import adapter, executor, router
     from pipeline.work.broker import Publisher, build_broker
+    from pipeline.work.collecting import COLLECT_THREADS, LocalCollect
     from pipeline.work.dispatch import LocalDispatch
 
     configure("watcher")
@@ -374,20 +373,22 @@ def main() -> None:
     settings = Settings.from_env()
     store = open_store(settings)
     fleet = Fleet(settings.servers(), adapter)
-    threads = min(len(fleet.servers), DISPATCH_THREADS)
+    threads, collects = min(len(fleet.servers), DISPATCH_THREADS), min(len(fleet.servers), COLLECT_THREADS)
     dispatch = LocalDispatch(executor, router, Publisher(build_broker(settings)), threads)
-    watcher = Watcher(fleet, store, dispatch, settings, lambda *point: record(store.scripts, *point))
+    publish = LocalCollect(executor, router, dispatch, collects)  # collects here; called jobs to the dispatch
+    watcher = Watcher(fleet, store, publish, settings, lambda *point: record(store.scripts, *point))
     try:
         executor()  # the dispatch's: its store, and its lease keeper's 2 threads
     except Exception as exc:  # Redis not answering: the first called job builds it
         log.warning("executor not built at start", extra={"error": type(exc).__name__})
-    # a thread per server and per dispatch, and the keeper's: their connections open now, not under load
-    open_pools(len(watcher.watches) + threads + 2, len(watcher.watches) + threads)
+    # a thread per server, per dispatch and per collect, and the keeper's: their connections open now
+    open_pools(len(watcher.watches) + threads + collects + 2, len(watcher.watches) + threads + collects)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     log.info("watching %s (%s)", ", ".join(fleet.servers), socket.gethostname())
     watcher.run(stop)
+    publish.close()
     dispatch.close()
 
 

@@ -75,15 +75,17 @@ class Stack:
                    pause_at=pause_at)
         wait_until(lambda: self._up(f"http://127.0.0.1:{self.web_port}/readyz"), timeout=20)
 
-    def start_worker(self, pause_at: str | None = None, *, watcher: bool = True) -> None:
-        """A Dramatiq worker, and (unless one runs already) the watcher that follows its prompts."""
+    def start_worker(self, pause_at: str | None = None, *, watcher: bool = True, watcher_at: str | None = None) -> None:
+        """A Dramatiq worker, and (unless one runs already) the watcher that follows its prompts (stopping at
+        ``watcher_at``)."""
         self.start("worker", str(BIN / "python"), "-m", "pipeline.work.worker", "pipeline.work.actors", "--processes", "1",
                    "--threads", "2", pause_at=pause_at)
         if watcher and "watcher" not in self.procs:
-            self.start_watcher()
+            self.start_watcher(watcher_at)
 
-    def start_watcher(self) -> None:
-        self.start("watcher", str(BIN / "python"), "-m", "pipeline.work.watcher")
+    def start_watcher(self, pause_at: str | None = None) -> None:
+        """The watcher (it collects the prompts it hears end, and runs the jobs called to the slots they free)."""
+        self.start("watcher", str(BIN / "python"), "-m", "pipeline.work.watcher", pause_at=pause_at)
 
     def start_sweeper(self) -> None:
         self.start("sweeper", str(BIN / "python"), "-m", "pipeline.work.sweeper")

@@ -10,6 +10,7 @@ import threading
 from urllib.request import Request, urlopen
 
 import orjson
+import pytest
 
 from pipeline.state.keys import TenantKeys
 from pipeline.state.store import Store
@@ -59,22 +60,38 @@ def test_worker_killed_after_submission_is_reconciled_without_a_second_charge(st
                                     "available": 980}
 
 
-def test_worker_killed_after_storing_outputs_completes_without_a_provider_call(stack, redis_client, store) -> None:
+def collecting_watcher(stack, redis_client, *, delay: float, pause_at: str) -> str:
+    """A whole stack whose watcher, which collects the prompts it hears end (pipeline/work/collecting.py),
+    stops at ``pause_at``; the id of one job submitted to it."""
     auth = setup(stack, redis_client)
-    stack.start_provider()
+    stack.start_provider(delay=delay)
     stack.start_web()
-    stack.start_worker(pause_at="after_outputs")
+    stack.start_worker(watcher=False)
+    stack.start_watcher(pause_at=pause_at)
     stack.start_sweeper()
-    job_id = submit(stack, auth)
-    stack.kill_when_paused("worker")
+    return submit(stack, auth)
+
+
+def blobs(stack) -> list[str]:
+    """The names in the stack's blob directory (every blob stored, and any temporary file)."""
+    root = stack.logs.parent / "blobs"
+    return sorted(p.name for p in root.rglob("*") if p.is_file()) if root.exists() else []
+
+
+def test_watcher_killed_after_storing_outputs_completes_without_a_provider_call(stack, redis_client, store) -> None:
+    job_id = collecting_watcher(stack, redis_client, delay=0.0, pause_at="after_outputs")
+    stack.kill_when_paused("watcher")  # its collect stored both outputs; the job is not finished
     stored = store.outputs(job_id)
     assert sorted(stored) == [0, 1] and store.job(job_id)["state"] == "running"
-    stack.start_worker()
+    on_disk = blobs(stack)
+    assert on_disk == sorted(record["sha256"] for record in stored.values())
     wait_until(lambda: finished(store, job_id), timeout=40)
     assert store.job(job_id)["state"] == "completed"
-    assert store.outputs(job_id) == stored
+    assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "reconciling", "completed"]
+    assert store.outputs(job_id) == stored and blobs(stack) == on_disk  # stored once
     assert len(stack.charges()["charges"]) == 1  # reconciliation found it done: no new provider call
-    assert store.ledger("acme")["settled"] == 20 and store.ledger("acme")["uncertain"] == 0
+    assert store.ledger("acme") == {"allowance": 1_000, "reserved": 0, "uncertain": 0, "settled": 20,
+                                    "available": 980}
 
 
 def test_api_killed_between_admission_and_publish_still_runs_the_job(stack, redis_client, store) -> None:
@@ -130,12 +147,19 @@ def test_a_dropped_websocket_falls_back_to_history_and_loses_nothing(stack, redi
     assert len(stack.charges()["charges"]) == 1 and store.ledger("acme")["settled"] == 20
 
 
-def test_worker_killed_while_collecting_completes_without_a_provider_call(stack, redis_client, store) -> None:
-    job_id = submitted_to(stack, redis_client, delay=0.5, pause_at="collect_claimed")
-    stack.kill_when_paused("worker")  # the collect was claimed; nothing is stored yet
+@pytest.mark.parametrize("point", ["before_collect", "collect_claimed"])
+def test_watcher_killed_while_collecting_completes_without_a_provider_call(stack, redis_client, store,
+                                                                             point: str) -> None:
+    """Killed with the end heard and the collect not begun (the job still watched: its lease lapses) or
+    with the collect claimed (a collect's lease): the sweeper and a worker reconcile it from the server's
+    record (no watcher runs), its outputs stored once, its run paid once."""
+    job_id = collecting_watcher(stack, redis_client, delay=0.5, pause_at=point)
+    stack.kill_when_paused("watcher")  # nothing is stored yet
     assert store.outputs(job_id) == {} and store.job(job_id)["state"] == "running"
-    stack.start_worker()
     wait_until(lambda: finished(store, job_id), timeout=40)
     assert store.job(job_id)["state"] == "completed" and sorted(store.outputs(job_id)) == [0, 1]
     assert [e["to"] for e in store.events(job_id)] == ["queued", "running", "reconciling", "completed"]
-    assert len(stack.charges()["charges"]) == 1 and store.ledger("acme")["settled"] == 20
+    assert len(stack.charges()["charges"]) == 1 and blobs(stack) == sorted(
+        record["sha256"] for record in store.outputs(job_id).values())
+    assert store.ledger("acme") == {"allowance": 1_000, "reserved": 0, "uncertain": 0, "settled": 20,
+                                    "available": 980}

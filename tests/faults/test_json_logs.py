@@ -61,7 +61,7 @@ def test_every_line_of_every_process_is_a_json_object(stack, redis_client, store
         ("", "queued", "admitted", 0), ("queued", "running", "claimed", 1), ("running", "completed", "completed", 1)]
     assert changes[1][5] == 1 and changes[2][5] == int(store.job(job_id)["lease_gen"]) - 1  # the generation held
     assert {x["process"] for lines in logs.values() for x in lines if x["logger"] == "reckon.state"} == {
-        "web", "worker"}
+        "web", "worker", "watcher"}  # the watcher collects: the completion is its line
     access = [(x["method"], x["path"], x["status"]) for x in logs["web"] if x["logger"] == "gunicorn.access"]
     assert ("POST", "/v1/jobs", 202) in access and ("GET", f"/v1/jobs/{job_id}", 200) in access
     assert access.count(("GET", OUTPUT_ROUTE, 200)) == 2

@@ -1,4 +1,4 @@
-"""Liveness with real processes: an attempt thread stuck after its prompt ended (a server that
+"""Liveness with real processes: a collect thread (the watcher's) stuck after its prompt ended (a server that
 trickles an output one byte every 2 s, each byte inside the read timeout) does not keep its job
 `running`. Either its download runs out of time, or the lease keeper gives the claim up past the
 deadline plus the grace; the sweeper then reconciles the job as a dead worker's, charged once.
@@ -30,6 +30,11 @@ def trickled(stack, redis_client, deadline_s: int, **env: str) -> str:
     return headers["location"].rsplit("/", 1)[1]
 
 
+def collectors_log(stack) -> str:
+    """The logs of the processes that collect: the watcher (pipeline/work/collecting.py) and the worker."""
+    return "".join((stack.logs / f"{name}.log").read_text() for name in ("watcher", "worker"))
+
+
 def at(store: Store, job_id: str, state: str) -> int:
     """When (ms, Redis's clock) the job entered ``state``."""
     return next(e["at"] for e in store.events(job_id) if e["to"] == state)
@@ -55,7 +60,7 @@ def test_a_trickling_download_past_the_deadline_is_given_up_by_the_keeper(stack,
     # renewed up to the deadline plus the grace (a renewal every lease/3), then left to lapse
     late = at(store, job_id, "reconciling") - int(store.job(job_id)["deadline"])
     assert 1_000 < late < (1 + LEASE_S / 3 + LEASE_S + 2) * 1000
-    log = (stack.logs / "worker.log").read_text()
+    log = collectors_log(stack)
     warned = [line for line in log.splitlines() if "no longer renewed" in line]
     assert len(warned) == 1 and f"lease of job {job_id} (attempt 1)" in warned[0]
     assert "its deadline passed" in warned[0] and "KSampler" not in log and "/view" not in log
@@ -68,4 +73,4 @@ def test_a_trickling_download_runs_out_of_time_and_is_reconciled(stack, redis_cl
     charged_once(stack, store, job_id)
     took = at(store, job_id, "reconciling") - at(store, job_id, "running")
     assert 2_000 < took < 8_000  # the prompt (0.3 s), then the 2 s limit: not the 184 s trickle
-    assert "no longer renewed" not in (stack.logs / "worker.log").read_text()
+    assert "no longer renewed" not in collectors_log(stack)

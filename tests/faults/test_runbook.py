@@ -146,7 +146,7 @@ def test_every_runbook_command_against_a_live_stack(stack: Stack, redis_client, 
     stack.start_provider(delay=0.2)
     stack.start_web()
     stack.start_sweeper()
-    stack.start_worker(pause_at="after_outputs")
+    stack.start_worker(watcher_at="after_outputs")  # the watcher collects: the first job's collect stops there
     needs_review(live, *unknown_outcomes(live))
     completed_and_dead(live)
     class_pause_and_admission(live)
@@ -162,14 +162,14 @@ def test_every_runbook_command_against_a_live_stack(stack: Stack, redis_client, 
 
 def unknown_outcomes(live: Live) -> tuple[str, str, str]:
     """Three jobs whose outcome reckon cannot learn while the provider's history cannot be read: one
-    whose worker died after storing every output, two whose submissions got no answer (an interactive and
-    a batch one, each with a 2 s deadline, so that they are overdue later)."""
+    whose collect (the watcher's) died after storing every output, two whose submissions got no answer (an
+    interactive and a batch one, each with a 2 s deadline, so that they are overdue later)."""
     stack, rb = live.stack, live.rb
     stored = live.submit()
-    stack.kill_when_paused("worker")
+    stack.kill_when_paused("watcher")
     stack.sim_post("/sim/faults", {"faults": [{"kind": "drop", "times": 2},
                                               {"kind": "read_error", "path": "/history", "times": 100_000}]})
-    stack.start_worker()
+    stack.start_watcher()
     failed, retried = live.submit(deadline_s=2), live.submit("batch", deadline_s=2)
     live.wait("reconciling", stored, failed, retried, timeout=30)
     rows = rb.json("reckon jobs --state reconciling")

@@ -1,7 +1,7 @@
 """The slot life of issue 33 attacked with every Procfile process (docs/fleet.md "The slot is the GPU"):
 one simulated server at cap 1, watched at its own ``/queue`` and in Redis (``busy:<server>``) while the
-slot frees at each prompt's end. The server restarts after an end was heard and before its collect (no
-worker runs: the watcher has called and sent the next job itself); a parked job is cancelled; the
+slot frees at each prompt's end. The server restarts after an end was heard and before its collect (the
+watcher stopped before it, no worker runs: the watcher has called and sent the next job itself); a parked job is cancelled; the
 server is paused while a prompt runs. The cap holds at the server and in Redis, busy never goes below
 the prompts at the server nor negative, every job ends, and every slot is given back."""
 
@@ -118,18 +118,21 @@ def test_a_restart_after_the_end_was_heard_and_before_the_collect_keeps_the_cap_
     stack, watch, auth = slot_stack
     stack.start_web()
     # no sweeper yet: its pass may call the parked job first, through the broker (no worker): not this case
-    stack.start_worker()  # and the watcher
+    stack.start_worker(watcher=False)
+    stack.start_watcher(pause_at="before_collect")  # it collects nothing: it stops each collect before it begins
     first = post(stack, auth, "a")
     wait_until(lambda: at_server(watch, store, first), timeout=20)
     second, third = post(stack, auth, "b"), post(stack, auth, "c")
     wait_until(lambda: parked(store, second) and parked(store, third), timeout=10)
-    stack.kill("worker")  # idle: nothing collects now; the watcher alone frees and sends
+    stack.kill("worker")  # idle: the watcher alone frees and sends
     assert state(store, first) == "running" and at_server(watch, store, first)  # not ended yet (1.5 s)
     # the first ends: its slot frees at once and the watcher sends the next parked job itself
     wait_until(lambda: at_server(watch, store, second), timeout=20)
-    assert state(store, first) == "running"  # ended at the server, not collected (no worker)
+    assert state(store, first) == "running"  # ended at the server, not collected (stopped before it)
     assert watch.busy() == 1
     stack.sim_post("/sim/restart", {})  # the first's history and the second's prompt are lost
+    stack.kill("watcher")  # stopped at the first's collect; a watcher that collects takes over
+    stack.start_watcher()
     stack.start_worker(watcher=False)
     stack.start_sweeper()  # reconciles what the restart lost
     wait_until(lambda: all(state(store, j) in FINAL for j in (first, second, third)), timeout=90, interval=0.1)
