@@ -2,9 +2,9 @@
 
 The watcher gives a server's slot back when it hears the prompt end there, and the parked jobs called
 to it are claimed, staged and sent from here, on a small pool of threads, not published to a worker
-through the broker: the broker's hop, and a wait behind the workers' collects (fetching, cleaning and
-storing outputs is CPU work in the same processes), are GPU time thrown away. Every other message (a
-collect, a reconcile) still goes to the workers, as does a call this process cannot take (shutting down).
+through the broker: the broker's hop, and a wait behind the workers' messages, are GPU time thrown
+away. The collects run here too, on threads of their own (pipeline/work/collecting.py); every other
+message (a reconcile) still goes to the workers, as does a call this process cannot take (shutting down).
 
 What runs here is ``Executor.run``, exactly as a worker runs it, and its failure is routed as the
 workers' middleware routes it (``Router.route``); a step that gave a slot back calls the next parked jobs
