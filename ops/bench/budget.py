@@ -79,7 +79,11 @@ SHARDED_COMMANDS_PER_JOB = 137  # and 3 more of admission (the idempotency windo
 #: 142.3 to 144.4 once 50 a second is taken off); the endpoints read from Redis at each fan-out
 #: and each try added about 1.6 (153.2 before the timed share was taken off).
 WEBHOOK_COMMANDS_PER_JOB = 153  # 150 before the 3 more of admission
-WEBHOOK_STEPS = {"webhooks": 34, "finish": 20}
+#: "webhooks" 34 -> 37: with the collect in the watcher's process the run's window fell from about 10 s to
+#: 3.4 to 4.1 s, and the timed share with it, while a delivery's own cost swings with how deliveries
+#: batch (84 to 94 fan-outs and takes for 100 deliveries): 34.1, 34.9 and 35.7 a job in three runs
+#: (2026-12-06 15:55, its run() called three times), the last within 10 of failing at 34.
+WEBHOOK_STEPS = {"webhooks": 37, "finish": 20}
 #: The webhooks process's share that comes with time and timing, per second of the run, at most: its
 #: waits while it idles, about 2 (docs/performance.md "A webhook's cost"), and, on a loaded machine, the
 #: more and smaller calls timing makes (fewer deliveries a fan-out or take, shorter waits): 29.0 to 32.4
