@@ -32,7 +32,7 @@ def hooks_stack(redis_client, tmp_path: Path) -> Iterator[Stack]:
     try:
         yield running
     finally:
-        running.stop()
+        running.stop(graceful=False)
 
 
 def start(stack: Stack, delay: float = 0.0) -> None:
@@ -154,7 +154,7 @@ def test_a_receiver_down_past_the_window_shows_exhausted_deliveries_and_a_redeli
         assert sorted(orjson.loads(r["body"])["data"]["id"] for r in delivered(receiver).values()) == sorted(jobs)
         assert exhausted() == []
     finally:
-        stack.stop()
+        stack.stop(graceful=False)
 
 
 def test_a_webhooks_process_killed_after_sending_leaves_the_delivery_to_be_sent_again(
