@@ -61,7 +61,7 @@ def web(redis_client, tmp_path: Path) -> Iterator[Web]:
         server.start()
         yield server
     finally:
-        server.stop()
+        server.stop(graceful=False)
 
 
 @pytest.fixture
