@@ -73,7 +73,8 @@ def start(workdir: Path, primaries: int = 3, *, replicas: int = 0) -> Cluster:
             cluster.procs.append(subprocess.Popen(
                 [exe, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
                  "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000", "--save", "",
-                 "--appendonly", "no", "--dir", str(node_dir)],
+                 # a replica's first sync starts at once, not after the 5 s a diskless primary waits for more
+                 "--appendonly", "no", "--repl-diskless-sync-delay", "0", "--dir", str(node_dir)],
                 stdout=subprocess.DEVNULL,
             ))
         for port in cluster.ports:

@@ -63,6 +63,18 @@ def stop_group(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait()
 
 
+def kill_group(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL the process group ``proc`` leads and reap it: for a server a finished test no longer reads,
+    whose graceful stop (gunicorn's, an event stream's end) would only cost time."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     exe = shutil.which("redis-server")

@@ -147,7 +147,7 @@ def wait_at_rest(client: checks.Client, tenants: list[str], timeout: float) -> b
                 return True
         except redis.RedisError:
             pass
-        time.sleep(1)
+        time.sleep(0.25)
     return False
 
 
@@ -221,13 +221,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stall-margin", type=float, default=40, help="seconds a job may wait queued beyond later "
                    "jobs (redelivery windows reach 32 x RECKON_OUTBOX_GRACE_SECONDS), 3x for running/reconciling")
     p.add_argument("--no-chaos", action="store_true", help="provider faults only: no process is killed")
-    p.add_argument("--short", action="store_true", help="300 jobs, less chaos (the test suite's run)")
+    p.add_argument("--short", action="store_true", help="150 jobs, less chaos (the test suite's run)")
     p.add_argument("--workdir", help="redis dir, blobs and logs (default: a temp dir, removed if every check passes)")
     p.add_argument("--env", action="append", default=[], help="extra KEY=VALUE for every process")
     p.add_argument("--json", help="write the report here")
     opts = p.parse_args()
     if opts.short:
-        opts.jobs, opts.tenants, opts.workers, opts.threads = min(opts.jobs, 300), 2, 2, 4
+        opts.jobs, opts.tenants, opts.workers, opts.threads = min(opts.jobs, 150), 2, 2, 4
         opts.chaos_seconds, opts.timeout = min(opts.chaos_seconds, 30), min(opts.timeout, 60)
     opts.api_kills, opts.redis_restarts = (1, 1) if opts.short else (2, 2)
     opts.provider_restarts, opts.stalls = (0, 1) if opts.short else (1, 8)

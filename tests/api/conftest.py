@@ -16,7 +16,7 @@ from falcon import testing
 from api.app import create_app
 from pipeline.settings import Settings
 from pipeline.state.store import Store
-from tests.conftest import free_port, stop_group, wait_until
+from tests.conftest import free_port, kill_group, stop_group, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -80,8 +80,10 @@ class Web:
                 cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_until(lambda: self._ready(), timeout=20)
 
-    def stop(self) -> None:
-        stop_group(self.proc)  # the group gunicorn's master (this PID) leads
+    def stop(self, graceful: bool = True) -> None:
+        """The group gunicorn's master (this PID) leads: SIGTERM and a wait, or (``graceful=False``, a
+        finished test's) SIGKILL at once."""
+        (stop_group if graceful else kill_group)(self.proc)
 
     def _ready(self) -> bool:
         assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
@@ -109,7 +111,7 @@ def web(redis_client, tmp_path: Path) -> Iterator[Web]:
         server.start()
         yield server
     finally:
-        server.stop()
+        server.stop(graceful=False)
 
 
 class Chromium:
@@ -177,4 +179,4 @@ def streams(redis_client, tmp_path: Path) -> Iterator[Streams]:
         server.start()
         yield server
     finally:
-        server.stop()
+        server.stop(graceful=False)

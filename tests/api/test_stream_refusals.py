@@ -105,7 +105,7 @@ def streams(redis_client, tmp_path: Path) -> Iterator[Streams]:
         server.start()
         yield server
     finally:
-        server.stop()
+        server.stop(graceful=False)
 
 
 @pytest.mark.parametrize("why", ["revoked key", "disabled tenant"])
@@ -165,7 +165,7 @@ def web(redis_client, tmp_path: Path) -> Iterator[Web]:
         server.start()
         yield server
     finally:
-        server.stop()
+        server.stop(graceful=False)
 
 
 def web_job(web: Web, store: Store, api_key: str, intent: str) -> Any:

@@ -171,7 +171,7 @@ def test_a_tenant_cursor_older_than_what_is_kept_gets_a_resync_first(
         after = reader.next()
         reader.close()
     finally:
-        streams.stop()
+        streams.stop(graceful=False)
     assert resync is not None and resync[1] == "resync"
     assert resync[0] == redis_client.xrevrange(changes, count=2)[1][0]  # the newest entry when it connected
     assert after is not None and (after[2]["job"], after[2]["seq"]) == (held.job_id, 4)

@@ -45,7 +45,7 @@ def test_open_streams_outlast_a_network_split_from_redis_and_miss_nothing(
         job.close()
         tenant.close()
     finally:
-        streams.stop()
+        streams.stop(graceful=False)
         split.stop()
 
 

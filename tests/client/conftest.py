@@ -46,7 +46,7 @@ def stack_with(redis_client, tmp_path: Path) -> Iterator[Callable[..., Stack]]:
         yield make
     finally:
         for running in made:
-            running.stop()
+            running.stop(graceful=False)
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def web(redis_client, tmp_path: Path) -> Iterator[Web]:
         server.start()
         yield server
     finally:
-        server.stop()
+        server.stop(graceful=False)
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ def processes(redis_client, tmp_path: Path, comfyui: RealComfyUI) -> Iterator[St
     try:
         yield running
     finally:
-        running.stop()
+        running.stop(graceful=False)
 
 
 def test_a_worker_killed_mid_upload_leaves_no_file_and_its_job_completes_charged_once(

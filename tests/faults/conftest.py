@@ -95,13 +95,16 @@ class Stack:
         os.killpg(proc.pid, sig)
         proc.wait(timeout=20)
 
-    def stop(self) -> None:
+    def stop(self, graceful: bool = True) -> None:
         """SIGTERM every process group (SIGKILL one that ever stopped at a fault point: waiting there, it
         sleeps through SIGTERM), then SIGKILL what is left after 10 s: the whole group, since a group
         leader (Dramatiq's main process) can exit while its children still consume messages that the
-        next test publishes."""
+        next test publishes. ``graceful=False`` SIGKILLs every group at once: for a test that reads
+        nothing the processes write on their way out (their logs' last lines), it saves the 1.5 to 3 s
+        that Dramatiq and gunicorn take to stop."""
         for name, proc in self.procs.items():  # one waiting at its fault point would only sleep through SIGTERM
-            _signal_group(proc.pid, signal.SIGKILL if self.pause_file(name).exists() else signal.SIGTERM)
+            quick = not graceful or self.pause_file(name).exists()
+            _signal_group(proc.pid, signal.SIGKILL if quick else signal.SIGTERM)
         deadline = time.monotonic() + 10
         for proc in self.procs.values():
             while _group_alive(proc.pid) and time.monotonic() < deadline:
@@ -174,4 +177,4 @@ def stack(redis_client, tmp_path: Path) -> Iterator[Stack]:
     try:
         yield running
     finally:
-        running.stop()
+        running.stop(graceful=False)  # the test is over: a test that reads the logs stops the stack itself

@@ -98,7 +98,7 @@ def test_jobs_run_while_their_slot_moves_to_another_primary(redis_cluster: clust
         print(f"slot {slot} moved ({moved} keys) while {JOBS} jobs were admitted and ran; longest pause "
               f"between 202s {pause:.1f} s; {len(load.refused)} refusals")
     finally:
-        stack.stop()
+        stack.stop(graceful=False)
 
 
 def test_a_primary_killed_under_load_loses_no_acknowledged_job(redis_server: str, tmp_path: Path) -> None:
@@ -121,6 +121,6 @@ def test_a_primary_killed_under_load_loses_no_acknowledged_job(redis_server: str
         print(f"primary killed: replica promoted after {promoted_after:.1f} s; longest pause between 202s "
               f"{pause:.1f} s; {len(load.refused)} refusals meanwhile ({sorted(set(load.refused))})")
     finally:
-        stack.stop()
+        stack.stop(graceful=False)
         client.close()
         nodes.stop()

@@ -136,5 +136,5 @@ def test_sigkill_of_the_primary_loses_no_acknowledged_job(tmp_path: Path) -> Non
         for load in loads:
             load.stop.set()
         if stack is not None:
-            stack.stop()
+            stack.stop(graceful=False)
         procs.stop()

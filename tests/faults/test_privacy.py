@@ -34,7 +34,7 @@ def stack(redis_client, tmp_path: Path) -> Iterator[Stack]:
     try:
         yield running
     finally:
-        running.stop()
+        running.stop(graceful=False)
 
 
 def test_a_canary_in_workflow_and_headers_is_never_logged_nor_stored(

@@ -83,4 +83,4 @@ def test_jobs_run_end_to_end_through_rabbitmq(amqp_url, redis_client, store, tmp
         finally:
             broker_db.close()
     finally:
-        stack.stop()
+        stack.stop(graceful=False)

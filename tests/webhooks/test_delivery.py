@@ -32,7 +32,7 @@ def hooks_stack(redis_client, tmp_path: Path) -> Iterator[Stack]:
     try:
         yield running
     finally:
-        running.stop()
+        running.stop(graceful=False)
 
 
 def start(stack: Stack, delay: float = 0.0) -> None:
@@ -87,7 +87,8 @@ def delivered(receiver: Receiver) -> dict[str, dict[str, Any]]:
 def test_every_event_arrives_signed_in_order_per_job_through_a_failing_receiver(
         hooks_stack: Stack, tenant, receiver: Receiver) -> None:
     key = tenant("acme", 10**6)
-    start(hooks_stack, delay=1.5)  # long enough for progress points
+    hooks_stack.env["RECKON_PROGRESS_INTERVAL_SECONDS"] = "0.25"  # a point every 0.25 s at most, not every 1 s
+    start(hooks_stack, delay=0.75)  # four steps of 0.19 s: two or more progress points a job
     types = {"job.completed", "job.cancelled", "job.progress"}
     endpoint = register(hooks_stack, key, f"{receiver.url}/hook", sorted(types))
     receiver.stop()  # down for a while first: tries fail with connection refused
@@ -154,7 +155,7 @@ def test_a_receiver_down_past_the_window_shows_exhausted_deliveries_and_a_redeli
         assert sorted(orjson.loads(r["body"])["data"]["id"] for r in delivered(receiver).values()) == sorted(jobs)
         assert exhausted() == []
     finally:
-        stack.stop()
+        stack.stop(graceful=False)
 
 
 def test_a_webhooks_process_killed_after_sending_leaves_the_delivery_to_be_sent_again(
