@@ -42,11 +42,13 @@ os.environ["RECKON_REDIS_URL"] = REDIS_URL
 os.environ["RECKON_BROKER_URL"] = f"redis://127.0.0.1:{REDIS_PORT}/1"
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> None:
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,
+               what: Callable[[], object] | None = None) -> None:
+    """Wait for ``predicate``; past ``timeout`` fail, with ``what()`` (what was found) when given."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
+            raise AssertionError("condition not reached in time" + (f": {what()}" if what else ""))
         time.sleep(interval)
 
 
