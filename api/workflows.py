@@ -30,13 +30,13 @@ class WorkflowList:
         if unknown:
             raise InvalidRequest(unknown[0], "unknown field", problem="invalid-workflow")
         try:
-            version = self.workflows.save(req.context.tenant, body.get("name"), body.get("workflow"),
+            version, new = self.workflows.save(req.context.tenant, body.get("name"), body.get("workflow"),
                                           body.get("params", {}))
         except NameTaken as exc:
             raise Problem(409, "workflow-name-taken", "Workflow name taken", str(exc)) from None
         except TooManyVersions as exc:
             raise Problem(409, "too-many-versions", "Too many versions", str(exc)) from None
-        resp.status = falcon.HTTP_201
+        resp.status = falcon.HTTP_201 if new else falcon.HTTP_200  # 200: the latest version holds it already
         resp.location = f"/v1/workflows/{version.ref}"
         resp.media = version.view(with_graph=True)
 

@@ -11,6 +11,7 @@ without looking at its graph. Versions never change, so each process keeps those
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -98,8 +99,9 @@ class Workflows:
         self.client, self.scripts, self.settings, self.cache_size = client, scripts, settings, cache_size
         self._cache: OrderedDict[tuple[str, str, int], Version] = OrderedDict()
 
-    def save(self, owner: str, name: str, graph: Any, params: Any) -> Version:
-        """Save the next version of ``name`` for ``owner`` (``SHARED`` or a tenant). InvalidRequest
+    def save(self, owner: str, name: str, graph: Any, params: Any) -> tuple[Version, bool]:
+        """Save the next version of ``name`` for ``owner`` (``SHARED`` or a tenant); (the version, whether it is
+        new: the latest version when it holds the same graph and parameters already). InvalidRequest
         (``invalid-workflow``) for a bad name, graph or parameter; NotAllowed when the name is the other kind's."""
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise InvalidRequest("name", f"must match {NAME_RE.pattern}", problem="invalid-workflow")
@@ -112,14 +114,16 @@ class Workflows:
         body = orjson.dumps({
             "graph": request.workflow, "params": {n: _stored(p) for n, p in declared.items()},
             "needs": {"nodes": sorted(needs.nodes), "models": sorted(needs.models), "checkpoint": needs.checkpoint}})
-        reply = self.scripts("workflow-save", [keys.workflow(name), keys.WORKFLOWS], [owner, name, body, MAX_VERSIONS])
+        reply = self.scripts("workflow-save", [keys.workflow(name), keys.WORKFLOWS], [owner, name, body, MAX_VERSIONS, hashlib.sha256(body).hexdigest()])
         code = Code(reply[0])
         if code is Code.IN_USE:
             kind = "a shared workflow" if _text(reply[1]) == "shared" else "tenants' own workflows"
             raise NameTaken(f"the name {name} is taken by {kind}")
         if code is Code.LIMITED:
             raise TooManyVersions(f"{name} has {MAX_VERSIONS} versions already: save it under another name")
-        return Version(name, owner, int(reply[1]), int(reply[2]), request.workflow, declared, needs)
+        if code is Code.REPLAYED:
+            return Version.of(name, owner, reply[2]), False
+        return Version(name, owner, int(reply[1]), int(reply[2]), request.workflow, declared, needs), True
 
     def resolve(self, tenant: str, ref: Any) -> Version | None:
         """The version ``ref`` names for ``tenant`` (its own or a shared one), or None. InvalidRequest for a

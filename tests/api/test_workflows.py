@@ -105,7 +105,8 @@ def test_an_unknown_ref_is_refused(client, tenant, store, shared) -> None:
 def test_versions_are_immutable_and_the_name_alone_is_the_latest(client, tenant, store, shared, settings) -> None:
     key = tenant()
     changed = {**GRAPH, "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "v2", "clip": ["4", 1]}}}
-    assert shared.save(SHARED, "portrait", changed, {}).version == 2
+    assert shared.save(SHARED, "portrait", changed, {})[0].version == 2
+    assert shared.save(SHARED, "portrait", changed, {})[0].version == 2  # the same again: no new version
     assert client.simulate_get("/v1/workflows/portrait@1", headers=auth(key)).json["params"]["prompt"]["max_length"] == 20
     assert client.simulate_get("/v1/workflows/portrait", headers=auth(key)).json["version"] == 2
     pinned = post(client, key, ref_body("portrait@1", prompt="a cat"), idem="pinned")
@@ -126,7 +127,8 @@ def test_fingerprint_same_params_replay_other_params_refused(client, tenant, sto
     assert named.json["id"] == first.json["id"]
     other = post(client, key, ref_body("portrait@1", prompt="a dog"))
     assert (other.status_code, other.json["type"]) == (422, P + "idempotency-key-reused")
-    shared.save(SHARED, "portrait", GRAPH, PARAMS)  # version 2: `portrait` is no longer what the key ran
+    assert shared.save(SHARED, "portrait", GRAPH, PARAMS | {"steps": PARAMS["steps"] | {"maximum": 40}})[1]
+    # version 2: `portrait` is no longer what the key ran
     moved = post(client, key, ref_body("portrait", prompt="a cat"))
     assert (moved.status_code, moved.json["type"]) == (422, P + "idempotency-key-reused")
     assert store.redis.zcard(TenantKeys("acme").jobs) == 1
@@ -139,6 +141,9 @@ def test_a_tenant_saves_its_own_and_no_other_tenant_sees_it(client, tenant, stor
     assert (saved.status_code, saved.headers["Location"], saved.json["version"]) == (201, "/v1/workflows/mine@1", 1)
     assert saved.json["needs"] == {"node_classes": ["CLIPTextEncode", "CheckpointLoaderSimple", "KSampler"],
                                    "models": ["checkpoints/sd15.safetensors"]}
+    again = client.simulate_post("/v1/workflows", headers=auth(acme),
+                                 json={"name": "mine", "workflow": GRAPH, "params": {"prompt": PARAMS["prompt"]}})
+    assert (again.status_code, again.json) == (200, saved.json)  # a retried save: the same version
     assert client.simulate_get("/v1/workflows/mine", headers=auth(acme)).json["workflow"] == GRAPH
     assert "workflow" not in client.simulate_get("/v1/workflows/portrait", headers=auth(acme)).json  # shared
     assert client.simulate_get("/v1/workflows", headers=auth(acme)).json == {"workflows": [
