@@ -138,9 +138,9 @@ class Workflows:
             if not (mine or shared):
                 return None
             number = int(mine or shared)
-        for owner in (tenant, SHARED):
-            if (owner, name, number) in self._cache:
-                return self._cache[(owner, name, number)]
+        for owner in (tenant, SHARED):  # get: another thread may drop an entry meanwhile
+            if kept := self._cache.get((owner, name, number)):
+                return kept
         mine, shared = self.client.hmget(key, f"{tenant}:{number}", f"{SHARED}:{number}")
         if not (mine or shared):
             return None
