@@ -44,6 +44,9 @@ PATHS: dict[str, Any] = {
                      "201": {"description": "saved (Location: /v1/workflows/name@version)",
                              "content": {"application/json": {"schema": VERSION}},
                              "headers": {"Location": {"schema": {"type": "string"}}}},
+                     "200": {"description": "the latest version holds this graph and these parameters already: "
+                                            "that version (a retried save)",
+                             "content": {"application/json": {"schema": VERSION}}},
                      "400": {"description": "malformed JSON", "content": _PROBLEM},
                      "409": {"description": "the name is a shared workflow's (workflow-name-taken), or has 1,000 "
                                             "versions (too-many-versions)", "content": _PROBLEM},
