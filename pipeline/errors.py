@@ -233,7 +233,7 @@ class InvalidParams(InvalidRequest):
     with why (unknown, missing, wrong type, out of bounds); never the values (they are prompts)."""
 
     def __init__(self, bad: tuple[tuple[str, str], ...]) -> None:
-        shown = "; ".join(f"{name}: {reason}" for name, reason in bad[:20])
+        shown = "; ".join(f"{name[:64]}: {reason}" for name, reason in bad[:20])
         super().__init__("params", shown + (f" and {len(bad) - 20} more" if len(bad) > 20 else ""),
                          problem="invalid-params")
         self.bad = bad
