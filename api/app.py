@@ -15,7 +15,7 @@ import orjson
 import redis
 from redis.exceptions import RedisClusterException
 
-from api import inputs, jobpage, resources, sse, ui, usage, webhooks
+from api import inputs, jobpage, resources, sse, ui, usage, webhooks, workflows
 from api.auth import Authenticate
 from api.metrics import Metrics
 from api.openapi import document
@@ -86,6 +86,7 @@ def create_app(
     app.add_route("/v1/usage", resources.Usage(store))
     app.add_route("/v1/usage/records", usage.UsageRecords(store))
     webhooks.add_routes(app, Endpoints(store), Deliveries(store), settings)
+    workflows.add_routes(app, admitter.workflows, settings.max_body_bytes)
     app.add_route("/healthz", resources.Health())
     app.add_route("/readyz", resources.Ready(store))
     app.add_route("/openapi.json", resources.Document(document(settings)))

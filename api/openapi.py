@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from api import workflowspec
 from pipeline.fleet import highest_price
 from pipeline.settings import Settings
 from pipeline.state.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_DEPTH, MAX_OUTPUTS, PRIORITIES
@@ -383,4 +384,5 @@ def document(settings: Settings) -> dict[str, Any]:
         *({"properties": {"outputs": {"const": n}, "max_cost": {"minimum": n * price}}}
           for n in range(1, MAX_OUTPUTS + 1)),
     ]
+    workflowspec.add_to(spec)
     return spec

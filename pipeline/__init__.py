@@ -4,8 +4,9 @@ The modules here are the ground every room reads:
 ``settings`` (the one reader of the environment), ``errors`` (one exception tree), ``logs``,
 ``faultpoints`` (where crash tests stop a process), ``fleet`` (the configured servers, their caps
 and prices), ``claims`` (what a claim hands a worker), ``needs`` (what a workflow needs of a
-server, what a server offers), ``mediatypes`` (a file's content type from its bytes) and ``inputs``
-(an uploaded input's name, the inputs a workflow names). They import nothing of reckon's but each
+server, what a server offers), ``mediatypes`` (a file's content type from its bytes), ``inputs``
+(an uploaded input's name, the inputs a workflow names) and ``templates`` (a saved workflow's parameters
+and the graph a request's values build). They import nothing of reckon's but each
 other (``settings`` parses ``fleet``'s servers; ``errors`` names ``claims.Claim``). Above them,
 lowest first:
 

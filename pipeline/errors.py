@@ -228,6 +228,17 @@ class InputUnknown(InvalidRequest):
         self.names = names
 
 
+class InvalidParams(InvalidRequest):
+    """A saved workflow's parameters a request got wrong (HTTP 422 ``invalid-params``): each bad one by name,
+    with why (unknown, missing, wrong type, out of bounds); never the values (they are prompts)."""
+
+    def __init__(self, bad: tuple[tuple[str, str], ...]) -> None:
+        shown = "; ".join(f"{name[:64]}: {reason}" for name, reason in bad[:20])
+        super().__init__("params", shown + (f" and {len(bad) - 20} more" if len(bad) > 20 else ""),
+                         problem="invalid-params")
+        self.bad = bad
+
+
 class OverQuota(ReckonError):
     """An upload would take the tenant's inputs over its quota of bytes, or their number over the most it may
     keep (HTTP 507)."""

@@ -1,5 +1,5 @@
 """``reckon``: the operator's command line (tenants, keys, webhooks, jobs, status, dead letters, reviews,
-providers, money after the fact)."""
+providers, money after the fact, saved workflows)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pipeline.errors import (
     WrongShards,
 )
 from pipeline.fleet import DEFAULT_SERVER
-from pipeline.operate import hooks, money
+from pipeline.operate import hooks, money, workflows
 from pipeline.operate.commands import (
     _rate,
     admission_set,
@@ -61,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
     _tenant_commands(tenant)
     hooks.add_parsers(tenant, verbs)
     money.add_parsers(verbs)
+    workflows.add_parsers(verbs)
     _key_commands(verbs.add_parser("key").add_subparsers(dest="verb", required=True))
     job = verbs.add_parser("job").add_subparsers(dest="verb", required=True)
     show = job.add_parser("show", help="a job's record, outputs, attempts and events")

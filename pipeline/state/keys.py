@@ -383,3 +383,12 @@ def tenant_disabled(tenant: str) -> str:
 def tenant_api_keys(tenant: str) -> str:
     """Set: the sha256 of each API key created for the tenant (``reckon key list``)."""
     return TenantKeys(tenant)._k("apikeys")
+
+
+def workflow(name: str) -> str:
+    """Hash: a saved workflow's versions (pipeline/state/workflows.py); in shard 0's slot, with ``WORKFLOWS``."""
+    return f"{PREFIX}:{{s0}}:workflow:{name}"
+
+
+#: Set: the names of saved workflows (every owner's).
+WORKFLOWS = f"{PREFIX}:{{s0}}:workflows"

@@ -27,6 +27,7 @@ from pipeline.state.offers import Routes
 from pipeline.state.scripts import Code, ReplicationTimeout
 from pipeline.state.admission import FleetLimits
 from pipeline.state.store import Admission, Store
+from pipeline.state.workflows import Workflows
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +55,21 @@ class Admitter:
         self.servers = settings.servers()
         #: Which servers can run a workflow (docs/fleet.md "Routing by what a server can run").
         self.routes = Routes(store.redis, [server.name for server in self.servers])
+        #: Saved workflows a job names by ``workflow_ref`` (versions kept in this process once read).
+        self.workflows = Workflows(store.redis, store.scripts, settings)
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
+        saved, fingerprinted = None, body
+        if isinstance(body, dict) and "workflow_ref" in body:  # a saved workflow: its graph, its needs
+            expanded = self.workflows.expand(tenant, body)
+            body, fingerprinted, saved = expanded.body, expanded.fingerprinted, expanded.version
         request = parse_request(body, self.settings)
         if request.supersedes and ids.tenant_of(request.supersedes) != tenant:
             raise InvalidRequest("supersedes", "no such job")
         named = names_in(request.workflow)  # checked before anything is written (docs/api.md "Inputs")
         if named.refused:
             raise InputUnknown(named.refused, problem="input-not-allowed")
-        needs = needs_of(request.workflow)
+        needs = saved.needs if saved else needs_of(request.workflow)  # a saved one's: computed when it was saved
         route = self.routes.route(needs)
         # reserved at the highest price of the servers that may run it (docs/costs.md "The reservation")
         able = [s for s in self.servers if route.every or s.name in route.servers] or self.servers
@@ -88,11 +95,13 @@ class Admitter:
             record["servers"] = ",".join(route.servers)
         if named.inputs:  # the job's view lists them; the worker puts each on its server
             record["inputs"] = ",".join(i.sha256 for i in named.inputs)
+        if saved:  # for the operator (`reckon job show`): which version it ran, never its parameters
+            record["workflow_ref"] = saved.ref
         if needs.checkpoint:  # a claim prefers a server that last loaded it (lua/_slots.lua `take_slot`): a
             record["ckpt"] = hashlib.sha256(needs.checkpoint.encode()).hexdigest()[:16]  # digest, not the name
         try:
             admission = self.store.admit(
-                tenant, idem_key, job_id, fingerprint=fingerprint(body), ceiling=ceiling,
+                tenant, idem_key, job_id, fingerprint=fingerprint(fingerprinted), ceiling=ceiling,
                 fields={k: str(v) for k, v in record.items()}, workflow=request.workflow_json, status=202,
                 idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
                 outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000), limits=self.limits,

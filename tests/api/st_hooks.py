@@ -45,11 +45,27 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     if (case.method.upper(), case.path) == ("POST", "/v1/inputs"):
         _an_input(case, kwargs)
         return
+    if (case.method.upper(), case.path) == ("POST", "/v1/workflows"):
+        _saved_params(case.body)
+        return
     if (case.method.upper(), case.path) != ("POST", "/v1/jobs"):
         return
+    _saved_params(case.body, ref=True)
     headers = case.headers or {}
     if isinstance(headers.get("Idempotency-Key"), str) and KEY_RE.fullmatch(headers["Idempotency-Key"]):
         headers["Idempotency-Key"] = uuid.uuid4().hex
     body = case.body
     if isinstance(body, dict) and isinstance(body.get("supersedes"), str) and JOB_ID_RE.fullmatch(body["supersedes"]):
         body["supersedes"] = os.environ["RECKON_TEST_JOB_ID"]
+
+
+def _saved_params(body: Any, *, ref: bool = False) -> None:
+    """A saved workflow's parameters name its graph's node inputs, and a job's name its declared ones, which no
+    schema states: well-formed ones become none, and a well-formed ``workflow_ref`` the one the test saved
+    (``saved``, with no parameters). Malformed values are left alone: they must be refused."""
+    if not isinstance(body, dict):
+        return
+    if isinstance(body.get("params"), dict) and (ref or all(isinstance(v, dict) for v in body["params"].values())):
+        body["params"] = {}
+    if ref and isinstance(body.get("workflow_ref"), str):
+        body["workflow_ref"] = "saved"

@@ -40,6 +40,9 @@ def test_the_deployed_api_passes_every_schemathesis_check(web, tenant, tmp_path)
         "Authorization": f"Bearer {api_key}", "Idempotency-Key": "first", "Content-Type": "application/json"})
     assert status == 202, body
     job_id = orjson.loads(body)["id"]
+    status, _, body = web.request("POST", "/v1/workflows", orjson.dumps({"name": "saved", "workflow": job_body()["workflow"]}),
+                                  {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
+    assert status == 201, body  # what st_hooks.py names in a job's workflow_ref
     config = tmp_path / "schemathesis.toml"
     # POST /v1/inputs takes any bytes that are a file ComfyUI reads: schemathesis's "invalid" bodies for it are
     # real files (a GIF sample for image/gif), rightly taken; its other checks still run (st_hooks.py MAGIC)
@@ -65,4 +68,4 @@ def test_spec_documents_exactly_the_routes_the_app_serves(settings: Settings, st
     operator_pages = {"/ui", "/ui/status.json",  # behind the operator token, not a tenant's key: not in the spec
                       "/ui/jobs", "/ui/jobs/{job_id}", "/ui/jobs/{job_id}.json", "/ui/jobs.json"}
     assert set(spec["paths"]) == served - operator_pages and operator_pages < served
-    assert len(served) == 25  # /v1/usage/records (issue 32)
+    assert len(served) == 27  # /v1/workflows, /v1/workflows/{ref} (issue 34)

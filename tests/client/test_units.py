@@ -104,6 +104,8 @@ CLASSES = {
     "input-type-unsupported": InvalidRequest,
     "input-unknown": InputUnknown, "input-not-allowed": InputUnknown, "input-not-found": InputNotFound,
     "input-in-use": InputInUse, "input-unavailable": Unavailable, "input-quota-exceeded": InputQuotaExceeded,
+    "invalid-params": InvalidRequest, "workflow-not-found": InvalidRequest, "invalid-workflow": InvalidRequest,
+    "workflow-name-taken": Conflict, "too-many-versions": Conflict,
 }
 
 

@@ -106,6 +106,22 @@ class Client:
         headers = {"Content-Type": content_type or "application/octet-stream"}
         return self._call("POST", "/v1/inputs", json_object, body=data, headers=headers)
 
+    def save_workflow(self, name: str, workflow: Mapping[str, Any],
+                      params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Save the next version of this tenant's own workflow ``name`` with its declared ``params`` (reckon's
+        docs/api.md "Saved workflows"); the version (``ref`` is ``name@version``). Saving what the latest
+        version holds already answers that version, so a retry makes no second one."""
+        data = json.dumps({"name": name, "workflow": workflow, "params": params or {}}, allow_nan=False).encode()
+        return self._call("POST", "/v1/workflows", json_object, body=data, headers={"Content-Type": "application/json"})
+
+    def workflows(self) -> list[dict[str, Any]]:
+        """The saved workflows this tenant may name: ``name``, ``owner`` (shared or tenant), ``latest``."""
+        return list(self._call("GET", "/v1/workflows", json_object)["workflows"])
+
+    def workflow(self, ref: str) -> dict[str, Any]:
+        """One saved version (``name@version``) or the latest (``name``): its parameters and what it needs."""
+        return self._call("GET", "/v1/workflows/" + urllib.parse.quote(ref, safe="@"), json_object)
+
     def job(self, job_id: str) -> dict[str, Any]:
         """The job view: state, outputs (index, sha256, bytes, href), cost, error."""
         return self._call("GET", _job_path(job_id), json_object)
