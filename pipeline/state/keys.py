@@ -266,6 +266,14 @@ class TenantKeys:
         or the retention pass when it is large): an unfinished job among them keeps the input."""
         return self._k(f"input:{sha256}:jobs")
 
+    def batch(self, batch_id: str) -> str:
+        """Hash: a batch (pipeline/state/batches.py): ``items``: JSON, each item's job id or problem."""
+        return self._k(f"batch:{batch_id}")
+
+    def batch_claim(self, key: str) -> str:
+        """String: ``<batch id> <fingerprint>`` of the batch an Idempotency-Key made, for the idempotency TTL."""
+        return self._k(f"batchkey:{key}")
+
     def idempotency(self, key: str) -> str:
         """String: the idempotency record of ``key`` as earlier versions wrote it (``idem_read`` in
         lua/_idem.lua; a hash of its fields before that), read until it expires; records are now
