@@ -18,7 +18,7 @@ from redis.exceptions import RedisClusterException
 from api import batches, inputs, jobpage, resources, sse, ui, usage, webhooks
 from api.auth import Authenticate
 from api.metrics import Metrics
-from api.openapi import document
+from api.openapi_batches import document
 from api.problems import Problem, problem_body, serialize
 from pipeline.blobs import open_blobs
 from pipeline.errors import (

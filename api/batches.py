@@ -11,7 +11,7 @@ import orjson
 
 from api.body import read_json
 from api.problems import Problem
-from api.resources import DEFAULT_PAGE, MAX_PAGE, _int_param
+from api.resources import DEFAULT_PAGE, MAX_CURSOR, MAX_PAGE, _int_param
 from pipeline.errors import InvalidRequest, JobNotFound, NotAllowed
 from pipeline.state import batches, views
 from pipeline.state.batching import BatchAdmitter
@@ -112,7 +112,7 @@ class Batch:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, batch_id: str) -> None:
         items = owned_items(self.store, req.context.tenant, batch_id)
-        start = _int_param(req, "cursor", 0, batches.MAX_ITEMS) or 0
+        start = _int_param(req, "cursor", 0, MAX_CURSOR) or 0
         limit = _int_param(req, "limit", 1, MAX_PAGE) or DEFAULT_PAGE
         counts, _ = _counts(self.store, [item for item in items if isinstance(item, str)])
         page = list(enumerate(items))[start:start + limit]

@@ -84,17 +84,22 @@ class BatchAdmitter:
         return outcomes
 
     def _publish(self, batch_key: str, created: list[tuple[Prepared, int]]) -> None:
-        """Each created job's message, then the outbox cleared of those sent in one round trip; what was
-        not sent stays in the outbox for the sweeper."""
+        """The created jobs' messages (in one round trip when the publisher sends many at once), then their
+        outbox entries cleared in one more; what was not sent stays in the outbox for the sweeper."""
+        jobs = [(item.job_id, item.priority) for item, _ in created]
+        many = getattr(self.admitter.publish, "many", None)
         sent = []
-        for item, index in created:
-            try:
-                self.admitter.publish(item.job_id, item.priority)
-            except Exception:  # the job is admitted and in the outbox: the sweeper publishes it
-                log.warning("job %s admitted; publishing left to the sweeper", item.job_id, exc_info=True)
-                break
-            sent.append((item.job_id, item_key(batch_key, index)))
         try:
-            self.store.confirm_many(sent)
-        except Exception:  # sent but still in the outbox: the sweeper sends it again, a claim takes it once
+            if many is not None:
+                many(jobs)
+                sent = created
+            else:
+                for item, index in created:
+                    self.admitter.publish(item.job_id, item.priority)
+                    sent.append((item, index))
+        except Exception:  # admitted and in the outbox: the sweeper publishes them
+            log.warning("%d of %d jobs published; the rest left to the sweeper", len(sent), len(jobs), exc_info=True)
+        try:
+            self.store.confirm_many([(item.job_id, item_key(batch_key, index)) for item, index in sent])
+        except Exception:  # sent but still in the outbox: the sweeper sends them again, a claim takes each once
             log.warning("%d jobs published; their outbox entries left to the sweeper", len(sent), exc_info=True)

@@ -65,4 +65,4 @@ def test_spec_documents_exactly_the_routes_the_app_serves(settings: Settings, st
     operator_pages = {"/ui", "/ui/status.json",  # behind the operator token, not a tenant's key: not in the spec
                       "/ui/jobs", "/ui/jobs/{job_id}", "/ui/jobs/{job_id}.json", "/ui/jobs.json"}
     assert set(spec["paths"]) == served - operator_pages and operator_pages < served
-    assert len(served) == 25  # /v1/usage/records (issue 32)
+    assert len(served) == 28  # /v1/usage/records (issue 32), /v1/batches (issue 34)

@@ -8,7 +8,7 @@ server's packages: it installs on its own (``pip install ./client``).
 
 from __future__ import annotations
 
-from reckon.client.client import Client, idempotency_key
+from reckon.client.client import Client, batch_key, idempotency_key
 from reckon.client.errors import (
     Conflict,
     DeadlineExceeded,
@@ -44,5 +44,5 @@ __all__ = [
     "InputInUse", "InputNotFound", "InputQuotaExceeded", "InputUnknown", "InsufficientAllowance", "IntegrityError",
     "InvalidRequest", "JobFinished", "JobNotFound", "MaxCostTooLow",
     "NotFound", "OutputMissing", "OutputNotFound", "OverLimit", "ProtocolError", "RateLimited", "ReckonError",
-    "RequestInProgress", "ServerError", "Unauthorized", "Unavailable", "UnsupportedWorkflow", "idempotency_key",
+    "RequestInProgress", "ServerError", "Unauthorized", "Unavailable", "UnsupportedWorkflow", "batch_key", "idempotency_key",
 ]
