@@ -12,6 +12,7 @@ from api.app import create_app
 from pipeline.needs import Offer
 from pipeline.state import offers
 from pipeline.state.keys import TenantKeys
+from pipeline.state.scripts import Scripts
 from pipeline.state.store import Store
 
 from .conftest import auth, job_body
@@ -131,3 +132,25 @@ def test_counts_pages_and_cancel_of_a_batch_and_another_tenant_gets_404(client, 
     assert store.ledger("acme")["reserved"] == 0
     again = client.simulate_post(path + "/cancel", headers=auth(key)).json
     assert (again["cancel_requested"], again["counts"]["cancelled"]) == (0, 2)
+
+
+def test_a_batch_not_replicated_in_time_answers_503_and_its_retry_answers_the_same_jobs(settings, tenant,
+                                                                                          store: Store) -> None:
+    key = tenant()
+    published: list[str] = []
+    lagging = Store(store.redis, Scripts(store.redis, replicas=1, ack_timeout_ms=20))  # no replica: WAIT gives 0
+    app = testing.TestClient(create_app(dataclasses.replace(settings, replicas_to_ack=1), store=lagging,
+                                        publish=lambda job_id, _: published.append(job_id)))
+    bodies = [job_body(), job_body(kind="nope"), job_body(outputs=2)]
+    first = post(app, key, "b-7", bodies)
+    assert (first.status_code, first.json["type"]) == (503, P + "replication-timeout")
+    written = store.redis.zrange(TenantKeys("acme").jobs, 0, -1)
+    assert len(written) == 2 and sorted(published) == sorted(written)  # written on the primary and sent
+    assert store.redis.keys("*:batch:*") == []  # no record: the retry admits the items again
+    again = post(testing.TestClient(create_app(settings, store=store, publish=lambda job_id, _: published.append(
+        job_id))), key, "b-7", bodies)
+    assert again.status_code == 202
+    ids = [item.get("job", {}).get("id") for item in again.json["items"]]
+    assert ids[1] is None and sorted(ids[0::2]) == sorted(written)
+    assert again.json["items"][1]["problem"]["field"] == "kind"
+    assert len(published) == 2 and store.redis.zcard(TenantKeys("acme").jobs) == 2  # replayed, not sent again
