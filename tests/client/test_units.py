@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from reckon.client import (
     Backoff,
+    BatchNotFound,
     Client,
     Conflict,
     DeadlineExceeded,
@@ -104,6 +105,7 @@ CLASSES = {
     "input-type-unsupported": InvalidRequest,
     "input-unknown": InputUnknown, "input-not-allowed": InputUnknown, "input-not-found": InputNotFound,
     "input-in-use": InputInUse, "input-unavailable": Unavailable, "input-quota-exceeded": InputQuotaExceeded,
+    "invalid-batch": InvalidRequest, "batch-not-found": BatchNotFound,
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from reckon.client.client import Client, batch_key, idempotency_key
 from reckon.client.errors import (
+    BatchNotFound,
     Conflict,
     DeadlineExceeded,
     DeadlineInfeasible,
@@ -40,7 +41,7 @@ from reckon.client.errors import (
 from reckon.client.retry import Backoff
 
 __all__ = [
-    "Backoff", "Client", "Conflict", "DeadlineExceeded", "DeadlineInfeasible", "IdempotencyKeyReused",
+    "Backoff", "BatchNotFound", "Client", "Conflict", "DeadlineExceeded", "DeadlineInfeasible", "IdempotencyKeyReused",
     "InputInUse", "InputNotFound", "InputQuotaExceeded", "InputUnknown", "InsufficientAllowance", "IntegrityError",
     "InvalidRequest", "JobFinished", "JobNotFound", "MaxCostTooLow",
     "NotFound", "OutputMissing", "OutputNotFound", "OverLimit", "ProtocolError", "RateLimited", "ReckonError",
