@@ -134,13 +134,14 @@ class BatchCancel:
     def on_post(self, req: falcon.Request, resp: falcon.Response, batch_id: str) -> None:
         items = owned_items(self.store, req.context.tenant, batch_id)
         _, records = _counts(self.store, [item for item in items if isinstance(item, str)])
-        asked = 0
-        for job_id, record in records.items():
-            if record["state"] not in TERMINAL:
-                try:
-                    self.store.cancel(job_id)  # cancelled at once, or asked of the server running it
-                    asked += 1
-                except (JobNotFound, NotAllowed):  # finished (or purged) since it was read
-                    pass
+        unfinished = [job_id for job_id, record in records.items() if record["state"] not in TERMINAL]
+        # each cancelled at once, or asked of the server running it; one that finished since it was read
+        # (NotAllowed) or was purged (JobNotFound) is left as it is
+        outcomes = self.store.cancel_many(unfinished)
+        for outcome in outcomes:
+            if isinstance(outcome, Exception) and not isinstance(outcome, (JobNotFound, NotAllowed)):
+                raise outcome
+        asked = sum(not isinstance(outcome, Exception) and outcome[0] not in (State.COMPLETED, State.FAILED)
+                    for outcome in outcomes)
         counts, _ = _counts(self.store, list(records))
         resp.media = {"id": batch_id, "cancel_requested": asked, "counts": counts}

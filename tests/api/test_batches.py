@@ -109,6 +109,9 @@ def test_a_batch_of_1000_is_admitted_in_one_request(settings, tenant, store: Sto
     assert len(set(ids)) == 1000
     assert store.redis.zcard(TenantKeys("acme").jobs) == 1000
     assert store.ledger("acme")["reserved"] == 30_000
+    cancelled = client.simulate_post(f"/v1/batches/{resp.json['id']}/cancel", headers=auth(key)).json
+    assert (cancelled["cancel_requested"], cancelled["counts"]["cancelled"]) == (1000, 1000)
+    assert store.ledger("acme")["reserved"] == 0
 
 
 def test_counts_pages_and_cancel_of_a_batch_and_another_tenant_gets_404(client, tenant, store: Store) -> None:
