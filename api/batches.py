@@ -98,14 +98,6 @@ class Batches:
             else {"index": index, "problem": item} for index, item in enumerate(items)]})
 
 
-def _counts(store: Store, job_ids: list[str]) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
-    records = {record["id"]: record for record, _ in views.jobs_with_outputs(store.redis, job_ids)}
-    counts = {state.value: 0 for state in State}
-    for record in records.values():
-        counts[record["state"]] += 1
-    return counts, records
-
-
 class Batch:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -114,13 +106,12 @@ class Batch:
         items = owned_items(self.store, req.context.tenant, batch_id)
         start = _int_param(req, "cursor", 0, MAX_CURSOR) or 0
         limit = _int_param(req, "limit", 1, MAX_PAGE) or DEFAULT_PAGE
-        counts, _ = _counts(self.store, [item for item in items if isinstance(item, str)])
+        counts, _ = batches.counts(self.store.redis, items)
         page = list(enumerate(items))[start:start + limit]
         views_of = {record["id"]: job_view(record, outputs) for record, outputs
                     in views.jobs_with_outputs(self.store.redis, [i for _, i in page if isinstance(i, str)])}
         resp.media = {
-            "id": batch_id, "size": len(items), "counts": counts | {"refused": len(items) - sum(
-                isinstance(item, str) for item in items)},
+            "id": batch_id, "size": len(items), "counts": counts,
             "items": [{"index": index, "job": views_of.get(item, {"id": item})} if isinstance(item, str)
                       else {"index": index, "problem": item} for index, item in page],
             "next_cursor": str(start + limit) if start + limit < len(items) else None,
@@ -133,7 +124,7 @@ class BatchCancel:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, batch_id: str) -> None:
         items = owned_items(self.store, req.context.tenant, batch_id)
-        _, records = _counts(self.store, [item for item in items if isinstance(item, str)])
+        _, records = batches.counts(self.store.redis, items)
         unfinished = [job_id for job_id, record in records.items() if record["state"] not in TERMINAL]
         # each cancelled at once, or asked of the server running it; one that finished since it was read
         # (NotAllowed) or was purged (JobNotFound) is left as it is
@@ -143,5 +134,5 @@ class BatchCancel:
                 raise outcome
         asked = sum(not isinstance(outcome, Exception) and outcome[0] not in (State.COMPLETED, State.FAILED)
                     for outcome in outcomes)
-        counts, _ = _counts(self.store, list(records))
+        counts, _ = batches.counts(self.store.redis, items)
         resp.media = {"id": batch_id, "cancel_requested": asked, "counts": counts}

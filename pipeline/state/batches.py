@@ -18,8 +18,8 @@ from typing import Any, Sequence
 import orjson
 
 from pipeline.errors import IdempotencyKeyReused
-from pipeline.state import archive
-from pipeline.state.jobs import ADMISSION_FIELDS, first_response
+from pipeline.state import archive, views
+from pipeline.state.jobs import ADMISSION_FIELDS, State, first_response
 from pipeline.state.keys import JobKeys, TenantKeys
 
 #: At most this many jobs in one batch (docs/api.md "Batches").
@@ -90,3 +90,14 @@ def first_responses(client: Any, job_ids: Sequence[str]) -> dict[str, bytes]:
         if "created_at" in fields:  # purged: impossible while retention outlasts the batch's claim
             rebuilt[job_id] = first_response(fields)
     return rebuilt
+
+
+def counts(client: Any, items: Sequence[Any]) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
+    """A batch's jobs per state (every state) and ``refused`` (its items that made no job), and each job's
+    view fields by id, read in one round trip."""
+    job_ids = [item for item in items if isinstance(item, str)]
+    records = {record["id"]: record for record, _ in views.jobs_with_outputs(client, job_ids)}
+    tally = {state.value: 0 for state in State} | {"refused": len(items) - len(job_ids)}
+    for record in records.values():
+        tally[record["state"]] += 1
+    return tally, records
