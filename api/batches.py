@@ -12,7 +12,7 @@ import orjson
 from api.body import read_json
 from api.problems import Problem
 from api.resources import DEFAULT_PAGE, MAX_CURSOR, MAX_PAGE, _int_param
-from pipeline.errors import InvalidRequest, JobNotFound, NotAllowed
+from pipeline.errors import JobNotFound, NotAllowed
 from pipeline.state import batches, views
 from pipeline.state.batching import BatchAdmitter
 from pipeline.state.jobs import MAX_DEPTH, State, fingerprint, job_view
@@ -42,13 +42,6 @@ def _bodies(body: Any) -> list[Any]:
     return jobs
 
 
-def _item_fingerprint(body: Any) -> str:
-    try:
-        return fingerprint(body)
-    except InvalidRequest:  # nested too deep: refused as an item, fingerprinted as text
-        return "deep:" + orjson.dumps(body).hex()
-
-
 def owned_items(store: Store, tenant: str, batch_id: str) -> list[Any]:
     """The batch's items if it is the tenant's; otherwise 404 (another tenant's batch is not found)."""
     found = batches.items(store.redis, tenant, batch_id) if BATCH_ID_RE.fullmatch(batch_id) else None
@@ -72,7 +65,7 @@ class Batches:
         bodies = _bodies(read_json(req, MAX_BATCH_BYTES, max_depth=MAX_DEPTH + 2))
         tenant = req.context.tenant
         claim = batches.claim(self.store.redis, tenant, key,
-                              batches.batch_fingerprint([_item_fingerprint(b) for b in bodies]),
+                              batches.batch_fingerprint([fingerprint(b) for b in bodies]),
                               ttl_s=self.settings.idempotency_ttl_seconds)
         fresh: dict[str, bytes] = {}
         items = claim.items
@@ -94,7 +87,8 @@ class Batches:
         resp.location = f"/v1/batches/{claim.batch_id}"
         resp.content_type = falcon.MEDIA_JSON
         resp.data = orjson.dumps({"id": claim.batch_id, "items": [
-            {"index": index, "job": orjson.Fragment(responses[item])} if isinstance(item, str)
+            {"index": index, "job": orjson.Fragment(responses[item]) if item in responses else {"id": item}}
+            if isinstance(item, str)
             else {"index": index, "problem": item} for index, item in enumerate(items)]})
 
 
