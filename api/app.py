@@ -15,11 +15,11 @@ import orjson
 import redis
 from redis.exceptions import RedisClusterException
 
-from api import inputs, jobpage, resources, sse, ui, usage, webhooks, workflows
+from api import batches, inputs, jobpage, resources, sse, ui, usage, webhooks, workflows
 from api.auth import Authenticate
 from api.metrics import Metrics
-from api.openapi import document
-from api.problems import Problem, serialize
+from api.openapi_batches import document
+from api.problems import Problem, problem_body, serialize
 from pipeline.blobs import open_blobs
 from pipeline.errors import (
     DeadlineInfeasible,
@@ -40,6 +40,7 @@ from pipeline.state.redisconn import name_connections
 from pipeline.state.inputs import InputStore
 from pipeline.state.scripts import ReplicationTimeout
 from pipeline.state.store import Store, open_store
+from pipeline.state.batching import BatchAdmitter
 from pipeline.state.submit import Admitter
 from pipeline.webhooks.deliveries import Deliveries
 from pipeline.webhooks.endpoints import Endpoints
@@ -80,6 +81,9 @@ def create_app(
         store, max_seconds=settings.sse_max_seconds, slots=sse.StreamSlots(settings.sse_max_streams),
         refusal=auth.refusal))
     app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, blobs))
+    app.add_route("/v1/batches", batches.Batches(BatchAdmitter(admitter), store, _problem_of))
+    app.add_route("/v1/batches/{batch_id}", batches.Batch(store))
+    app.add_route("/v1/batches/{batch_id}/cancel", batches.BatchCancel(store))
     stored_inputs = InputStore(store.redis, store.scripts)
     app.add_route("/v1/inputs", inputs.Inputs(stored_inputs, blobs, settings))
     app.add_route("/v1/inputs/{sha256}", inputs.OneInput(stored_inputs))
@@ -105,6 +109,16 @@ def _problem(build: Callable[[Any], Problem]) -> Callable[..., None]:
         raise build(exc)
 
     return handler
+
+
+def _problem_of(exc: Exception) -> dict[str, Any]:
+    """The problem object the error handlers answer ``exc`` with (a batch's refused item)."""
+    handler = next(_ERROR_HANDLERS[cls] for cls in type(exc).__mro__ if cls in _ERROR_HANDLERS)
+    try:
+        handler(None, None, exc, {})
+    except Problem as problem:
+        return problem_body(problem)
+    raise AssertionError("an error handler answers with a Problem")
 
 
 def _logged(exc: Exception, problem: Problem) -> Problem:

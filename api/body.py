@@ -27,8 +27,9 @@ _CONTAINERS = (dict, list)
 _ESCAPED_COLONS = (b"\\u003a", b"\\u003A")
 
 
-def read_json(req: falcon.Request, limit: int) -> Any:
-    """The decoded body, or the problem that refuses it: 415, 413, 400 or 422, in that order."""
+def read_json(req: falcon.Request, limit: int, max_depth: int = MAX_DEPTH) -> Any:
+    """The decoded body, or the problem that refuses it: 415, 413, 400 or 422, in that order; ``max_depth``:
+    how deep it may nest (a batch's items are two levels below its body: api/batches.py)."""
     media_type = (req.content_type or "").partition(";")[0].strip()
     if not _JSON_MEDIA_RE.fullmatch(media_type.lower()):
         raise Problem(415, "unsupported-media-type", "Unsupported media type",
@@ -38,7 +39,7 @@ def read_json(req: falcon.Request, limit: int) -> Any:
         body = orjson.loads(data)
     except orjson.JSONDecodeError:
         raise _malformed() from None
-    _check_depth(body)
+    _check_depth(body, max_depth)
     if any(e in data for e in _ESCAPED_COLONS) or data.count(b":") != orjson.dumps(body).count(b":"):
         _refuse_duplicates(data)
     return body
@@ -60,20 +61,20 @@ def _too_large(limit: int) -> Problem:
     return Problem(413, "payload-too-large", "Request body too large", f"the limit is {limit} bytes")
 
 
-def _check_depth(body: Any) -> None:
-    """Refuse a body nested deeper than MAX_DEPTH: 422 naming the top-level member that is."""
+def _check_depth(body: Any, limit: int) -> None:
+    """Refuse a body nested deeper than ``limit``: 422 naming the top-level member that is."""
     if not isinstance(body, dict):
-        if depth(body, MAX_DEPTH) > MAX_DEPTH:
-            raise _too_deep("body")
+        if depth(body, limit) > limit:
+            raise _too_deep("body", limit)
         return
     for name, value in body.items():
-        if depth(value, MAX_DEPTH - 1) > MAX_DEPTH - 1:
-            raise _too_deep(name)
+        if depth(value, limit - 1) > limit - 1:
+            raise _too_deep(name, limit)
 
 
-def _too_deep(field: str) -> Problem:
+def _too_deep(field: str, limit: int = MAX_DEPTH) -> Problem:
     return Problem(422, "invalid-job", "Invalid job request",
-                   f"the request body must nest at most {MAX_DEPTH} levels", field=field)
+                   f"the request body must nest at most {limit} levels", field=field)
 
 
 def depth(value: Any, limit: int) -> int:

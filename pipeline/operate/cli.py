@@ -21,6 +21,7 @@ from pipeline.operate.commands import (
     _rate,
     admission_set,
     admission_show,
+    batch_show,
     blobs_gc,
     dlq_list,
     dlq_replay,
@@ -67,6 +68,11 @@ def parser() -> argparse.ArgumentParser:
     show = job.add_parser("show", help="a job's record, outputs, attempts and events")
     show.add_argument("id")
     show.set_defaults(run=job_show)
+    batch = verbs.add_parser("batch").add_subparsers(dest="verb", required=True).add_parser(
+        "show", help="a tenant's batch: its jobs per state, each item's job and state or its problem's type")
+    batch.add_argument("tenant")
+    batch.add_argument("id")
+    batch.set_defaults(run=batch_show)
     events = job.add_parser("events", help="a job's state changes and progress, in order")
     events.add_argument("id")
     events.add_argument("--after", type=int, default=0, help="only events with a larger seq")

@@ -12,7 +12,7 @@ import orjson
 from pipeline.blobs import open_blobs
 from pipeline.operate.report import render, render_fairness
 from pipeline.settings import Settings
-from pipeline.state import admission, fairness, keys
+from pipeline.state import admission, batches, fairness, keys
 from pipeline.state.jobs import iso
 from pipeline.state.keys import ProviderKeys, TenantKeys
 from pipeline.state.migrate import migrate
@@ -91,6 +91,19 @@ def job_show(store: Store, args: argparse.Namespace) -> int:
     shown = {k: v for k, v in record.items() if k not in PRIVATE_FIELDS}
     _print({"job": shown, "outputs": store.outputs(args.id), "attempts": store.attempts(args.id),
             "events": [e | {"at": iso(e["at"])} for e in store.events(args.id)]})
+    return 0
+
+
+def batch_show(store: Store, args: argparse.Namespace) -> int:
+    """A tenant's batch: its jobs per state, and each item's job id and state or its problem's type."""
+    items = batches.items(store.redis, args.tenant, args.id)
+    if items is None:
+        print(f"no batch {args.id} of tenant {args.tenant}", file=sys.stderr)
+        return 1
+    tally, records = batches.counts(store.redis, items)
+    _print({"batch": args.id, "size": len(items), "counts": tally, "items": [
+        {"index": i, "job": item, "state": records.get(item, {}).get("state")} if isinstance(item, str)
+        else {"index": i, "problem": item.get("type")} for i, item in enumerate(items)]})
     return 0
 
 

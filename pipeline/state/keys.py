@@ -266,6 +266,14 @@ class TenantKeys:
         or the retention pass when it is large): an unfinished job among them keeps the input."""
         return self._k(f"input:{sha256}:jobs")
 
+    def batch(self, batch_id: str) -> str:
+        """Hash: a batch (pipeline/state/batches.py): ``items``: JSON, each item's job id or problem."""
+        return self._k(f"batch:{batch_id}")
+
+    def batch_claim(self, key: str) -> str:
+        """String: ``<batch id> <fingerprint>`` of the batch an Idempotency-Key made, for the idempotency TTL."""
+        return self._k(f"batchkey:{key}")
+
     def idempotency(self, key: str) -> str:
         """String: the idempotency record of ``key`` as earlier versions wrote it (``idem_read`` in
         lua/_idem.lua; a hash of its fields before that), read until it expires; records are now
@@ -368,10 +376,9 @@ def server_slots(server: str) -> str:
 
 
 def server_waiting(server: str) -> str:
-    """Sorted set: shard number -> its turn (the count of calls to the server's slots when the shard was last
-    served one; 0 from when it began to wait): the shards with jobs parked for the server's slots, kept beside
-    ``server_slots`` when the state is split into shards, so a freed slot calls the shard served longest ago
-    first (pipeline/state/calls.py)."""
+    """Sorted set: shard number -> its turn (the count of calls to the server's slots when it was last served
+    one; 0 from when it began to wait): the shards with jobs parked for the server, beside ``server_slots``
+    with shards, so a freed slot calls the shard served longest ago first (pipeline/state/calls.py)."""
     return f"{PREFIX}:{{server:{server}}}:waiting"
 
 
@@ -390,5 +397,4 @@ def workflow(name: str) -> str:
     return f"{PREFIX}:{{s0}}:workflow:{name}"
 
 
-#: Set: the names of saved workflows (every owner's).
-WORKFLOWS = f"{PREFIX}:{{s0}}:workflows"
+WORKFLOWS = f"{PREFIX}:{{s0}}:workflows"  #: Set: the names of saved workflows (every owner's).

@@ -215,9 +215,56 @@ class Scripts:
         keys = [*keys, *trailing_keys(keys[0])] if keys else []
         acked = self.replicas
         if durable and self.replicas > 0:
-            (moves, *reply), acked = self._run_and_wait(function, list(keys), list(args))
+            raw, acked = self._run_and_wait(function, list(keys), list(args))
         else:
-            moves, *reply = self._run(function, keys, args)
+            raw = self._run(function, keys, args)
+        return self._unpack(verb, raw, acked)
+
+    def many(self, verb: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], *,
+             durable: bool = False) -> list[list[Any] | Exception]:
+        """``verb`` once per (keys, args) of ``calls``, in one pipeline (one round trip) on the server that
+        holds the first call's keys: every call's keys share its hash tag. The replies in order, an error
+        (a ResponseError, a ReplicationTimeout) in its call's place; ``durable``: one WAIT after them all."""
+        nkeys, function = self._scripts[verb]
+        commands = []
+        for keys, args in calls:
+            if len(keys) != nkeys and not (verb in self._variable and len(keys) > nkeys):
+                raise ScriptError(f"{verb} takes {nkeys} keys, got {len(keys)}")
+            keys = [*keys, *trailing_keys(keys[0])]
+            commands.append(("FCALL", function, len(keys), *keys, *args))
+        if not commands:
+            return []
+        wait = durable and self.replicas > 0
+        tag = _TAG_RE.search(commands[0][3])
+
+        def run(client: Any) -> list[Any]:
+            for _ in range(2):
+                with client.pipeline(transaction=False) as pipe:
+                    for command in commands:
+                        pipe.execute_command(*command)
+                    if wait:
+                        pipe.set(f"reckon:{tag.group(0) if tag else ''}:ack", "", px=ACK_KEY_MS)
+                        pipe.execute_command("WAIT", self.replicas, self.ack_timeout_ms)
+                    replies: list[Any] = pipe.execute(raise_on_error=False)
+                if not any(isinstance(r, redis.ResponseError) and _missing(r) for r in replies):
+                    return replies
+                self.load(client)  # every call failed before writing: load the library, run them all again
+            return replies
+
+        replies = on_node(self.client, commands[0][3], run)
+        acked = self.replicas if not wait else 0 if isinstance(replies[-1], Exception) else int(replies[-1])
+        results: list[list[Any] | Exception] = []
+        for raw in replies[:len(commands)]:
+            try:
+                results.append(raw if isinstance(raw, Exception) else self._unpack(verb, raw, acked))
+            except ReplicationTimeout as lagging:
+                results.append(lagging)
+        return results
+
+    def _unpack(self, verb: str, raw: Any, acked: int) -> list[Any]:
+        """A call's reply without its state changes, which are logged; ReplicationTimeout for a write
+        that fewer than ``replicas`` replicas confirmed."""
+        moves, *reply = raw
         for move in moves:
             change = dict(zip(_MOVE_FIELDS, map(_text, move), strict=True))
             change["attempt"], change["generation"] = int(change["attempt"]), int(change["generation"])

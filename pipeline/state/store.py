@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Mapping
 
 import orjson
 import redis
@@ -16,25 +16,18 @@ from pipeline.claims import Claim, Collect, Inputs, Reconcile
 from pipeline.errors import (
     CancelRequested,
     DeadlineExceeded,
-    DeadlineInfeasible,
     DispatchPaused,
-    InputUnknown,
-    InvalidRequest,
-    OverLimit,
-    UnknownTenant,
     WrongShards,
 )
-from pipeline.inputs import InputName
 from pipeline.settings import (
     DEFAULT_IDEMPOTENCY_TTL_SECONDS,
     DEFAULT_BATCH_MAX_WAIT_SECONDS,
     Settings,
 )
 from pipeline.state import keys, redisconn
-from pipeline.state.admission import FleetLimits
+from pipeline.state.admits import Admission, Admits  # noqa: F401 (Admission: imported from here)
 from pipeline.state.bookings import Bookings
-from pipeline.state.inputs import admission_keys
-from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.keys import JobKeys
 from pipeline.state.scripts import Code, ReplicationTimeout, Scripts
 from pipeline.state.calls import CALL_MS, Calls
 from pipeline.state.slots import ServerSlots
@@ -66,24 +59,13 @@ def open_store(settings: Settings, *, check: bool = True, wait_s: float = STARTU
             time.sleep(0.5)
 
 
-@dataclass(frozen=True)
-class Admission:
-    code: Code
-    job_id: str
-    status: int = 0
-    available: int = 0
-    ceiling: int = 0
-    #: When a created job was admitted, on Redis's clock (ms).
-    created_ms: int = 0
-
-
 def _overrun(claim: Claim, units: int, over: int) -> None:
     """A charge beyond what the job held: booked in full all the same (the money was spent), logged."""
     log.error("charge overrun: job %s attempt %d on server %s charged %d units, %d more than it held",
               claim.job_id, claim.attempt, claim.server, units, over)
 
 
-class Store(Bookings):
+class Store(Admits, Bookings):
     """Every write is one Lua script; ``now_ms`` arguments default to Redis's own clock."""
 
     def __init__(self, client: redis.Redis, scripts: Scripts | None = None, *, shards: int | None = None,
@@ -128,55 +110,6 @@ class Store(Bookings):
         self._shards_checked = True
 
     # -- writes (each one Lua script) ---------------------------------------------
-
-    def admit(
-        self, tenant: str, idem_key: str, job_id: str, *, fingerprint: str, ceiling: int,
-        fields: dict[str, str], workflow: bytes, status: int, idem_ttl_s: int,
-        outbox_delay_ms: int, now_ms: int | None = None, supersedes: str = "",
-        limits: FleetLimits = FleetLimits(), replay_only: bool = False, inputs: Sequence[InputName] = (),
-    ) -> Admission:
-        """``inputs``: the uploaded inputs the workflow names; InputUnknown if the tenant lacks one of them."""
-        t, j, older = TenantKeys(tenant), JobKeys(job_id), JobKeys(supersedes or job_id)
-        windows, first = t.idempotency_windows(now_ms, idem_ttl_s)
-        input_keys, input_args = admission_keys(tenant, inputs)
-        reply = self.scripts(
-            "admit",
-            [t.idempotency(idem_key), t.ledger, j.record, t.jobs, t.queued, t.outbox, j.events, t.counts,
-             older.record, older.events, t.retry, j.workflow, t.done, older.workflow, t.shard.wake, t.limits,
-             *t.shard.globals, t.shard.admission, t.shard.fleet, *older.parts, *windows, *input_keys],
-            [at(now_ms), job_id, fingerprint, ceiling, idem_ttl_s, outbox_delay_ms,
-             orjson.dumps(fields), status, supersedes, workflow, limits.slots, limits.queue_cap_interactive,
-             limits.queue_cap_batch, limits.interactive_target_s, keys.shard_count(), self.retention,
-             int(replay_only), first, idem_key, *input_args],
-            durable=True,
-        )
-        code = Code(reply[0])
-        if code is Code.INPUT_UNKNOWN:
-            raise InputUnknown(tuple(reply[1:]))
-        if code is Code.UNKNOWN_TENANT:
-            raise UnknownTenant(tenant)
-        if code is Code.NOT_FOUND:
-            raise InvalidRequest("supersedes", "no such job")
-        if code is Code.INSUFFICIENT_ALLOWANCE:
-            return Admission(code, "", available=reply[1], ceiling=reply[2])
-        if code is Code.REPLAYED:
-            return Admission(code, reply[1], status=reply[2])
-        if code is Code.LIMITED:
-            raise OverLimit(reply[1], int(reply[2]) / 1000)
-        if code is Code.INFEASIBLE:
-            raise DeadlineInfeasible(int(reply[1]) / 1000, int(reply[2]) / 1000)
-        if code is Code.CREATED:
-            return Admission(code, reply[1], created_ms=int(reply[2]))
-        return Admission(code, reply[1] if len(reply) > 1 else "")  # UNSUPPORTED: no job
-
-    def confirm_published(self, job_id: str, idem_key: str, *, late: bool = False, now_ms: int | None = None) -> bool:
-        """The job's message is (or is about to be) in the broker; True if this call took the job
-        out of the outbox (False: someone else did). ``late``: sent by the sweeper from the outbox,
-        so a job still queued counts as sent now."""
-        t = JobKeys(job_id).tenant
-        windows, first = t.idempotency_windows(now_ms, self.idem_ttl_s)
-        return bool(self.scripts("confirm-publish", [t.outbox, t.idempotency(idem_key), t.queued, *windows],
-                                 [job_id, at(now_ms), "1" if late else "", idem_key, first, self.idem_ttl_s])[1])
 
     def claim(
         self, job_id: str, *, worker: str, lease_ms: int, operation_id: str, servers: Mapping[str, int],

@@ -33,6 +33,18 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """A checked job request, ready for the admission script (``Store.admit(tenant, key, job_id, **admit)``)."""
+
+    job_id: str
+    priority: str
+    record: dict[str, Any]
+    lacking_nodes: tuple[str, ...]
+    lacking_models: tuple[str, ...]
+    admit: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Submitted:
     job_id: str
     status: int
@@ -59,6 +71,21 @@ class Admitter:
         self.workflows = Workflows(store.redis, store.scripts, settings)
 
     def submit(self, tenant: str, idem_key: str, body: Any) -> Submitted:
+        item = self.prepare(tenant, idem_key, body)
+        try:
+            admission = self.store.admit(tenant, idem_key, item.job_id, **item.admit)
+        except ReplicationTimeout as lagging:  # written on the primary, not known to survive it: 503
+            if lagging.reply and Code(lagging.reply[0]) is Code.CREATED:
+                self._publish(item.job_id, item.priority, idem_key)  # so a retry replays it at once
+            raise
+        submitted = self.conclude(item, admission)
+        if not submitted.replayed:
+            faultpoints.reached("after_admit")
+            self._publish(item.job_id, item.priority, idem_key)
+        return submitted
+
+    def prepare(self, tenant: str, idem_key: str, body: Any) -> Prepared:
+        """Everything admission needs, checked before anything is written: a refusal raises here."""
         saved, fingerprinted = None, body
         if isinstance(body, dict) and "workflow_ref" in body:  # a saved workflow: its graph, its needs
             expanded = self.workflows.expand(tenant, body)
@@ -99,21 +126,20 @@ class Admitter:
             record["workflow_ref"] = saved.ref
         if needs.checkpoint:  # a claim prefers a server that last loaded it (lua/_slots.lua `take_slot`): a
             record["ckpt"] = hashlib.sha256(needs.checkpoint.encode()).hexdigest()[:16]  # digest, not the name
-        try:
-            admission = self.store.admit(
-                tenant, idem_key, job_id, fingerprint=fingerprint(fingerprinted), ceiling=ceiling,
-                fields={k: str(v) for k, v in record.items()}, workflow=request.workflow_json, status=202,
-                idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
-                outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000), limits=self.limits,
-                replay_only=not route.servers,  # no server can run it: a retry of an admitted request replays
-                inputs=named.inputs,
-            )
-        except ReplicationTimeout as lagging:  # written on the primary, not known to survive it: 503
-            if lagging.reply and Code(lagging.reply[0]) is Code.CREATED:
-                self._publish(job_id, request.priority, idem_key)  # so a retry replays it at once
-            raise
+        admit = dict(
+            fingerprint=fingerprint(fingerprinted), ceiling=ceiling,
+            fields={k: str(v) for k, v in record.items()}, workflow=request.workflow_json, status=202,
+            idem_ttl_s=self.settings.idempotency_ttl_seconds, supersedes=request.supersedes or "",
+            outbox_delay_ms=int(self.settings.outbox_grace_seconds * 1000), limits=self.limits,
+            replay_only=not route.servers,  # no server can run it: a retry of an admitted request replays
+            inputs=named.inputs,
+        )
+        return Prepared(job_id, request.priority, record, route.lacking.nodes, route.lacking.models, admit)
+
+    def conclude(self, item: Prepared, admission: Admission) -> Submitted:
+        """The answer to an admission: the job's first response, or the refusal raised. Nothing published."""
         if admission.code is Code.UNSUPPORTED:  # nothing was written
-            raise UnsupportedWorkflow(route.lacking.nodes, route.lacking.models)
+            raise UnsupportedWorkflow(item.lacking_nodes, item.lacking_models)
         if admission.code is Code.REPLAYED:
             return self._replay(admission)
         if admission.code is Code.IN_PROGRESS:
@@ -122,10 +148,7 @@ class Admitter:
             raise IdempotencyKeyReused(admission.job_id)
         if admission.code is Code.INSUFFICIENT_ALLOWANCE:
             raise InsufficientAllowance(admission.available, admission.ceiling)
-        first = first_response(record | {"created_at": admission.created_ms})
-        faultpoints.reached("after_admit")
-        self._publish(job_id, request.priority, idem_key)
-        return Submitted(job_id, 202, first, False)
+        return Submitted(item.job_id, 202, first_response(item.record | {"created_at": admission.created_ms}), False)
 
     def _class_max_seconds(self, priority: str) -> int:
         """The class's default ``max_seconds`` (0: none)."""

@@ -24,11 +24,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
-from dramatiq.common import compute_backoff
+from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed
 
 log = logging.getLogger(__name__)
@@ -240,6 +241,22 @@ class WakingRedisBroker(RedisBroker):
         if delay is not None:
             raise ValueError("reckon's Redis broker has no delay queues: a message is sent now or not at all")
         return super().enqueue(message)
+
+    def enqueue_many(self, messages: list[dramatiq.Message]) -> None:
+        """``enqueue`` of each message, in one pipeline (a batch's jobs: pipeline/state/batching.py)."""
+        dispatch, sent = self.scripts["dispatch"], []
+        with self.client.pipeline(transaction=False) as pipe:
+            for message in messages:
+                message = message.copy(options={"redis_message_id": str(uuid4())})
+                self.emit_before("enqueue", message, None)
+                dispatch(keys=[self.namespace], client=pipe, args=[
+                    "enqueue", current_millis(), message.queue_name, self.broker_id, self.heartbeat_timeout,
+                    self.dead_message_ttl, self._should_do_maintenance("enqueue"), self._max_unpack_size(),
+                    message.options["redis_message_id"], message.encode()])
+                sent.append(message)
+            pipe.execute()
+        for message in sent:
+            self.emit_after("enqueue", message, None)
 
     def fetch(self, queue_name: str, count: int, *, maintain: bool) -> list[bytes]:
         """Dramatiq's fetch of up to ``count`` messages; ``maintain``: with its maintenance pass on this

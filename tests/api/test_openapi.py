@@ -68,4 +68,4 @@ def test_spec_documents_exactly_the_routes_the_app_serves(settings: Settings, st
     operator_pages = {"/ui", "/ui/status.json",  # behind the operator token, not a tenant's key: not in the spec
                       "/ui/jobs", "/ui/jobs/{job_id}", "/ui/jobs/{job_id}.json", "/ui/jobs.json"}
     assert set(spec["paths"]) == served - operator_pages and operator_pages < served
-    assert len(served) == 27  # /v1/workflows, /v1/workflows/{ref} (issue 34)
+    assert len(served) == 30  # /v1/usage/records (issue 32), /v1/batches and /v1/workflows (issue 34)

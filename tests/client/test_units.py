@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from reckon.client import (
     Backoff,
+    BatchNotFound,
     Client,
     Conflict,
     DeadlineExceeded,
@@ -106,6 +107,7 @@ CLASSES = {
     "input-in-use": InputInUse, "input-unavailable": Unavailable, "input-quota-exceeded": InputQuotaExceeded,
     "invalid-params": InvalidRequest, "workflow-not-found": InvalidRequest, "invalid-workflow": InvalidRequest,
     "workflow-name-taken": Conflict, "too-many-versions": Conflict,
+    "invalid-batch": InvalidRequest, "batch-not-found": BatchNotFound,
 }
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import orjson
+from falcon import testing
 
+from api.app import create_app
 from pipeline.operate import cli
 from pipeline.state import keys
-from pipeline.state.tenants import hash_key, tenant_for_key
+from pipeline.state.tenants import create_key, create_tenant, hash_key, tenant_for_key
 from pipeline.work.sweeper import Sweeper
 
 #: The one shard of these tests' deployment.
@@ -138,3 +140,18 @@ def test_jobs_by_state_finds_the_newest_of_that_state_past_newer_jobs_of_another
     assert (code, [row["id"] for row in orjson.loads(out)]) == (0, [cancelled])
     code, out, _ = run(store, capsys, "jobs", "--state", "completed", "--limit", "1")
     assert [row["id"] for row in orjson.loads(out)] == [second]  # the newest
+
+
+def test_batch_show_counts_its_jobs_and_names_each_refusal(store, settings, capsys) -> None:
+    create_tenant(store.redis, "acme", 1_000)
+    headers = {"Authorization": f"Bearer {create_key(store.redis, 'acme')}", "Idempotency-Key": "nightly"}
+    job = {"kind": "image", "outputs": 1, "workflow": {"3": {"class_type": "KSampler", "inputs": {"seed": 5}}}}
+    batch = testing.TestClient(create_app(settings, store=store, publish=lambda job_id, priority: None)).simulate_post(
+        "/v1/batches", json={"jobs": [job, {"kind": "image"}]}, headers=headers).json
+    code, out, _ = run(store, capsys, "batch", "show", "acme", batch["id"])
+    shown = orjson.loads(out)
+    assert code == 0 and (shown["size"], shown["counts"]["queued"], shown["counts"]["refused"]) == (2, 1, 1)
+    assert shown["items"] == [{"index": 0, "job": batch["items"][0]["job"]["id"], "state": "queued"},
+                              {"index": 1, "problem": "urn:reckon:problem:invalid-job"}]
+    assert "KSampler" not in out
+    assert run(store, capsys, "batch", "show", "rival", batch["id"])[0] == 1  # another tenant's: none

@@ -8,8 +8,9 @@ server's packages: it installs on its own (``pip install ./client``).
 
 from __future__ import annotations
 
-from reckon.client.client import Client, idempotency_key
+from reckon.client.client import Client, batch_key, idempotency_key
 from reckon.client.errors import (
+    BatchNotFound,
     Conflict,
     DeadlineExceeded,
     DeadlineInfeasible,
@@ -40,9 +41,9 @@ from reckon.client.errors import (
 from reckon.client.retry import Backoff
 
 __all__ = [
-    "Backoff", "Client", "Conflict", "DeadlineExceeded", "DeadlineInfeasible", "IdempotencyKeyReused",
+    "Backoff", "BatchNotFound", "Client", "Conflict", "DeadlineExceeded", "DeadlineInfeasible", "IdempotencyKeyReused",
     "InputInUse", "InputNotFound", "InputQuotaExceeded", "InputUnknown", "InsufficientAllowance", "IntegrityError",
     "InvalidRequest", "JobFinished", "JobNotFound", "MaxCostTooLow",
     "NotFound", "OutputMissing", "OutputNotFound", "OverLimit", "ProtocolError", "RateLimited", "ReckonError",
-    "RequestInProgress", "ServerError", "Unauthorized", "Unavailable", "UnsupportedWorkflow", "idempotency_key",
+    "RequestInProgress", "ServerError", "Unauthorized", "Unavailable", "UnsupportedWorkflow", "batch_key", "idempotency_key",
 ]

@@ -97,6 +97,24 @@ class Client:
         headers = {"Idempotency-Key": idempotency_key(intent), "Content-Type": "application/json"}
         return self._call("POST", "/v1/jobs", json_object, body=data, headers=headers)
 
+    def submit_batch(self, intent: str, bodies: list[Mapping[str, Any]]) -> dict[str, Any]:
+        """Submit 1 to 1,000 job bodies as one batch (reckon's docs/api.md "Batches"); its 202 answer: ``id``
+        and ``items``, each with its ``index`` and its ``job`` (as ``submit`` returns it) or its ``problem``
+        (the refusal of that item alone). Item ``i``'s job is the one ``submit(f"{key}.{i}", body)`` names,
+        where ``key`` is ``batch_key(intent)``; however often it is retried, a batch answers the same."""
+        data = json.dumps({"jobs": list(bodies)}, allow_nan=False).encode()
+        headers = {"Idempotency-Key": batch_key(intent), "Content-Type": "application/json"}
+        return self._call("POST", "/v1/batches", json_object, body=data, headers=headers)
+
+    def batch(self, batch_id: str, cursor: str | None = None, limit: int = 200) -> dict[str, Any]:
+        """A page of the batch: ``counts`` per state (and ``refused``), ``items``, ``next_cursor``."""
+        query = urllib.parse.urlencode({"limit": limit, **({"cursor": cursor} if cursor else {})})
+        return self._call("GET", f"{_batch_path(batch_id)}?{query}", json_object)
+
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        """Cancel the batch's unfinished jobs (or ask the running ones to stop)."""
+        return self._call("POST", _batch_path(batch_id, "cancel"), json_object)
+
     def upload(self, source: str | os.PathLike[str] | bytes, content_type: str | None = None) -> dict[str, Any]:
         """Upload an input (a path, or the bytes) for this tenant's jobs and return the answer: ``name`` (what a
         workflow writes where a loader takes a file: ``LoadImage``'s ``image``, ``LoadAudio``'s ``audio``,
@@ -276,6 +294,16 @@ class Client:
             if self._clock() + wait > until:
                 raise _gave_up(error, tries)
             self._sleep(wait)
+
+
+def batch_key(intent: str) -> str:
+    """A batch's ``Idempotency-Key``: as ``idempotency_key``, within the 250 characters a batch's key may have."""
+    key = idempotency_key(intent)
+    return key if len(key) <= 250 else "sha256." + hashlib.sha256(intent.encode()).hexdigest()
+
+
+def _batch_path(batch_id: str, *rest: str) -> str:
+    return "/".join(["/v1/batches", urllib.parse.quote(batch_id, safe=""), *rest])
 
 
 def _job_path(job_id: str, *rest: str) -> str:

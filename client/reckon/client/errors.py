@@ -105,6 +105,10 @@ class JobNotFound(NotFound):
     """404 ``job-not-found``: no such job, another tenant's job, or one purged past its retention."""
 
 
+class BatchNotFound(NotFound):
+    """404 ``batch-not-found``: no such batch of the tenant (another tenant's too)."""
+
+
 class OutputNotFound(NotFound):
     """404 ``output-not-found``: no output stored at that index."""
 
@@ -166,6 +170,7 @@ _BY_NAME: dict[str, type[ReckonError]] = {
     "unauthorized": Unauthorized,
     "insufficient-allowance": InsufficientAllowance,
     "job-not-found": JobNotFound,
+    "batch-not-found": BatchNotFound,
     "output-not-found": OutputNotFound,
     "idempotency-request-in-progress": RequestInProgress,
     "job-finished": JobFinished,
