@@ -62,7 +62,7 @@ class Waiter:
             self.sleep(min(self.poll_seconds, left))
 
 
-def answer_after_wait(resp: Any, view: dict[str, Any], usual: str) -> None:
+def answer_after_wait(resp: Any, view: dict[str, Any], usual: int | str) -> None:
     """A held request's answer: the job's view now, ``200`` when it ended, else the ``usual`` status."""
     resp.status = falcon.HTTP_200 if view["state"] in TERMINAL else usual
     resp.content_type = falcon.MEDIA_JSON

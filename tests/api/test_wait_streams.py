@@ -80,3 +80,5 @@ def test_refusals_are_the_web_processes_and_a_bad_preference_is_ignored(streams:
     assert (status, listed["state"], "preference-applied" in headers) == (200, "queued", False)
     status, headers, listed = call(streams, "GET", f"/v1/jobs/{view['id']}", key, Prefer="wait=1")
     assert (status, listed["state"], headers["preference-applied"]) == (200, "queued", "wait=1")
+    status, _, problem = call(streams, "GET", f"/v1/jobs/{view['id']}", tenant("other"), Prefer="wait=1")
+    assert (status, problem["type"]) == (404, "urn:reckon:problem:job-not-found")
