@@ -20,6 +20,7 @@ from api.auth import Authenticate
 from api.metrics import Metrics
 from api.openapi_batches import document
 from api.problems import Problem, problem_body, serialize
+from api.waiting import Waiter
 from pipeline.blobs import open_blobs
 from pipeline.errors import (
     DeadlineInfeasible,
@@ -56,11 +57,7 @@ def create_app(
     if store is None:
         name_connections("web")
     store = store or open_store(settings, check=False)  # checked at readiness
-    if publish is None:
-        from pipeline.work.broker import Publisher, build_broker
-
-        publish = Publisher(build_broker(settings))
-    admitter = Admitter(store, publish, settings)
+    admitter = open_admitter(settings, store, publish)
 
     auth = Authenticate(store.redis, trust_seconds=settings.auth_cache_seconds)
     app = falcon.App(middleware=[auth])
@@ -72,13 +69,15 @@ def create_app(
         app.add_error_handler(exc_type, handler)
 
     blobs = open_blobs(settings)
-    app.add_route("/v1/jobs", resources.Jobs(admitter, store))
-    app.add_route("/v1/jobs/{job_id}", resources.Job(store))
+    slots = sse.StreamSlots(settings.sse_max_streams)  # event streams and held requests (Prefer: wait)
+    waiter = Waiter(store, slots)
+    app.add_route("/v1/jobs", resources.Jobs(admitter, store, waiter))
+    app.add_route("/v1/jobs/{job_id}", resources.Job(store, waiter))
     app.add_route("/v1/jobs/{job_id}/cancel", resources.Cancel(store))
     app.add_route("/v1/jobs/{job_id}/attempts", resources.Attempts(store))
     app.add_route("/v1/jobs/{job_id}/events", resources.Events(store))
     app.add_route("/v1/jobs/{job_id}/events/stream", resources.EventStream(
-        store, max_seconds=settings.sse_max_seconds, slots=sse.StreamSlots(settings.sse_max_streams),
+        store, max_seconds=settings.sse_max_seconds, slots=slots,
         refusal=auth.refusal))
     app.add_route("/v1/jobs/{job_id}/outputs/{index:int(min=0)}", resources.Output(store, blobs))
     app.add_route("/v1/batches", batches.Batches(BatchAdmitter(admitter), store, _problem_of))
@@ -102,6 +101,16 @@ def create_app(
     app.add_route("/ui/jobs/{job_id}.json", jobpage.Job(store, settings.operator_token))
     app.add_route("/ui/jobs.json", jobpage.Recent(store, settings.operator_token))
     return app
+
+
+def open_admitter(settings: Settings, store: Store, publish: Callable[[str, str], None] | None = None) -> Admitter:
+    """Admission as the API runs it (also the streams process's, api/streams/app.py): publishing each job's
+    message to the broker of ``settings`` unless ``publish`` is given."""
+    if publish is None:
+        from pipeline.work.broker import Publisher, build_broker
+
+        publish = Publisher(build_broker(settings))
+    return Admitter(store, publish, settings)
 
 
 def _problem(build: Callable[[Any], Problem]) -> Callable[..., None]:
@@ -178,3 +187,16 @@ _ERROR_HANDLERS[ReckonError] = _problem(lambda e: _logged(e, Problem(
     500, "internal-error", "Internal error", "the request could not be completed; retry later")))
 # A Redis Cluster none of whose nodes answers raises RedisClusterException, which is no RedisError.
 _ERROR_HANDLERS[RedisClusterException] = _ERROR_HANDLERS[redis.RedisError]
+
+
+def refusal(exc: Exception) -> Problem | None:
+    """The problem this process answers for ``exc`` (the handler of the nearest class in its MRO), None
+    when no handler takes it: the streams process answers its admissions the same (api/streams/waits.py)."""
+    handler = next((_ERROR_HANDLERS[cls] for cls in type(exc).__mro__ if cls in _ERROR_HANDLERS), None)
+    if handler is None:
+        return None
+    try:
+        handler(None, None, exc, {})
+    except Problem as problem:
+        return problem
+    return None

@@ -30,11 +30,20 @@ _ESCAPED_COLONS = (b"\\u003a", b"\\u003A")
 def read_json(req: falcon.Request, limit: int, max_depth: int = MAX_DEPTH) -> Any:
     """The decoded body, or the problem that refuses it: 415, 413, 400 or 422, in that order; ``max_depth``:
     how deep it may nest (a batch's items are two levels below its body: api/batches.py)."""
-    media_type = (req.content_type or "").partition(";")[0].strip()
+    check_media_type(req.content_type)
+    return decode_json(_read(req, limit), max_depth)
+
+
+def check_media_type(content_type: str | None) -> None:
+    """415 unless the body is JSON (the streams process reads its body itself: api/streams/waits.py)."""
+    media_type = (content_type or "").partition(";")[0].strip()
     if not _JSON_MEDIA_RE.fullmatch(media_type.lower()):
         raise Problem(415, "unsupported-media-type", "Unsupported media type",
                       "send the job as Content-Type: application/json")
-    data = _read(req, limit)
+
+
+def decode_json(data: bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """The decoded body, or the problem that refuses it: 400, then 422."""
     try:
         body = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -49,15 +58,15 @@ def _read(req: falcon.Request, limit: int) -> bytes:
     """At most ``limit`` bytes of body. Without Content-Length (chunked), the server's input stream
     is read to its end when the server promises one (``wsgi.input_terminated``, as gunicorn does)."""
     if (req.content_length or 0) > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     chunked = req.content_length is None and req.env.get("wsgi.input_terminated")
     data = (req.stream if chunked else req.bounded_stream).read(limit + 1)
     if len(data) > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     return data
 
 
-def _too_large(limit: int) -> Problem:
+def too_large(limit: int) -> Problem:
     return Problem(413, "payload-too-large", "Request body too large", f"the limit is {limit} bytes")
 
 

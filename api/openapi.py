@@ -41,6 +41,13 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+#: ``Prefer: wait`` (docs/api.md "Waiting for the result"): held until the job ends or N seconds pass.
+_PREFER = {"name": "Prefer", "in": "header", "required": False,
+           "description": "RFC 7240; wait or wait=N (seconds, at most 60; wait alone is 60) holds the request until "
+                          "the job is completed, failed or cancelled, or N seconds pass; any other wait is ignored",
+           "schema": {"type": "string"}}
+_WAITED = {"Preference-Applied": {"description": "wait=N when the request was held (or could have been)",
+                                  "schema": {"type": "string"}}}
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _UNAVAILABLE = {"503": _problem("job state cannot be read or written now (Retry-After); nothing was changed")}
 _AUTH = {"401": _problem("missing, unknown or revoked API key, or a disabled tenant"), **_UNAVAILABLE}
@@ -196,13 +203,16 @@ SPEC: dict[str, Any] = {
             "post": {
                 "summary": "Submit a job (idempotent per tenant and Idempotency-Key)",
                 "parameters": [{"name": "Idempotency-Key", "in": "header", "required": True,
-                                "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,255}$"}}],
+                                "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,255}$"}}, _PREFER],
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/JobRequest"}}}},
                 "responses": {
                     "202": {**_json({"$ref": "#/components/schemas/Job"}, "accepted, or the first response replayed"),
                             "headers": {"Location": {"schema": {"type": "string"}},
-                                        "Idempotent-Replayed": {"schema": {"type": "string"}}}},
+                                        "Idempotent-Replayed": {"schema": {"type": "string"}}, **_WAITED}},
+                    "200": {**_json({"$ref": "#/components/schemas/Job"}, "held (Prefer: wait) until the job ended"),
+                            "headers": {"Location": {"schema": {"type": "string"}},
+                                        "Idempotent-Replayed": {"schema": {"type": "string"}}, **_WAITED}},
                     "400": _problem("malformed JSON (malformed-json) or Idempotency-Key (idempotency-key-invalid)"),
                     **_AUTH,
                     "402": _problem("the cost ceiling exceeds the available allowance (insufficient-allowance)"),
@@ -246,8 +256,9 @@ SPEC: dict[str, Any] = {
             },
         },
         "/v1/jobs/{job_id}": {"get": {
-            "summary": "One job", "parameters": [_JOB_ID],
-            "responses": {"200": _json({"$ref": "#/components/schemas/Job"}), **_AUTH_ERRORS}}},
+            "summary": "One job (held until it ends with Prefer: wait)", "parameters": [_JOB_ID, _PREFER],
+            "responses": {"200": {**_json({"$ref": "#/components/schemas/Job"}), "headers": _WAITED},
+                          **_AUTH_ERRORS}}},
         "/v1/jobs/{job_id}/cancel": {"post": {
             "summary": "Cancel a job (at once if not running; else a cancel request)", "parameters": [_JOB_ID],
             "responses": {"200": _json({"$ref": "#/components/schemas/Job"}, "cancelled"),

@@ -14,6 +14,7 @@ import redis
 from api import sse
 from api.body import read_json
 from api.problems import Problem
+from api.waiting import Waiter, answer_after_wait
 from pipeline.blobs import Blobs
 from pipeline.errors import BlobMissing, BlobUnreadable, WrongShards
 from pipeline.state import progress, views
@@ -71,17 +72,28 @@ def resume_after(req: Any) -> int:
     return int(last_id)
 
 
+def current_view(store: Store, tenant: str, job_id: str) -> dict[str, Any]:
+    """The job's view as ``GET /v1/jobs/{id}`` gives it (404 problem if it is not ``tenant``'s)."""
+    record = owned_job(store, tenant, job_id)
+    return job_view(record, store.outputs(job_id), store.attempts(job_id))
+
+
+def check_idempotency_key(key: str | None) -> str:
+    """The request's ``Idempotency-Key``, or the 400 problem that refuses it."""
+    if key is None or not IDEMPOTENCY_KEY_RE.fullmatch(key):
+        raise Problem(
+            400, "idempotency-key-invalid", "Idempotency-Key required",
+            "send an Idempotency-Key header of 1 to 255 characters from A-Za-z0-9_.:-",
+        )
+    return key
+
+
 class Jobs:
-    def __init__(self, admitter: Admitter, store: Store) -> None:
-        self.admitter, self.store = admitter, store
+    def __init__(self, admitter: Admitter, store: Store, waiter: Waiter | None = None) -> None:
+        self.admitter, self.store, self.waiter = admitter, store, waiter
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        key = req.get_header("Idempotency-Key")
-        if key is None or not IDEMPOTENCY_KEY_RE.fullmatch(key):
-            raise Problem(
-                400, "idempotency-key-invalid", "Idempotency-Key required",
-                "send an Idempotency-Key header of 1 to 255 characters from A-Za-z0-9_.:-",
-            )
+        key = check_idempotency_key(req.get_header("Idempotency-Key"))
         body = read_json(req, self.admitter.settings.max_body_bytes)
         submitted = self.admitter.submit(req.context.tenant, key, body)
         resp.status = submitted.status
@@ -90,6 +102,12 @@ class Jobs:
         resp.location = f"/v1/jobs/{submitted.job_id}"
         if submitted.replayed:
             resp.set_header("Idempotent-Replayed", "true")
+        if self.waiter is not None:  # Prefer: wait
+            self._wait(req, resp, submitted.job_id)
+
+    def _wait(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
+        if self.waiter is not None and self.waiter.hold(req, resp, job_id, None):
+            answer_after_wait(resp, current_view(self.store, req.context.tenant, job_id), resp.status)
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         state = req.get_param("state")
@@ -111,12 +129,15 @@ class Jobs:
 
 
 class Job:
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store, waiter: Waiter | None = None) -> None:
+        self.store, self.waiter = store, waiter
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
-        record = owned_job(self.store, req.context.tenant, job_id)
-        resp.media = job_view(record, self.store.outputs(job_id), self.store.attempts(job_id))
+        resp.vary = ["Prefer"]
+        view = current_view(self.store, req.context.tenant, job_id)
+        if self.waiter is not None and self.waiter.hold(req, resp, job_id, view["state"]):
+            view = current_view(self.store, req.context.tenant, job_id)
+        resp.media = view
 
 
 class Cancel:

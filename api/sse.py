@@ -96,6 +96,11 @@ class StreamSlots:
         """The body holding a slot, or None when every slot is taken."""
         return Body(chunks, self._free.release) if self._free.acquire(blocking=False) else None
 
+    def take(self) -> Callable[[], None] | None:
+        """A slot for a request held until its job ends (api/waiting.py), as the function that gives it
+        back; None when every slot is taken."""
+        return self._free.release if self._free.acquire(blocking=False) else None
+
 
 class Body:
     """A WSGI response body that runs ``release`` once on ``close()``, whether or not it was iterated

@@ -13,14 +13,17 @@ import falcon.asgi
 import redis
 from redis.exceptions import RedisClusterException
 
+from api.app import open_admitter
 from api.problems import Problem, serialize
 from api.streams.auth import Authenticate, Grants
 from api.streams.hub import DEFAULT_BLOCK_MS, Hub
 from api.streams.resources import JobStream, Slots, TenantStream
+from api.streams.waits import Holds, Job, Jobs
 from pipeline.errors import WrongShards
 from pipeline.settings import Settings
 from pipeline.state import keys
 from pipeline.state.redisconn import async_client, name_connections
+from pipeline.state.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +46,18 @@ def create_app(settings: Settings | None = None, *, block_ms: int = DEFAULT_BLOC
     app.add_error_handler(RedisClusterException, _unavailable)
     app.add_route("/v1/jobs/{job_id}/events/stream", JobStream(hub, slots, settings.streams_ping_seconds, grants))
     app.add_route("/v1/events/stream", TenantStream(hub, slots, settings.streams_ping_seconds, grants))
+    add_job_routes(app, settings, hub, slots)
     app.add_route("/healthz", _Health())
     return app
+
+
+def add_job_routes(app: falcon.asgi.App, settings: Settings, hub: Hub, slots: Slots) -> None:
+    """``POST /v1/jobs`` and ``GET /v1/jobs/{job_id}``, held for ``Prefer: wait`` (api/streams/waits.py);
+    admission through the web process's ``Admitter`` on a synchronous store and broker of this process."""
+    store = open_store(settings, check=False)  # checked when the worker starts (check_shards)
+    holds = Holds(hub, slots, store)
+    app.add_route("/v1/jobs", Jobs(open_admitter(settings, store), holds))
+    app.add_route("/v1/jobs/{job_id}", Job(holds))
 
 
 class _Lifespan:

@@ -1,6 +1,6 @@
 """schemathesis hooks for tests/api/test_openapi.py, loaded by ``st run`` through SCHEMATHESIS_HOOKS.
 
-Two rules of POST /v1/jobs depend on state, not on the request's shape, so the OpenAPI document
+A ``Prefer`` naming a wait becomes ``wait=0`` (applied, held not at all). Two rules of POST /v1/jobs depend on state, not on the request's shape, so the OpenAPI document
 cannot state them as schema: an Idempotency-Key names one intent (the same key with another body
 is 422 idempotency-key-reused; a batch's key too), and ``supersedes`` must name an existing job of the tenant (422
 otherwise). So each call gets a fresh key, and a well-formed ``supersedes`` names the job the test
@@ -45,6 +45,9 @@ def _an_input(case: Any, kwargs: dict[str, Any]) -> None:
 
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    headers = case.headers or {}
+    if isinstance(headers.get("Prefer"), str) and "wait" in headers["Prefer"].lower():
+        headers["Prefer"] = "wait=0"  # the test's job stays queued: a wait would be held its whole time
     if (case.method.upper(), case.path) == ("POST", "/v1/inputs"):
         _an_input(case, kwargs)
         return

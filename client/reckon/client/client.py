@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import math
 import os
 import re
 import shutil
@@ -51,6 +52,9 @@ RECONNECT = 1.0
 #: ``SPOOL`` bytes (then in a temporary file) until its sha256 is checked.
 CHUNK = 64 * 1024
 SPOOL = 16 * 1024 * 1024
+
+#: The longest ``run`` asks the API to hold one request (s): the API's maximum (docs/api.md "Waiting for the result").
+WAIT_ASK = 60
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
@@ -164,6 +168,38 @@ class Client:
             self._sleep(pause)
             pause = min(POLL_CAP, pause * 2)
 
+    def run(self, intent: str, body: Mapping[str, Any], wait: float | None = None) -> dict[str, Any]:
+        """Submit ``body`` as ``intent`` and return the job's view once it is completed, failed or cancelled:
+        the submission is held until the job ends (``Prefer: wait``, on the streams process when the client
+        has its URL), then a read of the job held the same way while it has not. A dropped connection is
+        asked again (the same key: the same job). Where the API does not hold a request (no
+        ``Preference-Applied``) it polls as ``wait`` does. ``DeadlineExceeded`` if ``wait`` seconds (None: as
+        long as the job takes) pass first."""
+        until = None if wait is None else self._clock() + wait
+        data = json.dumps(body, allow_nan=False).encode()
+        headers = {"Idempotency-Key": idempotency_key(intent), "Content-Type": "application/json"}
+        view, held = self._held("POST", "/v1/jobs", until, body=data, headers=headers)
+        while view["state"] not in TERMINAL:
+            left = None if until is None else until - self._clock()
+            if not held:
+                return self.wait(view["id"], None if left is None else max(left, 0.001))
+            if left is not None and left <= 0:
+                raise DeadlineExceeded(f"job {view['id']} is still {view['state']} after {wait} s")
+            view, held = self._held("GET", _job_path(view["id"]), until)
+        return view
+
+    def _held(self, method: str, path: str, until: float | None, *, body: bytes | None = None,
+              headers: Mapping[str, str] | None = None) -> tuple[dict[str, Any], bool]:
+        """The job's view from one request held up to ``WAIT_ASK`` s (less when ``until`` comes first), and
+        whether the API held it; retried as every call is, within the client's deadline and the wait."""
+        ask = WAIT_ASK if until is None else max(0, min(WAIT_ASK, math.ceil(until - self._clock())))
+
+        def read(resp: http.client.HTTPResponse) -> tuple[dict[str, Any], bool]:
+            return json_object(resp), resp.getheader("Preference-Applied") is not None
+
+        return self._call(method, path, read, body=body, headers={**(headers or {}), "Prefer": f"wait={ask}"},
+                          deadline=self.deadline + ask, transport=self._streams, timeout=self.timeout + ask)
+
     def events(self, job_id: str, after: int = 0) -> Iterator[dict[str, Any]]:
         """The job's events with ``seq`` above ``after``, each once and in order, from its event
         stream; reopened from the last ``seq`` seen when it ends or breaks, until the job's terminal
@@ -269,18 +305,20 @@ class Client:
 
     def _call(self, method: str, path: str, read: Callable[[http.client.HTTPResponse], T], *,
               body: bytes | None = None, headers: Mapping[str, str] | None = None,
-              deadline: float | None = None, until: float | None = None) -> T:
+              deadline: float | None = None, until: float | None = None, transport: Transport | None = None,
+              timeout: float | None = None) -> T:
         """One request, tried again with the same bytes while it may succeed, until ``deadline``
         (default: the client's) has passed, or the clock reads ``until`` (a call of several requests);
-        ``read`` turns a 2xx answer into the result. Every try's connect, send and read end by then."""
+        ``read`` turns a 2xx answer into the result; ``transport`` and ``timeout`` default to the client's. Every try's connect, send and read end by then."""
         if until is None:
             until = self._clock() + (self.deadline if deadline is None else deadline)
         tries = 0
         while True:
             tries += 1
             try:
-                with self._transport.exchange(method, path, headers=self._auth | dict(headers or {}), body=body,
-                                              timeout=self.timeout, deadline=Deadline(until, self._clock)) as resp:
+                with (transport or self._transport).exchange(
+                        method, path, headers=self._auth | dict(headers or {}), body=body,
+                        timeout=timeout or self.timeout, deadline=Deadline(until, self._clock)) as resp:
                     if resp.status < 300:
                         return read(resp)
                     error: Exception = failure(resp)
