@@ -16,7 +16,7 @@ from api.body import read_json
 from api.problems import Problem
 from pipeline.blobs import Blobs
 from pipeline.errors import BlobMissing, BlobUnreadable, WrongShards
-from pipeline.state import progress, views
+from pipeline.state import plans, progress, views
 from pipeline.state.jobs import State, iso, job_view
 from pipeline.state.ids import tenant_of
 from pipeline.state.store import Store
@@ -116,7 +116,8 @@ class Job:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, job_id: str) -> None:
         record = owned_job(self.store, req.context.tenant, job_id)
-        resp.media = job_view(record, self.store.outputs(job_id), self.store.attempts(job_id))
+        resp.media = plans.with_plan(job_view(record, self.store.outputs(job_id), self.store.attempts(job_id)),
+                                     self.store.redis)
 
 
 class Cancel:

@@ -140,6 +140,12 @@ class ShardKeys(WebhookKeys):
         return self._k("inputs:used")
 
     @property
+    def plan(self) -> str:
+        """Hash: each parked or watched job -> its packed queue position and ETA range, rewritten by the planner's
+        pass and expiring soon after (pipeline/state/plans.py); ``d:<server>`` -> its measured run time (ms)."""
+        return self._k("plan")
+
+    @property
     def meta(self) -> str:
         """Hash (shard 0 only): ``shards`` -> the shard count this deployment was created with."""
         return self._k("meta")
