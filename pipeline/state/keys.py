@@ -23,6 +23,8 @@ SWEEPER = f"{PREFIX}:sweeper"
 HISTORY = f"{PREFIX}:history"
 #: Hash: fair-share figures the sweeper publishes (pipeline/state/fairness.py): at, min:<class>, max:<class>.
 FAIRNESS = f"{PREFIX}:fairness"
+#: Hash: server -> its latest prompts' run times (ms, comma-separated), as its watcher heard them (runclock.py).
+RUN_TIMES = f"{PREFIX}:fleet:runtimes"
 #: Rank of a batch job in a shard's queue, due and parked sets (interactive ranks are plain times in ms).
 BATCH_RANK = 10**13
 #: Why dispatch to a server may be stopped (fields ``<reason>:<server>`` of a shard's ``fleet``): an operator's

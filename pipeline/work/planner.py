@@ -2,18 +2,21 @@
 queue position and ETA range (and each watched prompt's finish range) to the shard's plan (pipeline/state/plans.py).
 
 What it reads, per shard and pass, in one round trip: the first ``MAX_PLANNED`` parked jobs with their scores
-(the order unpark serves them: class, then finish tag, the batch jobs moved by the starvation bound first) and
-the fleet hash (each server's slots in use, stop marks, paused classes, the watched prompts, and the placement
-of each parked job only some servers can run). Nothing on a job's own path: no job record is read.
+(the order unpark serves them: class, then finish tag, the batch jobs moved by the starvation bound first), the
+fleet hash (each server's slots in use, stop marks, paused classes, the watched prompts, and the placement of
+each parked job only some servers can run) and each server's run times as its watcher heard them
+(``keys.RUN_TIMES``, pipeline/work/runclock.py). Nothing on a job's own path: no job record is read.
 
-Run times are learned here, from the same reads: a server's prompts that left the watch list since the last
-pass ended there; its run time is its busy time (passes it had a prompt in flight) over the prompts that ended,
-over the last ``WINDOW`` passes (ComfyUI runs one prompt at a time: a busy server ends one every run time).
+A server none of whose run times were heard yet is measured from the passes: its prompts that left the watch
+list since the last pass ended there, and its run time is its busy time (passes with a prompt in flight at both
+ends) over the prompts that ended, over the last ``WINDOW`` passes. That undercounts a server that ends more
+prompts a pass than its cap (one it sends and ends between two passes is never seen): a fallback only.
 
 The simulation (``simulate``): each parked job, in order, goes to the usable server it can run on whose slot
 frees first (a server of cap ``c`` takes its k-th prompt when its (k-c)-th ends), and runs after the prompt
-before it there. Run twice, with each run time times ``LOW`` and times ``HIGH``, plus ``SLACK_MS`` for the
-pass and the claim: the earliest and latest start and finish. A job no usable server can run (paused,
+before it there. Run twice: with each server's short run time (p10 of those heard x ``LOW``) and its long one
+(p90 x ``HIGH`` + ``GAP_MS``), plus ``SLACK_MS`` on the latest for the pass and the claim: the earliest and
+latest start and finish. A job no usable server can run (paused,
 unreachable) or whose class is paused gets a position and no ETA.
 """
 
@@ -27,6 +30,7 @@ import orjson
 
 from pipeline.state import keys, plans
 from pipeline.state.plans import Plan
+from pipeline.work import runclock
 
 #: Parked jobs planned per shard and pass, at most (the first in dispatch order; the rest get no plan).
 MAX_PLANNED = 5_000
@@ -36,6 +40,10 @@ WINDOW = 60
 LOW, HIGH = 0.8, 1.3
 #: Added to the latest times (ms): a sweeper pass (the run time's granularity) and a claim's latency.
 SLACK_MS = 1_500
+#: Run times heard (pipeline/work/runclock.py) a server needs before they are used rather than the passes' measure.
+MIN_HEARD = 3
+#: Added to each latest heard run time (ms): the claim and the send between two prompts at cap 1.
+GAP_MS = 50
 
 
 @dataclass
@@ -83,7 +91,9 @@ class RunTimes:
         for server, count in busy.items():
             before, now_watched = self.seen.get(server, {}), watched.get(server, set())
             ended = len(before.keys() - now_watched)
-            if self.last_ms is not None and self.busy.get(server, 0) > 0:
+            # busy at both ends of the pass, busy throughout (as far as passes tell): a pass in which the server
+            # fell idle would count its idle end as run time
+            if self.last_ms is not None and self.busy.get(server, 0) > 0 and count > 0:
                 self.samples.setdefault(server, deque(maxlen=WINDOW)).append((now - self.last_ms, ended))
             if ended or (count > 0 and self.busy.get(server, 0) == 0):
                 self.head[server] = now
@@ -121,7 +131,8 @@ class Planner:
         pipe = self.client.pipeline(transaction=False)
         pipe.zrange(shard.parked, 0, MAX_PLANNED - 1, withscores=True)
         pipe.hgetall(shard.fleet)
-        parked, fleet = pipe.execute()
+        pipe.hgetall(keys.RUN_TIMES)
+        parked, fleet, heard = pipe.execute()
         watched: dict[str, set[str]] = {}
         for name, value in fleet.items():
             if name.startswith("w:"):
@@ -129,15 +140,30 @@ class Planner:
         busy = {server: int(fleet.get(f"busy:{server}", 0)) for server in self.servers}
         times = self.times.setdefault(shard.n, RunTimes())
         times.observe(now, watched, busy)
-        measured = {server: ms for server in self.servers if (ms := times.run_ms(server)) is not None}
-        found = self._plans(parked, fleet, times, measured, now)
+        measured, spans = self._run_times(runclock.parse(heard), times)
+        found = self._plans(parked, fleet, times, spans, now)
         if found or self.wrote.get(shard.n, True):
             plans.write(self.client, shard, found, measured)
             self.wrote[shard.n] = bool(found)
         return found
 
+    def _run_times(self, heard: dict[str, list[int]],
+                   times: RunTimes) -> tuple[dict[str, int], dict[str, tuple[float, float]]]:
+        """Each server's run time (ms: the median heard, else the passes' measure) and the run times the
+        earliest and the latest times take: the heard ones' p10 x LOW and p90 x HIGH + GAP_MS (the claim and
+        the send between two prompts, not in a heard run time), else the passes' measure x LOW and x HIGH."""
+        measured, spans = {}, {}
+        for server in self.servers:
+            runs = sorted(heard.get(server, ()))
+            if len(runs) >= MIN_HEARD:
+                measured[server] = runs[len(runs) // 2]
+                spans[server] = (runs[len(runs) // 10] * LOW, runs[-1 - len(runs) // 10] * HIGH + GAP_MS)
+            elif (ms := times.run_ms(server)) is not None:
+                measured[server], spans[server] = ms, (ms * LOW, ms * HIGH)
+        return measured, spans
+
     def _plans(self, parked: list[tuple[str, float]], fleet: dict[str, str], times: RunTimes,
-               measured: dict[str, int], now: int) -> dict[str, Plan]:
+               spans: dict[str, tuple[float, float]], now: int) -> dict[str, Plan]:
         everyone = frozenset(self.servers)
         stopped = {server for server in self.servers
                    if any(f"{reason}:{server}" in fleet for reason in keys.SERVER_BLOCKS)}
@@ -150,23 +176,23 @@ class Planner:
             cls = "interactive" if 0 <= score < keys.BATCH_RANK else "batch"
             if f"pause_class:{cls}" not in fleet:
                 open_order.append((job_id, able - stopped))
-        ranges, running = self._ranges(open_order, fleet, times, measured, stopped, now)
+        ranges, running = self._ranges(open_order, fleet, times, spans, now)
         found = {job_id: Plan(position[job_id], *ranges.get(job_id, (None, None))) for job_id, _ in order}
         found.update({job_id: Plan(finish=finish) for job_id, finish in running.items()})
         return found
 
     def _ranges(self, order: list[tuple[str, frozenset[str]]], fleet: dict[str, str], times: RunTimes,
-                measured: dict[str, int], stopped: set[str], now: int) -> tuple[dict[str, Any], dict[str, Any]]:
+                spans: dict[str, tuple[float, float]], now: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """(job -> (start range, finish range)) for the parked, (job -> finish range) for the watched."""
-        if not measured:
+        if not spans:
             return {}, {}
-        fallback = sorted(measured.values())[len(measured) // 2]  # a server not measured yet: the median
+        fallback = sorted(spans.values())[len(spans) // 2]  # a server not measured yet: the median
         bounds: list[dict[str, tuple[float, float]]] = []
         flights: list[dict[str, float]] = []
-        for factor in (LOW, HIGH):
+        for side in (0, 1):  # the earliest times, then the latest
             lanes, ends = {}, {}
             for server, cap in self.servers.items():
-                lane = Lane(cap, measured.get(server, fallback) * factor)
+                lane = Lane(cap, spans.get(server, fallback)[side])
                 head = times.head.get(server, now)
                 prompts = times.in_flight(server)
                 unseen = max(0, int(fleet.get(f"busy:{server}", 0)) - len(prompts))  # claimed, not yet watched
@@ -176,8 +202,7 @@ class Planner:
                         lane.ends.append(end)
                     if k < len(prompts):
                         ends[prompts[k]] = end
-                if server not in stopped:
-                    lanes[server] = lane
+                lanes[server] = lane  # a stopped server's prompts still end; no job is sent to it (``able``)
             bounds.append(simulate(order, lanes, now))
             flights.append(ends)
         low, high = bounds

@@ -13,7 +13,9 @@ from pipeline.state.plans import Plan
 from pipeline.state.store import Store
 from pipeline.state.submit import Admitter
 from pipeline.state.tenants import create_tenant, set_limits
-from pipeline.work.planner import HIGH, LOW, SLACK_MS, Planner
+from pipeline.work import runclock
+from pipeline.work.planner import GAP_MS, HIGH, LOW, SLACK_MS, Planner
+from pipeline.work.runclock import FLUSH_SECONDS, RunClock
 
 SHARD = keys.ShardKeys(0)
 SERVERS = {"a": 1, "b": 1}
@@ -135,14 +137,14 @@ def _commands(client: Redis) -> int:
 
 
 def test_a_pass_over_thousands_of_parked_jobs_costs_the_same_few_commands(redis_client: Redis) -> None:
-    """3,000 parked jobs, a third only server a can run: a pass is 2 reads in one round trip and the plan's
-    MULTI (DEL, HSET, PEXPIRE), 7 commands; idle (nothing parked or watched, the empty plan written) 2."""
+    """3,000 parked jobs, a third only server a can run: a pass is 3 reads in one round trip and the plan's
+    MULTI (DEL, HSET, PEXPIRE), 8 commands; idle (nothing parked or watched, the empty plan written) 3."""
     planner = _measured(redis_client)
     redis_client.zadd(SHARD.parked, {f"p{i:04}": i for i in range(3_000)})
     redis_client.hset(SHARD.fleet, mapping={f"p:p{i:04}": "a|" for i in range(0, 3_000, 3)})
     before = _commands(redis_client)
     found = planner.plan_shard(SHARD, 4_000)
-    assert _commands(redis_client) - before == 7
+    assert _commands(redis_client) - before == 8
     assert len(found) == 3_000 + 2 and found["p2999"].position == 2_999 and found["p2999"].start is not None
     assert redis_client.hlen(SHARD.plan) == 3_000 + 2 + 2  # and the two run times
     redis_client.delete(SHARD.parked)
@@ -151,4 +153,39 @@ def test_a_pass_over_thousands_of_parked_jobs_costs_the_same_few_commands(redis_
     assert redis_client.hkeys(SHARD.plan) == ["d:a", "d:b"]  # the run times stay until the key expires
     before = _commands(redis_client)
     planner.plan_shard(SHARD, 6_000)
-    assert _commands(redis_client) - before == 2
+    assert _commands(redis_client) - before == 3
+
+
+def test_run_times_heard_by_the_watchers_set_the_ranges(redis_client: Redis) -> None:
+    """Ten run times heard on a (1,000 ms, one 4,000) and three on b (3,000 ms): p10 and p90 of each, x 0.8 and
+    x 1.3 + 50 ms; two servers idle, so p1 starts now on a and p2 now on b, p3 after p1 on a."""
+    assert (LOW, HIGH, SLACK_MS, GAP_MS) == (0.8, 1.3, 1_500, 50)
+    redis_client.hset(keys.RUN_TIMES, mapping={"a": ",".join(["1000"] * 9 + ["4000"]), "b": "3000,3000,3000"})
+    redis_client.zadd(SHARD.parked, {"p1": 10, "p2": 20, "p3": 30})
+    found = Planner(redis_client, SERVERS).plan_shard(SHARD, 10_000)
+    assert found["p1"] == Plan(0, (10_000, 11_500), (10_800, 12_850))  # a's p90 of ten is its 9th: 1,000
+    assert found["p2"] == Plan(1, (10_000, 11_500), (12_400, 15_450))
+    assert found["p3"] == Plan(2, (10_800, 12_850), (11_600, 14_200))
+    assert redis_client.hmget(SHARD.plan, ["d:a", "d:b"]) == ["1000", "3000"]
+
+
+def test_a_run_clock_keeps_the_run_times_it_heard_and_writes_them_at_most_every_five_seconds(
+        redis_client: Redis) -> None:
+    now = [100.0]
+    clock = RunClock("a", redis_client, lambda: now[0])
+    clock.started("j1")
+    now[0] += 1.25
+    clock.ended("j1")
+    clock.ended("j1")  # heard twice (websocket, then /history): one run time
+    clock.ended("j2")  # its start unheard: none
+    clock.flush({})
+    assert runclock.parse(redis_client.hgetall(keys.RUN_TIMES)) == {"a": [1250]}
+    clock.started("j3")
+    clock.started("gone")
+    now[0] += 0.5
+    clock.ended("j3")
+    clock.flush({"j3": {}})  # within FLUSH_SECONDS: not written yet; the start of a prompt no longer watched goes
+    assert redis_client.hget(keys.RUN_TIMES, "a") == "1250" and set(clock.begun) == set()
+    now[0] += FLUSH_SECONDS
+    clock.flush({})
+    assert redis_client.hget(keys.RUN_TIMES, "a") == "1250,500"
