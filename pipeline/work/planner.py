@@ -168,10 +168,12 @@ class Planner:
         stopped = {server for server in self.servers
                    if any(f"{reason}:{server}" in fleet for reason in keys.SERVER_BLOCKS)}
         order, position, open_order = [], {}, []
-        for i, (job_id, score) in enumerate(parked):
+        ahead: dict[frozenset[str], int] = {}  # jobs so far per set of servers they can run on (a few sets)
+        for job_id, score in parked:
             named = fleet.get(f"p:{job_id}", "").partition("|")[0]
             able = frozenset(named.split(",")) & everyone if named else everyone
-            position[job_id] = sum(1 for _, other in order if other & able)  # ahead, competing for its servers
+            position[job_id] = sum(n for other, n in ahead.items() if other & able)  # competing for its servers
+            ahead[able] = ahead.get(able, 0) + 1
             order.append((job_id, able))
             cls = "interactive" if 0 <= score < keys.BATCH_RANK else "batch"
             if f"pause_class:{cls}" not in fleet:
