@@ -103,7 +103,8 @@ def section(bench: Any) -> Any:
         f = phase.figures()
         rows += [Row(f"{phase.name}: start and finish inside, % ({f['judged']:.0f} jobs)", None, f["both"] * 100,
                      ">= 80", f["both"] >= 0.8),
-                 Row(f"{phase.name}: median width start / finish, s", f["start_width"], f["finish_width"])]
+                 Row(f"{phase.name}: median width of the start range, s", None, f["start_width"]),
+                 Row(f"{phase.name}: median width of the finish range, s", None, f["finish_width"])]
     return Section(f"eta: first ETA ranges against what happened, servers of {', '.join(map(str, DEFAULT_DELAYS))} s"
                    " a prompt", columns=("", "reckon"), rows=rows)
 
