@@ -53,6 +53,8 @@ _UNAVAILABLE = {"503": _problem("job state cannot be read or written now (Retry-
 _AUTH = {"401": _problem("missing, unknown or revoked API key, or a disabled tenant"), **_UNAVAILABLE}
 _AUTH_ERRORS = {**_AUTH, "404": _problem("no such job for this tenant")}
 _TIME = {"type": "string", "format": "date-time"}
+_SPAN = {"type": ["object", "null"], "required": ["earliest", "latest"],
+         "properties": {"earliest": _TIME, "latest": _TIME}}  # an ETA range (pipeline/state/plans.py)
 
 #: What the job view's cost shows only when there is something to show (docs/api.md "The job view").
 _BOOKED: dict[str, Any] = {
@@ -176,6 +178,9 @@ SPEC: dict[str, Any] = {
                     "obsolete": {"type": "boolean"},
                     "external_effect": {"enum": [None, "none", "possible", "occurred"]},
                     "deadline": _TIME, "created_at": _TIME, "updated_at": _TIME,
+                    "queue": {"type": ["object", "null"],
+                              "properties": {"position": {"type": "integer", "minimum": 0}}},
+                    "eta": {"type": ["object", "null"], "properties": {"start": _SPAN, "finish": _SPAN}},
                     "error": {"oneOf": [{"type": "null"}, {
                         "type": "object", "required": ["class", "reason"],
                         "properties": {"class": {"type": "string"}, "reason": {"type": ["string", "null"]},

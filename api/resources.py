@@ -17,7 +17,7 @@ from api.problems import Problem
 from api.waiting import Waiter, answer_after_wait
 from pipeline.blobs import Blobs
 from pipeline.errors import BlobMissing, BlobUnreadable, WrongShards
-from pipeline.state import progress, views
+from pipeline.state import plans, progress, views
 from pipeline.state.jobs import State, iso, job_view
 from pipeline.state.ids import tenant_of
 from pipeline.state.store import Store
@@ -74,8 +74,8 @@ def resume_after(req: Any) -> int:
 
 def current_view(store: Store, tenant: str, job_id: str) -> dict[str, Any]:
     """The job's view as ``GET /v1/jobs/{id}`` gives it (404 problem if it is not ``tenant``'s)."""
-    record = owned_job(store, tenant, job_id)
-    return job_view(record, store.outputs(job_id), store.attempts(job_id))
+    record = owned_job(store, tenant, job_id)  # with its queue position and ETA while it waits or runs
+    return plans.with_plan(job_view(record, store.outputs(job_id), store.attempts(job_id)), store.redis)
 
 
 def check_idempotency_key(key: str | None) -> str:

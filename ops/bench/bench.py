@@ -18,6 +18,8 @@ each measuring the baseline then reckon:
 - busy (ops/bench/busy.py): GPU busy time with cap 1 and a backlog over HTTP, against the same prompts
   posted to the simulated servers' own queues, at 2 x 0.25 s (120 jobs) and 16 x 0.2 s (800 jobs), and
   the idle overhead (``--busy-idle`` single jobs: completed - created - D); each its own stack;
+- eta (ops/bench/eta.py): how often a job's first ETA range held, on simulated servers of 0.5, 1 and 2 s a
+  prompt, a 60-job backlog of three tenants, then with the fastest server paused mid-run;
 - memory: Redis bytes per finished job within retention, with a 10 KiB workflow (ops/bench/memory.py);
 - growth (opt-in, long; ops/bench/bench_growth.py): per-job costs at a 1,000- and a 100,000-job backlog
   with 10,000 tenants.
@@ -41,7 +43,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ops.bench import bench_drain, bench_growth, bench_http, bench_pickup  # noqa: E402
+from ops.bench import bench_drain, bench_growth, bench_http, bench_pickup, eta  # noqa: E402
 from ops.bench.bench_report import Row, Section  # noqa: E402
 from ops.bench.benchlib import Bench, Stack, free_port, wait_for  # noqa: E402
 
@@ -121,8 +123,8 @@ def busy(bench: Bench) -> Section:
                    notes=notes, columns=("own queues", "reckon"), rows=rows)
 
 
-PHASES = {"deployed": deployed, "busy": busy, "drain": bench_drain.run, "http": bench_http.run,
-          "pickup": bench_pickup.run, "memory": memory, "growth": bench_growth.run}
+PHASES = {"deployed": deployed, "busy": busy, "eta": eta.section, "drain": bench_drain.run,
+          "http": bench_http.run, "pickup": bench_pickup.run, "memory": memory, "growth": bench_growth.run}
 
 
 def numbers(kind: type, count: int | None = None):
@@ -139,7 +141,7 @@ def numbers(kind: type, count: int | None = None):
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--phases", type=numbers(str), default=["deployed", "busy", "drain", "http", "pickup", "memory"],
+    add("--phases", type=numbers(str), default=["deployed", "busy", "eta", "drain", "http", "pickup", "memory"],
         help="comma-separated, of: " + ",".join(PHASES) + " (default all but growth)")
     add("--growth", action="store_true", help="add the growth phase (long)")
     add("--json", type=Path, help="also write every figure to this file as JSON")

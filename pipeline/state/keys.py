@@ -23,6 +23,8 @@ SWEEPER = f"{PREFIX}:sweeper"
 HISTORY = f"{PREFIX}:history"
 #: Hash: fair-share figures the sweeper publishes (pipeline/state/fairness.py): at, min:<class>, max:<class>.
 FAIRNESS = f"{PREFIX}:fairness"
+#: Hash: server -> its latest prompts' run times (ms, comma-separated), as its watcher heard them (runclock.py).
+RUN_TIMES = f"{PREFIX}:fleet:runtimes"
 #: Rank of a batch job in a shard's queue, due and parked sets (interactive ranks are plain times in ms).
 BATCH_RANK = 10**13
 #: Why dispatch to a server may be stopped (fields ``<reason>:<server>`` of a shard's ``fleet``): an operator's
@@ -138,6 +140,12 @@ class ShardKeys(WebhookKeys):
         """Sorted set: ``<tenant>/<sha256>`` of each uploaded input -> when a job last named it, or it was last
         uploaded (ms): what the retention pass reads (pipeline/state/inputs.py)."""
         return self._k("inputs:used")
+
+    @property
+    def plan(self) -> str:
+        """Hash: each parked or watched job -> its packed queue position and ETA range, rewritten by the planner's
+        pass and expiring soon after (pipeline/state/plans.py); ``d:<server>`` -> its measured run time (ms)."""
+        return self._k("plan")
 
     @property
     def meta(self) -> str:

@@ -40,6 +40,7 @@ from pipeline.state.keys import TenantKeys
 from pipeline.state.redisconn import name_connections, open_pools
 from pipeline.state.slots import KEEP_EVERY_MS
 from pipeline.state.store import Store, open_store
+from pipeline.work.planner import Planner
 
 log = logging.getLogger(__name__)
 #: Jobs handled per index per tenant in one visit; the tenant stays due for the rest.
@@ -87,6 +88,8 @@ class Sweeper:
         self.pruned_to: dict[str, int] = {}  # shard's inputs-by-last-use key -> where its next prune starts (ms)
         #: When the last pass began (ms, Redis's clock).
         self.pass_ms = 0
+        #: Queue positions and ETAs, planned once a pass (pipeline/work/planner.py).
+        self.planner = Planner(store.redis, self.servers)
 
     def now_ms(self) -> int:
         return self.store.server_ms() if self.clock is None else int(self.clock() * 1000)
@@ -236,6 +239,10 @@ class Sweeper:
                     log.info("sweep: %s", dict(moved))
             except Exception:  # keep sweeping: one bad pass must not stop recovery
                 log.exception("sweep failed")
+            try:  # on its own: a plan that fails leaves the recovery above alone
+                self.planner.plan(self.pass_ms)
+            except Exception:
+                log.exception("planning failed")
             stop.wait(self.settings.sweep_interval_seconds)
 
 

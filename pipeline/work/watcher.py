@@ -11,7 +11,8 @@ After submission a worker hands its job over (``await``) and is free. One thread
   (``_error``, ``_interrupted``) before it writes the prompt's history, and ``executing`` with
   ``node: null`` after: that one is the end (a collect before the history exists finds the prompt still
   running and hands it back);
-- renews the leases of the prompts watched there, while the server is in contact;
+- renews the leases of the prompts watched there, while the server is in contact; times each prompt from its
+  ``execution_start`` to its end (pipeline/work/runclock.py: what the planner's ETAs are made of);
 - interrupts a prompt that has run its job's ``max_seconds`` (``RunLimit``: from its ``execution_start``
   heard here, else from its submission on Redis's clock, once per prompt) with the adapter's ``cancel``: it
   then ends ``execution_interrupted`` and its collect fails the job ``max_seconds_exceeded``, booked for
@@ -58,6 +59,7 @@ from pipeline.state import keys, offers
 from pipeline.state.progress import Coalescer, Record
 from pipeline.state.redisconn import name_connections, open_pools
 from pipeline.state.store import Store, open_store
+from pipeline.work.runclock import RunClock
 from pipeline.work.runlimit import RunLimit
 
 log = logging.getLogger(__name__)
@@ -75,8 +77,8 @@ class ServerWatch:
         self.settings, self.clock = settings, clock
         self.progress = Coalescer(record, settings.progress_interval_seconds, clock)
         self.url = fleet.servers[name].url.replace("http", "ws", 1).rstrip("/")
-        self.caps = {name: fleet.servers[name].cap}
-        self.lease_ms = int(settings.lease_seconds * 1000)
+        self.caps, self.lease_ms = {name: fleet.servers[name].cap}, int(settings.lease_seconds * 1000)
+        self.runs = RunClock(name, store.redis, clock)  # its prompts' run times, for the planner's ETAs
         self.lock = store.redis.lock(keys.watcher_lock(name), timeout=settings.lease_seconds, blocking=False,
                                      thread_local=False)
         self.watched: dict[str, dict[str, Any]] = {}  # job id -> {server, gen, op, attempt}
@@ -86,8 +88,7 @@ class ServerWatch:
         self.cancelling: dict[str, int] = {}  # job id -> generation whose cancel was passed on
         self.late: dict[str, int] = {}  # job id -> generation found past its deadline
         self.limits: dict[str, tuple[str, RunLimit]] = {}  # job id -> (operation id, its max_seconds clock)
-        self.contact = 0.0  # when the server last answered (monotonic)
-        self.connected = False
+        self.contact, self.connected = 0.0, False  # when the server last answered (monotonic); the websocket up
         self._next_tick = self._next_probe = self._held_until = self._next_offers = 0.0
 
     def run(self, stop: threading.Event) -> None:
@@ -155,6 +156,7 @@ class ServerWatch:
             return
         if kind == "execution_start":
             self._running(job_id, heard=True)
+            self.runs.started(job_id)
         elif kind == "progress":
             entry = self.watched[job_id]
             self.progress.offer(job_id, entry["attempt"], entry["op"], str(data.get("node", "")),
@@ -220,6 +222,7 @@ class ServerWatch:
         about one prompt, probe if marked."""
         now = self.clock()
         self.progress.flush()
+        self.runs.flush(self.watched)
         if now < self._next_tick:
             return
         self._next_tick = now + self.settings.watch_poll_seconds
@@ -330,6 +333,7 @@ class ServerWatch:
         jobs parked for a slot are called to it (docs/fleet.md "The slot is the GPU")."""
         entry = self.watched[job_id]
         claim = Claim(job_id, entry["gen"], entry["attempt"], entry["op"], server=self.name)
+        self.runs.ended(job_id)
         parked = self.store.slots.ended(claim)
         if parked is None:  # given back already
             return

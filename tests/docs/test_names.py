@@ -229,7 +229,8 @@ def built_keys() -> set[str]:
     keys.use_shards(1)
     try:
         holders = [ShardKeys(0), TenantKeys(tenant), JobKeys(job_id), ProviderKeys("prv")]
-        built = {keys.SWEEPER, keys.HISTORY, keys.FAIRNESS, keys.watcher_lock("srv"), keys.server_offers("srv"),
+        built = {keys.SWEEPER, keys.HISTORY, keys.FAIRNESS, keys.RUN_TIMES, keys.watcher_lock("srv"),
+                 keys.server_offers("srv"),
                  keys.server_slots("srv"), keys.server_waiting("srv"), ShardKeys(0).parked_on("srv"),
                  ShardKeys(0).webhook_exhausted("whk"), ShardKeys(0).webhook_due("whk"),
                  keys.api_key("sha"),
