@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from api import workflowspec
 from pipeline.fleet import highest_price
 from pipeline.settings import Settings
 from pipeline.state.jobs import KINDS, MAX_COST, MAX_DEADLINE_SECONDS, MAX_DEPTH, MAX_OUTPUTS, PRIORITIES
@@ -42,19 +41,17 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
 
 
 #: ``Prefer: wait`` (docs/api.md "Waiting for the result"): held until the job ends or N seconds pass.
-_PREFER = {"name": "Prefer", "in": "header", "required": False,
+_PREFER = {"name": "Prefer", "in": "header", "required": False, "schema": {"type": "string"},
            "description": "RFC 7240; wait or wait=N (seconds, at most 60; wait alone is 60) holds the request until "
-                          "the job is completed, failed or cancelled, or N seconds pass; any other wait is ignored",
-           "schema": {"type": "string"}}
-_WAITED = {"Preference-Applied": {"description": "wait=N when the request was held (or could have been)",
-                                  "schema": {"type": "string"}}}
+                          "the job is completed, failed or cancelled, or N seconds pass; any other wait is ignored"}
+_WAITED = {"Preference-Applied": {"description": "wait=N when the request was held", "schema": {"type": "string"}}}
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _UNAVAILABLE = {"503": _problem("job state cannot be read or written now (Retry-After); nothing was changed")}
 _AUTH = {"401": _problem("missing, unknown or revoked API key, or a disabled tenant"), **_UNAVAILABLE}
 _AUTH_ERRORS = {**_AUTH, "404": _problem("no such job for this tenant")}
 _TIME = {"type": "string", "format": "date-time"}
-_SPAN = {"type": ["object", "null"], "required": ["earliest", "latest"],
-         "properties": {"earliest": _TIME, "latest": _TIME}}  # an ETA range (pipeline/state/plans.py)
+_SPAN = {"type": ["object", "null"], "required": ["earliest", "latest"],  # an ETA range (pipeline/state/plans.py)
+         "properties": {"earliest": _TIME, "latest": _TIME}}
 
 #: What the job view's cost shows only when there is something to show (docs/api.md "The job view").
 _BOOKED: dict[str, Any] = {
@@ -400,5 +397,4 @@ def document(settings: Settings) -> dict[str, Any]:
         *({"properties": {"outputs": {"const": n}, "max_cost": {"minimum": n * price}}}
           for n in range(1, MAX_OUTPUTS + 1)),
     ]
-    workflowspec.add_to(spec)
     return spec

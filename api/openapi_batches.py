@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api import openapi
+from api import openapi, workflowspec
 from api.openapi import _AUTH, _json, _problem
 from pipeline.settings import Settings
 from pipeline.state.batches import MAX_ITEMS
@@ -66,4 +66,5 @@ PATHS: dict[str, Any] = {
 def document(settings: Settings) -> dict[str, Any]:
     spec = openapi.document(settings)
     spec["paths"] |= PATHS
+    workflowspec.add_to(spec)
     return spec

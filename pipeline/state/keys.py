@@ -9,11 +9,11 @@ a worker that only has a job id finds every key.
 
 from __future__ import annotations
 
-import time
 import zlib
 from dataclasses import dataclass
 
 from pipeline.state.hookkeys import WebhookKeys
+from pipeline.state.idemkeys import IdempotencyKeys
 from pipeline.state.ids import tenant_of
 
 PREFIX = "reckon"
@@ -173,7 +173,7 @@ def api_key(key_hash: str) -> str:
 
 
 @dataclass(frozen=True)
-class TenantKeys:
+class TenantKeys(IdempotencyKeys):
     name: str
 
     def _k(self, suffix: str) -> str:
@@ -273,33 +273,6 @@ class TenantKeys:
         """Set: id of each job admitted naming the input since it was last pruned of finished jobs (by a delete,
         or the retention pass when it is large): an unfinished job among them keeps the input."""
         return self._k(f"input:{sha256}:jobs")
-
-    def batch(self, batch_id: str) -> str:
-        """Hash: a batch (pipeline/state/batches.py): ``items``: JSON, each item's job id or problem."""
-        return self._k(f"batch:{batch_id}")
-
-    def batch_claim(self, key: str) -> str:
-        """String: ``<batch id> <fingerprint>`` of the batch an Idempotency-Key made, for the idempotency TTL."""
-        return self._k(f"batchkey:{key}")
-
-    def idempotency(self, key: str) -> str:
-        """String: the idempotency record of ``key`` as earlier versions wrote it (``idem_read`` in
-        lua/_idem.lua; a hash of its fields before that), read until it expires; records are now
-        fields of ``idempotency_window``."""
-        return self._k(f"idem:{key}")
-
-    def idempotency_window(self, window: int) -> str:
-        """Hash: Idempotency-Key -> its record and when it expires (``idem_text`` in lua/_idem.lua), for
-        the requests admitted in ``window`` (seconds since the epoch // the idempotency TTL); the hash
-        expires two TTLs after its last write."""
-        return self._k(f"idems:{window}")
-
-    def idempotency_windows(self, now_ms: int | None, ttl_s: int) -> tuple[list[str], int]:
-        """The windows a script may find a record of a key in at ``now_ms`` (None: this host's clock), the
-        one two before it to the one after, and the first one's number (``idem_windows`` in lua/_idem.lua:
-        Redis's clock picks the current one and the one before)."""
-        window = (int(time.time() * 1000) if now_ms is None else now_ms) // 1000 // max(1, ttl_s)
-        return [self.idempotency_window(window + d) for d in (-2, -1, 0, 1)], window - 2
 
 
 @dataclass(frozen=True)
