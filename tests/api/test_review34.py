@@ -1,0 +1,49 @@
+"""Issue 34 reviewed as an attacker: each test reproduces a promise that did not hold (docs/api.md
+"Batches", "Waiting for the result"), against a real redis-server."""
+
+from __future__ import annotations
+
+import time
+
+from falcon import testing
+
+from api.app import create_app, open_admitter
+from api.prefer import wait_seconds
+from pipeline.state import batches
+from pipeline.state.batching import BatchAdmitter
+from pipeline.state.jobs import fingerprint
+from pipeline.state.keys import JobKeys, TenantKeys
+from pipeline.state.store import Store
+
+from .conftest import auth, job_body
+from .test_batches import mixed, offer_all, post
+
+
+def test_a_batch_retried_while_the_first_request_runs_leaves_no_job_outside_its_record(settings, tenant,
+                                                                                         store: Store) -> None:
+    """Request A admits the batch (item 4 over the allowance: refused) and has not written its record yet;
+    the allowance is topped up; the client's retry B admits item 4 as a job; A writes its record first, so
+    B's HSETNX keeps A's (item 4 refused). B's job for item 4 must not stay reserved and queued: the
+    batch's GET, its cancel and its answer never show it, yet the tenant pays for it."""
+    key = tenant(allowance=70)
+    offer_all(store)
+    bodies = mixed()
+    ttl_ms = max(settings.retention_seconds, settings.idempotency_ttl_seconds) * 1000
+    # A: the claim and the admission of the real BatchAdmitter, paused before its record
+    a_claim = batches.claim(store.redis, "acme", "b-race", batches.batch_fingerprint([fingerprint(b) for b in bodies]),
+                            ttl_s=settings.idempotency_ttl_seconds)
+    a_outcomes = BatchAdmitter(open_admitter(settings, store, lambda *_: None)).admit("acme", "b-race", bodies)
+    a_results = [o.submitted.job_id if o.submitted else {"type": type(o.refused).__name__} for o in a_outcomes]
+    assert [isinstance(r, str) for r in a_results] == [True, False, False, True, False]
+    store.redis.hincrby(TenantKeys("acme").ledger, "allowance", 1000)  # item 4 fits now
+
+    def a_records_first(job_id: str, _priority: str) -> None:  # B's publish: after B's admission, before its record
+        batches.record(store.redis, "acme", a_claim.batch_id, a_results, ttl_ms=ttl_ms)
+
+    b = post(testing.TestClient(create_app(settings, store=store, publish=a_records_first)), key, "b-race", bodies)
+    assert b.status_code == 202 and "problem" in b.json["items"][4]  # the record kept is A's
+    kept = [item for item in batches.items(store.redis, "acme", a_claim.batch_id) if isinstance(item, str)]
+    live = [j for j in store.redis.zrange(TenantKeys("acme").jobs, 0, -1)
+            if store.redis.hget(JobKeys(j).record, "state") != "cancelled"]
+    assert sorted(live) == sorted(kept)
+    assert store.ledger("acme")["reserved"] == 30 * len(kept)
