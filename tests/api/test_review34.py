@@ -47,3 +47,25 @@ def test_a_batch_retried_while_the_first_request_runs_leaves_no_job_outside_its_
             if store.redis.hget(JobKeys(j).record, "state") != "cancelled"]
     assert sorted(live) == sorted(kept)
     assert store.ledger("acme")["reserved"] == 30 * len(kept)
+
+
+def _parse_seconds(header: str) -> float:
+    """The least of 5 parses' times (s): a pause of the shared machine does not make one slow."""
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        wait_seconds(header)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def test_a_hostile_prefer_header_costs_what_a_plain_one_of_its_length_does() -> None:
+    """A Prefer header of 8 KB (gunicorn's limit for one line; several lines are joined into one list)
+    whose elements make the parser backtrack (a name followed by thousands of spaces, or unclosed quoted
+    strings) took 0.4-0.9 s of the web process's CPU each, holding the GIL: a few such requests a second
+    starve every request of the process. Measured as a ratio against a plain header of the same length, in
+    one run."""
+    plain = _parse_seconds("a" * 8000)
+    for hostile in ("wait" + " " * 8000 + "x", '"\\' * 4000):
+        assert _parse_seconds(hostile) < 50 * plain + 0.001, hostile[:8]
+    assert wait_seconds("respond-async, wait=5") == 5  # what a client sends still counts
