@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from falcon import testing
 
 from api.app import create_app, open_admitter
@@ -14,9 +15,11 @@ from pipeline.state.batching import BatchAdmitter
 from pipeline.state.jobs import fingerprint
 from pipeline.state.keys import JobKeys, TenantKeys
 from pipeline.state.store import Store
+from pipeline.state.workflows import SHARED
 
 from .conftest import auth, job_body
 from .test_batches import mixed, offer_all, post
+from .test_workflows import GRAPH, PARAMS, shared  # noqa: F401 (a fixture)
 
 
 def test_a_batch_retried_while_the_first_request_runs_leaves_no_job_outside_its_record(settings, tenant,
@@ -69,3 +72,27 @@ def test_a_hostile_prefer_header_costs_what_a_plain_one_of_its_length_does() -> 
     for hostile in ("wait" + " " * 8000 + "x", '"\\' * 4000):
         assert _parse_seconds(hostile) < 50 * plain + 0.001, hostile[:8]
     assert wait_seconds("respond-async, wait=5") == 5  # what a client sends still counts
+
+
+@pytest.mark.xfail(strict=True, reason="a batch's fingerprint hashes its items' bodies as sent, their job keys the "
+                   "resolved workflow_ref: a retry after a crash and a new version refuses the items whose jobs run")
+def test_a_batch_retried_after_a_crash_and_a_new_version_answers_the_jobs_its_keys_made(client, tenant, store,
+                                                                                        shared, settings) -> None:
+    """A batch naming ``portrait`` (the latest) is admitted and its process dies before the record
+    (``batch_after_admit``); the operator saves ``portrait`` version 2; the client retries the same batch
+    under the same key. The batch's claim matches (the bodies are the same text), so its items are admitted
+    again; each item's key holds a job of version 1, whose fingerprint names ``portrait@1``, so each is refused
+    ``idempotency-key-reused`` and recorded so, for good, while its job runs and is charged."""
+    key = tenant()
+    bodies = [{"kind": "image", "workflow_ref": "portrait", "params": {"prompt": f"p{i}"}, "outputs": 1}
+              for i in range(2)]
+    batches.claim(store.redis, "acme", "b-v", batches.batch_fingerprint([fingerprint(b) for b in bodies]),
+                  ttl_s=settings.idempotency_ttl_seconds)  # the first request: its claim, its admission, no record
+    BatchAdmitter(open_admitter(settings, store, lambda *_: None)).admit("acme", "b-v", bodies)
+    shared.save(SHARED, "portrait", {**GRAPH, "3": {**GRAPH["3"], "inputs": {**GRAPH["3"]["inputs"], "steps": 30}}},
+                PARAMS)
+    again = post(client, key, "b-v", bodies)
+    made = store.redis.zrange(TenantKeys("acme").jobs, 0, -1)
+    assert again.status_code == 202 and len(made) == 2
+    assert [item.get("problem", {}).get("type") for item in again.json["items"]] == [None, None]
+    assert {item["job"]["id"] for item in again.json["items"]} == set(made)
