@@ -21,6 +21,9 @@ from .conftest import auth, job_body
 from .test_batches import mixed, offer_all, post
 from .test_workflows import GRAPH, PARAMS, shared  # noqa: F401 (a fixture)
 
+#: Each test here runs against one redis-server and against a Redis Cluster (tests/conftest.py).
+BOTH_BACKENDS = True
+
 
 def test_a_batch_retried_while_the_first_request_runs_leaves_no_job_outside_its_record(settings, tenant,
                                                                                          store: Store) -> None:
