@@ -12,7 +12,7 @@ import orjson
 from api.body import read_json
 from api.problems import Problem
 from api.resources import DEFAULT_PAGE, MAX_CURSOR, MAX_PAGE, _int_param
-from pipeline.errors import JobNotFound, NotAllowed
+from pipeline.errors import IdempotencyKeyReused, JobNotFound, NotAllowed
 from pipeline.state import batches, views
 from pipeline.state.batching import BatchAdmitter
 from pipeline.state.jobs import MAX_DEPTH, State, fingerprint, job_view
@@ -75,6 +75,10 @@ class Batches:
                 if outcome.submitted is not None:
                     fresh[outcome.submitted.job_id] = outcome.submitted.body
                     results.append(outcome.submitted.job_id)
+                elif claim.retried and isinstance(outcome.refused, IdempotencyKeyReused):
+                    # an earlier request with this key made the item's job, before a saved workflow named
+                    # by its name alone got a new version: the job its own key made is the item's
+                    results.append(outcome.refused.args[0])
                 else:
                     results.append(self.problem_of(outcome.refused))  # type: ignore[arg-type]
             ttl_ms = max(self.settings.retention_seconds, self.settings.idempotency_ttl_seconds) * 1000

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from falcon import testing
 
 from api.app import create_app, open_admitter
@@ -77,15 +76,14 @@ def test_a_hostile_prefer_header_costs_what_a_plain_one_of_its_length_does() -> 
     assert wait_seconds("respond-async, wait=5") == 5  # what a client sends still counts
 
 
-@pytest.mark.xfail(strict=True, reason="a batch's fingerprint hashes its items' bodies as sent, their job keys the "
-                   "resolved workflow_ref: a retry after a crash and a new version refuses the items whose jobs run")
 def test_a_batch_retried_after_a_crash_and_a_new_version_answers_the_jobs_its_keys_made(client, tenant, store,
                                                                                         shared, settings) -> None:
     """A batch naming ``portrait`` (the latest) is admitted and its process dies before the record
     (``batch_after_admit``); the operator saves ``portrait`` version 2; the client retries the same batch
     under the same key. The batch's claim matches (the bodies are the same text), so its items are admitted
-    again; each item's key holds a job of version 1, whose fingerprint names ``portrait@1``, so each is refused
-    ``idempotency-key-reused`` and recorded so, for good, while its job runs and is charged."""
+    again; each item's key holds a job of version 1, whose fingerprint names ``portrait@1``: each item answers
+    that job (it was refused ``idempotency-key-reused`` and recorded so, for good, while its job ran and was
+    charged)."""
     key = tenant()
     bodies = [{"kind": "image", "workflow_ref": "portrait", "params": {"prompt": f"p{i}"}, "outputs": 1}
               for i in range(2)]
