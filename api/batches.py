@@ -12,7 +12,7 @@ import orjson
 from api.body import read_json
 from api.problems import Problem
 from api.resources import DEFAULT_PAGE, MAX_CURSOR, MAX_PAGE, _int_param
-from pipeline.errors import JobNotFound, NotAllowed
+from pipeline.errors import IdempotencyKeyReused, JobNotFound, NotAllowed
 from pipeline.state import batches, views
 from pipeline.state.batching import BatchAdmitter
 from pipeline.state.jobs import MAX_DEPTH, State, fingerprint, job_view
@@ -75,10 +75,15 @@ class Batches:
                 if outcome.submitted is not None:
                     fresh[outcome.submitted.job_id] = outcome.submitted.body
                     results.append(outcome.submitted.job_id)
+                elif claim.retried and isinstance(outcome.refused, IdempotencyKeyReused):
+                    # an earlier request with this key made the item's job, before a saved workflow named
+                    # by its name alone got a new version: the job its own key made is the item's
+                    results.append(outcome.refused.args[0])
                 else:
                     results.append(self.problem_of(outcome.refused))  # type: ignore[arg-type]
             ttl_ms = max(self.settings.retention_seconds, self.settings.idempotency_ttl_seconds) * 1000
             items = batches.record(self.store.redis, tenant, claim.batch_id, results, ttl_ms=ttl_ms)
+            self._cancel_unrecorded(fresh, items)
         else:
             resp.set_header("Idempotent-Replayed", "true")
         job_ids = [item for item in items if isinstance(item, str)]
@@ -90,6 +95,15 @@ class Batches:
             {"index": index, "job": orjson.Fragment(responses[item]) if item in responses else {"id": item}}
             if isinstance(item, str)
             else {"index": index, "problem": item} for index, item in enumerate(items)]})
+
+    def _cancel_unrecorded(self, fresh: dict[str, bytes], kept: list[Any]) -> None:
+        """A request that raced another with the same key made jobs the record kept does not name (an item
+        the other found refused, admitted here): cancelled, their reservations released, so the batch's
+        record, GET and cancel account for every job its keys made."""
+        unrecorded = list(set(fresh) - {item for item in kept if isinstance(item, str)})
+        for outcome in self.store.cancel_many(unrecorded) if unrecorded else ():
+            if isinstance(outcome, Exception) and not isinstance(outcome, (JobNotFound, NotAllowed)):
+                raise outcome
 
 
 class Batch:

@@ -16,10 +16,14 @@ import re
 MAX_WAIT_SECONDS = 60
 
 #: One preference: its name, then (optionally) ``=`` and its value; parameters (after ``;``) are ignored.
-_PREFERENCE_RE = re.compile(r'\s*([!#$%&\'*+.^_`|~0-9A-Za-z-]+)\s*(?:=\s*("(?:[^"\\]|\\.)*"|[^\s;,"]*))?\s*(?:;.*)?',
+#: No two neighbouring parts can match the same white space, so a match is linear in the element's length
+#: (``\s*`` twice in a row made a name followed by 8 KB of spaces take a second).
+_PREFERENCE_RE = re.compile(r'\s*([!#$%&\'*+.^_`|~0-9A-Za-z-]+)\s*(?:=\s*("(?:[^"\\]|\\.)*"|[^\s;,"]*)\s*)?(?:;.*)?',
                             re.DOTALL)
-#: A list element: anything up to a comma that is not inside a quoted string.
-_ELEMENT_RE = re.compile(r'(?:"(?:[^"\\]|\\.)*"|[^,"])+')
+#: A list element: anything up to a comma that is not inside a quoted string. A quoted string left open
+#: runs to the end of the header (then matches no preference), so an open quote is scanned once, not
+#: once from each of thousands of them.
+_ELEMENT_RE = re.compile(r'(?:"(?:[^"\\]|\\[\s\S])*(?:"|\\?\Z)|[^,"])+')
 _DIGITS_RE = re.compile(r"[0-9]{1,100}")
 
 

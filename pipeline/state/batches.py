@@ -44,6 +44,8 @@ class Claim:
     batch_id: str
     #: Each item's result if the batch's record is written (a replay), else None.
     items: list[Any] | None
+    #: The key was claimed before (by an earlier request with the same body): its items' keys are its own.
+    retried: bool = False
 
 
 def claim(client: Any, tenant: str, key: str, fingerprint: str, *, ttl_s: int,
@@ -58,7 +60,7 @@ def claim(client: Any, tenant: str, key: str, fingerprint: str, *, ttl_s: int,
     batch_id, _, claimed = earlier.partition(" ")
     if claimed != fingerprint:
         raise IdempotencyKeyReused(batch_id)
-    return Claim(batch_id, items(client, tenant, batch_id))
+    return Claim(batch_id, items(client, tenant, batch_id), retried=True)
 
 
 def record(client: Any, tenant: str, batch_id: str, results: list[Any], *, ttl_ms: int) -> list[Any]:
