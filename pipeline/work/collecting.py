@@ -16,18 +16,9 @@ its run booked once. A collect this process cannot take (shutting down) goes to 
 
 from __future__ import annotations
 
-import logging
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
-
 from pipeline import faultpoints
-from pipeline.errors import AttemptFailed, StaleLease
-from pipeline.state.scripts import ReplicationTimeout
+from pipeline.work.dispatch import LocalRoute
 from pipeline.work.executor import Executor
-from pipeline.work.dispatch import CALLED
-from pipeline.work.routing import Router, called_after
-
-log = logging.getLogger(__name__)
 
 #: The route of a prompt heard ending (pipeline/work/broker.py ``ROUTES``).
 COLLECT = "collect"
@@ -35,40 +26,15 @@ COLLECT = "collect"
 COLLECT_THREADS = 4
 
 
-class LocalCollect:
-    """A ``publish(job_id, route)`` that runs collects here (``threads`` at a time) and hands every other
-    message to ``publish`` (the called jobs' dispatch, then the broker)."""
+class LocalCollect(LocalRoute):
+    """The collects, run here; every other message to ``publish`` (the called jobs' dispatch, then the
+    broker). A prompt whose end was not heard keeps its slot to the finish, which calls the next jobs."""
 
-    def __init__(self, executor: Callable[[], Executor], router: Callable[[], Router],
-                 publish: Callable[[str, str], None], threads: int) -> None:
-        self.executor, self.router, self.publish = executor, router, publish
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="collect")
-
-    def __call__(self, job_id: str, route: str) -> None:
-        if route != COLLECT:
-            return self.publish(job_id, route)
-        try:
-            self.pool.submit(self.run, job_id)
-        except RuntimeError:  # shutting down: a worker takes it
-            self.publish(job_id, route)
+    route, what = COLLECT, "collect of"
 
     def run(self, job_id: str) -> None:
-        """One collect, its failure routed (as the workers' ``FailureRouter``); then the jobs called to a slot
-        it gave back (a prompt whose end was not heard keeps its slot to the finish: as the workers' ``Unpark``)."""
         faultpoints.reached("before_collect")  # crash tests: a collect heard and not begun
-        try:
-            executor = self.executor()
-            try:
-                executor.collect(job_id)
-            except AttemptFailed as failed:
-                action = self.router().route(failed)
-                log.info("collect of %s: %s -> %s", job_id, failed.cause.error_class, action)
-            except (StaleLease, ReplicationTimeout) as exc:  # as the workers' routing: dropped, reconciled
-                log.info("collect of %s: %s; dropped", job_id, type(exc).__name__)
-            for called in called_after(executor, job_id):
-                self.publish(called, CALLED)
-        except Exception:  # its lease expires and it is reconciled; an unclaimed collect is asked again
-            log.exception("collect of %s failed here", job_id)
+        super().run(job_id)
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
+    def work(self, executor: Executor, job_id: str) -> None:
+        executor.collect(job_id)

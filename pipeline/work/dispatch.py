@@ -29,38 +29,54 @@ log = logging.getLogger(__name__)
 CALLED = "unparked"
 
 
-class LocalDispatch:
-    """A ``publish(job_id, route)`` that runs called jobs here (``threads`` at a time) and hands every other
-    message to ``publish``, the broker's."""
+class LocalRoute:
+    """A ``publish(job_id, route)`` that runs one route's messages here (``threads`` at a time) with ``work``
+    (an ``Executor`` method), and hands every other message to ``publish``; ``what`` names them in the log."""
+
+    route = ""
+    what = ""
 
     def __init__(self, executor: Callable[[], Executor], router: Callable[[], Router],
                  publish: Callable[[str, str], None], threads: int) -> None:
         self.executor, self.router, self.publish = executor, router, publish
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dispatch")
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=type(self).__name__)
 
     def __call__(self, job_id: str, route: str) -> None:
-        if route != CALLED:
+        if route != self.route:
             return self.publish(job_id, route)
         try:
             self.pool.submit(self.run, job_id)
         except RuntimeError:  # shutting down: a worker takes it
             self.publish(job_id, route)
 
+    def work(self, executor: Executor, job_id: str) -> None:
+        raise NotImplementedError
+
     def run(self, job_id: str) -> None:
-        """One called job's attempt, its failure routed; then the jobs called to a slot it gave back."""
+        """One message's work, its failure routed as the workers' middleware routes it; then the jobs called
+        to a slot it gave back (sent to the called jobs' route: here, or on to ``publish``)."""
         try:
             executor = self.executor()
             try:
-                executor.run(job_id)
+                self.work(executor, job_id)
             except AttemptFailed as failed:
                 action = self.router().route(failed)
-                log.info("called job %s: %s -> %s", job_id, failed.cause.error_class, action)
+                log.info("%s %s: %s -> %s", self.what, job_id, failed.cause.error_class, action)
             except (StaleLease, ReplicationTimeout) as exc:  # as the workers' routing: dropped, reconciled
-                log.info("called job %s: %s; dropped", job_id, type(exc).__name__)
+                log.info("%s %s: %s; dropped", self.what, job_id, type(exc).__name__)
             for called in called_after(executor, job_id):
                 self(called, CALLED)
         except Exception:  # its lease expires and it is reconciled; an unclaimed call lapses and is sent again
-            log.exception("called job %s failed here", job_id)
+            log.exception("%s %s failed here", self.what, job_id)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+
+
+class LocalDispatch(LocalRoute):
+    """The called jobs' attempts, run here; every other message to ``publish``, the broker's."""
+
+    route, what = CALLED, "called job"
+
+    def work(self, executor: Executor, job_id: str) -> None:
+        executor.run(job_id)
