@@ -121,6 +121,8 @@ def _param(name: str, item: Any, graph: Mapping[str, Any]) -> Param:
         if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or abs(bound) > _SAFE
                                   or (kind != "number" and not float(bound).is_integer())):
             raise _bad(field, "a bound must be a number within 2**53 (a whole one for lengths and integers)")
+    if low is not None and high is not None and low > high:
+        raise _bad(field, "a lower bound above the upper one: no value could be sent")
     required = item.get("required", False)
     description = item.get("description", "")
     if not isinstance(required, bool) or not isinstance(description, str) or len(description) > 500:
@@ -128,6 +130,8 @@ def _param(name: str, item: Any, graph: Mapping[str, Any]) -> Param:
     param = Param(name, node_id, input_name, kind, low, high, item.get("default"), required, description)  # type: ignore[arg-type]
     if param.default is not None and (reason := param.problem(param.default)):
         raise _bad(field, f"default {reason}")
+    if param.required and param.default is not None:
+        raise _bad(field, "a required parameter has no default (a request must send it)")
     return param
 
 
@@ -143,7 +147,9 @@ def fill(graph: Mapping[str, Any], params: Mapping[str, Param], values: Any) -> 
     bad = [(name, "unknown: the workflow declares no such parameter") for name in sorted(values) if name not in params]
     built = dict(graph)
     for name, param in params.items():
-        value = values.get(name, param.default)
+        value = values.get(name)
+        if value is None:  # left out, or null (docs/api.md: the same): the default, if any
+            value = param.default
         if value is None:
             if param.required:
                 bad.append((name, "missing: required"))

@@ -64,6 +64,8 @@ def test_a_job_naming_a_saved_workflow_runs_its_graph_with_the_params_set(client
     graph = sent_graph(store, job_id)
     assert graph["6"]["inputs"] == {"text": "a cat", "clip": ["4", 1]}
     assert graph["3"]["inputs"] == {"seed": 7, "steps": 30, "model": ["4", 0]}  # the default seed
+    null = post(client, key, ref_body(prompt="a cat", seed=None), idem="k-null")  # null: as if left out
+    assert sent_graph(store, null.json["id"])["3"]["inputs"]["seed"] == 7
     assert graph["4"] == GRAPH["4"]  # not a parameter: as saved
     assert store.redis.hget(JobKeys(job_id).record, "workflow_ref") == "portrait@1"
     assert shared.resolve("acme", "portrait@1").graph["6"]["inputs"]["text"] == "a saved prompt"  # unchanged
@@ -169,6 +171,8 @@ def test_a_tenant_saves_its_own_and_no_other_tenant_sees_it(client, tenant, stor
     ({"p": {"node": "3", "input": "seed", "type": "integer", "default": "x"}}, "params.p"),
     ({"p": {"node": "3", "input": "seed", "type": "float"}}, "params.p"),
     ({"p": PARAMS["seed"], "q": PARAMS["seed"]}, "params.q"),
+    ({"p": {"node": "3", "input": "seed", "type": "integer", "minimum": 5, "maximum": 4}}, "params.p"),  # no value
+    ({"p": {"node": "3", "input": "seed", "type": "integer", "required": True, "default": 1}}, "params.p"),
 ])
 def test_saving_refuses_bad_parameters_and_writes_nothing(client, tenant, store, params, field) -> None:
     key = tenant()
