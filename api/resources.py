@@ -21,7 +21,7 @@ from pipeline.state import plans, progress, views
 from pipeline.state.jobs import State, iso, job_view
 from pipeline.state.ids import tenant_of
 from pipeline.state.store import Store
-from pipeline.state.submit import Admitter
+from pipeline.state.submit import Admitter, Submitted
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,16 @@ def current_view(store: Store, tenant: str, job_id: str) -> dict[str, Any]:
     return plans.with_plan(job_view(record, store.outputs(job_id), store.attempts(job_id)), store.redis)
 
 
+def answer_submitted(resp: Any, submitted: Submitted) -> None:
+    """The answer to a job's submission: its first response (replayed or not), where it can be read."""
+    resp.status = submitted.status
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = submitted.body
+    resp.location = f"/v1/jobs/{submitted.job_id}"
+    if submitted.replayed:
+        resp.set_header("Idempotent-Replayed", "true")
+
+
 def check_idempotency_key(key: str | None) -> str:
     """The request's ``Idempotency-Key``, or the 400 problem that refuses it."""
     if key is None or not IDEMPOTENCY_KEY_RE.fullmatch(key):
@@ -96,12 +106,7 @@ class Jobs:
         key = check_idempotency_key(req.get_header("Idempotency-Key"))
         body = read_json(req, self.admitter.settings.max_body_bytes)
         submitted = self.admitter.submit(req.context.tenant, key, body)
-        resp.status = submitted.status
-        resp.content_type = falcon.MEDIA_JSON
-        resp.data = submitted.body
-        resp.location = f"/v1/jobs/{submitted.job_id}"
-        if submitted.replayed:
-            resp.set_header("Idempotent-Replayed", "true")
+        answer_submitted(resp, submitted)
         if self.waiter is not None:  # Prefer: wait
             self._wait(req, resp, submitted.job_id)
 

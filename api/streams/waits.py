@@ -20,7 +20,7 @@ from api.app import refusal
 from api.body import check_media_type, decode_json, too_large
 from api.prefer import applied, wait_seconds
 from api.problems import Problem
-from api.resources import check_idempotency_key, current_view
+from api.resources import answer_submitted, check_idempotency_key, current_view
 from api.streams.hub import Hub
 from api.streams.resources import Slots
 from api.waiting import answer_after_wait
@@ -91,12 +91,7 @@ class Jobs:
         if len(data) > limit:
             raise too_large(limit)
         submitted = await self._admit(req.context.tenant, key, decode_json(data))
-        resp.status = submitted.status
-        resp.content_type = falcon.MEDIA_JSON
-        resp.data = submitted.body
-        resp.location = f"/v1/jobs/{submitted.job_id}"
-        if submitted.replayed:
-            resp.set_header("Idempotent-Replayed", "true")
+        answer_submitted(resp, submitted)
         if await self.holds.hold(req, resp, submitted.job_id, None):
             answer_after_wait(resp, await self.holds.view(req.context.tenant, submitted.job_id), resp.status)
 
