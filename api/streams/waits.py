@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import falcon
 from falcon.asgi import Request, Response
 
 from api.app import refusal
