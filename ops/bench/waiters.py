@@ -20,7 +20,6 @@ import asyncio
 import tempfile
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
