@@ -115,6 +115,15 @@ def charged(port: int) -> list[str]:
     return [charge["prompt_id"] for charge in call(port, "GET", "/sim/charges")["charges"]]
 
 
+def warmed(stack: Deployed, body: bytes) -> tuple[str, set[str]]:
+    """A tenant's API key, once one warm-up job through the stack completed (every process connected, its
+    scripts loaded), and the prompts the servers executed so far (a measure after it counts none of them)."""
+    api_key = stack.tenant()
+    post(stack.web_port, api_key, ["warm-0"], 1, body)
+    wait_for(lambda: completed(stack.client) >= 1, timeout=60, what="the warm-up job did not complete")
+    return api_key, {prompt_id for port in stack.sim_ports for prompt_id in charged(port)}
+
+
 def executions(port: int, mine: Callable[[str], bool]) -> dict[str, tuple[int, int]]:
     """Each prompt the server executed that is ``mine`` -> its execution's (start, end), ms, from the
     server's own timestamps in ``/history``."""

@@ -29,7 +29,7 @@ from pathlib import Path
 import orjson
 
 from ops.bench.benchlib import group_cpu, percentile, wait_for
-from ops.bench.busy import CONCURRENCY, DEFAULT_OUTPUTS, DEFAULT_WORKFLOW_BYTES, charged, executions
+from ops.bench.busy import CONCURRENCY, DEFAULT_OUTPUTS, DEFAULT_WORKFLOW_BYTES, executions, warmed
 from ops.bench.deployed import Deployed, completed, post, workflow
 
 #: The parts of a gap, each from the event before it (the first from the previous prompt's end).
@@ -96,10 +96,7 @@ def run(work: Path, *, servers: int, delay: float, jobs: int, cap: int = 1) -> l
     body = orjson.dumps({"kind": "image", "workflow": workflow(DEFAULT_WORKFLOW_BYTES), "outputs": DEFAULT_OUTPUTS})
     try:
         stack.up()
-        api_key = stack.tenant()
-        post(stack.web_port, api_key, ["warm-0"], 1, body)
-        wait_for(lambda: completed(stack.client) >= 1, timeout=60, what="the warm-up job did not complete")
-        before = {prompt_id for port in stack.sim_ports for prompt_id in charged(port)}
+        api_key, before = warmed(stack, body)
         time.sleep(1)
         trace.write_text("")
         cpu0 = {name: group_cpu(proc.pid) for name, proc in stack.procs.items()}

@@ -27,8 +27,8 @@ from pathlib import Path
 import orjson
 
 from ops.bench.benchlib import percentile, wait_for
-from ops.bench.busy import IDLE_PAUSE_SECONDS, POLL_SECONDS, _ms, call, charged, executions
-from ops.bench.deployed import Deployed, completed, post, workflow
+from ops.bench.busy import IDLE_PAUSE_SECONDS, POLL_SECONDS, _ms, call, executions, warmed
+from ops.bench.deployed import Deployed, completed, workflow
 
 #: The log line of the watcher hearing a prompt end (pipeline/work/watcher.py ``ServerWatch._collect``).
 HEARD = "prompt of "
@@ -78,10 +78,7 @@ def run(work: Path, *, servers: int, delay: float, jobs: int) -> tuple[list[str]
     per_job: dict[str, dict[str, float]] = {}
     try:
         stack.up()
-        api_key = stack.tenant()
-        post(stack.web_port, api_key, ["warm-0"], 1, body)
-        wait_for(lambda: completed(stack.client) >= 1, timeout=60, what="the warm-up job did not complete")
-        before = {prompt_id for port in stack.sim_ports for prompt_id in charged(port)}
+        api_key, before = warmed(stack, body)
         time.sleep(1)
         for n in range(jobs):
             job_id, stamps = one(stack, api_key, body, n)
