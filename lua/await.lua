@@ -7,8 +7,9 @@
 -- id, attempt and deadline (the watcher renews no lease past the deadline), `max` (the job's
 -- `max_seconds`, when it has one: the watcher interrupts the prompt past them; `sub` then, the submission's
 -- time on Redis's clock, from which a watcher that did not see the prompt start counts them), and `cancel` when the
--- client asked to cancel before the hand-over (cancel marks it on a watched job's entry itself), and `ckpt`, the job's
--- checkpoint digest when it has one (the watcher's run clock keeps run times per checkpoint: pipeline/work/runclock.py). The job stays `running` with its slot; the watcher renews its
+-- client asked to cancel before the hand-over (cancel marks it on a watched job's entry itself), and `ckpt`, the
+-- job's checkpoint digest when it has one (the watcher's run clock keeps run times per checkpoint:
+-- pipeline/work/runclock.py). The job stays `running` with its slot; the watcher renews its
 -- lease (heartbeat with the new generation) while the prompt is pending or running,
 -- and a collect message claims it when the prompt ends. If every watcher is gone,
 -- the lease expires and the sweeper reconciles the job, as for a dead worker. The watcher's lease
