@@ -16,7 +16,10 @@ The simulation (``simulate``): each parked job, in order, goes to the usable ser
 frees first (a server of cap ``c`` takes its k-th prompt when its (k-c)-th ends), and runs after the prompt
 before it there. Run twice: with each server's short run time (p10 of those heard x ``LOW``) and its long one
 (p90 x ``HIGH`` + ``GAP_MS``), plus ``SLACK_MS`` on the latest for the pass and the claim: the earliest and
-latest start and finish. A job no usable server can run (paused,
+latest start and finish. A job with a checkpoint (its placement in the fleet hash, '<servers>|<ckpt>') runs,
+on a server that has run it warm ``MIN_HEARD`` times, for that checkpoint's run times, and a server whose
+checkpoint (``ckpt:<server>`` in the fleet hash, then the last job the simulation sent it) is another one adds a
+model load's extra time (``checkpoint_times``). A job no usable server can run (paused,
 unreachable) or whose class is paused gets a position and no ETA.
 """
 
@@ -48,33 +51,65 @@ GAP_MS = 50
 
 @dataclass
 class Lane:
-    """A server as the simulation sees it: its cap, run time, and when each prompt sent to it ends (ms)."""
+    """A server as the simulation sees it: its cap, run time, and when each prompt sent to it ends (ms); the
+    run time per checkpoint where enough were heard (``by_ckpt``), a model load's extra time per checkpoint
+    (``loads``, else ``load_ms``) and the checkpoint it holds (``ckpt``: the last prompt sent with one)."""
 
     cap: int
     run_ms: float
     ends: list[float] = field(default_factory=list)
+    ckpt: str | None = None
+    by_ckpt: dict[str, float] = field(default_factory=dict)
+    loads: dict[str, float] = field(default_factory=dict)
+    load_ms: float = 0.0
 
     def slot_free(self, now: float) -> float:
         return now if len(self.ends) < self.cap else max(now, self.ends[len(self.ends) - self.cap])
 
-    def send(self, at: float) -> float:
+    def send(self, at: float, ckpt: str | None = None) -> float:
         begin = max(at, self.ends[-1]) if self.ends else at
-        self.ends.append(begin + self.run_ms)
+        run = self.by_ckpt.get(ckpt, self.run_ms) if ckpt else self.run_ms
+        if ckpt and self.ckpt and ckpt != self.ckpt:  # another model is loaded first
+            run += self.loads.get(ckpt, self.load_ms)
+        self.ckpt = ckpt or self.ckpt
+        self.ends.append(begin + run)
         return self.ends[-1]
 
 
-def simulate(order: list[tuple[str, frozenset[str]]], lanes: dict[str, Lane],
+def simulate(order: list[tuple[str, frozenset[str], str | None]], lanes: dict[str, Lane],
              now: float) -> dict[str, tuple[float, float]]:
-    """Job id -> (start, finish) for each job of ``order`` (id, servers it may use) that a lane can run."""
+    """Job id -> (start, finish) for each job of ``order`` (id, servers it may use, checkpoint) a lane can run."""
     times = {}
-    for job_id, able in order:
+    for job_id, able, ckpt in order:
         usable = [name for name in sorted(able) if name in lanes]
         if not usable:
             continue
         name = min(usable, key=lambda n: (lanes[n].slot_free(now), len(lanes[n].ends)))
         start = lanes[name].slot_free(now)
-        times[job_id] = (start, lanes[name].send(start))
+        times[job_id] = (start, lanes[name].send(start, ckpt))
     return times
+
+
+Side = tuple[dict[str, float], dict[str, float], float]
+
+
+def checkpoint_times(heard: dict[str, dict[str, list[int]]]) -> tuple[Side, Side]:
+    """One server's checkpoints as heard (runclock.parse_ckpts), for the earliest then the latest times: the
+    run time of each checkpoint with ``MIN_HEARD`` warm runs (p10 x LOW, p90 x HIGH + GAP_MS), a load's extra
+    time of each such checkpoint with a load heard (the loads' median less the warm runs', x LOW, x HIGH), and
+    for a checkpoint without, the median of those extras (0 if none)."""
+    runs: tuple[dict[str, float], dict[str, float]] = ({}, {})
+    extras: tuple[dict[str, float], dict[str, float]] = ({}, {})
+    for ckpt, kept in heard.items():
+        warm, load = sorted(kept.get("warm", ())), sorted(kept.get("load", ()))
+        if len(warm) < MIN_HEARD:
+            continue
+        runs[0][ckpt], runs[1][ckpt] = warm[len(warm) // 10] * LOW, warm[-1 - len(warm) // 10] * HIGH + GAP_MS
+        if load:
+            extra = max(0, load[len(load) // 2] - warm[len(warm) // 2])
+            extras[0][ckpt], extras[1][ckpt] = extra * LOW, extra * HIGH
+    medians = [sorted(side.values())[len(side) // 2] if side else 0.0 for side in extras]
+    return (runs[0], extras[0], medians[0]), (runs[1], extras[1], medians[1])
 
 
 class RunTimes:
@@ -122,6 +157,7 @@ class Planner:
         self.client, self.servers = client, servers
         self.times = {shard.n: RunTimes() for shard in keys.shards()}
         self.wrote: dict[int, bool] = {}
+        self.ckpts: dict[str, tuple[Side, Side]] = {}  # server -> its checkpoints' times (``checkpoint_times``)
 
     def plan(self, now: int) -> None:
         for shard in keys.shards():
@@ -141,6 +177,7 @@ class Planner:
         times = self.times.setdefault(shard.n, RunTimes())
         times.observe(now, watched, busy)
         measured, spans = self._run_times(runclock.parse(heard), times)
+        self.ckpts = {server: checkpoint_times(kept) for server, kept in runclock.parse_ckpts(heard).items()}
         found = self._plans(parked, fleet, times, spans, now)
         if found or self.wrote.get(shard.n, True):
             plans.write(self.client, shard, found, measured)
@@ -170,20 +207,20 @@ class Planner:
         order, position, open_order = [], {}, []
         ahead: dict[frozenset[str], int] = {}  # jobs so far per set of servers they can run on (a few sets)
         for job_id, score in parked:
-            named = fleet.get(f"p:{job_id}", "").partition("|")[0]
+            named, _, ckpt = fleet.get(f"p:{job_id}", "").partition("|")
             able = frozenset(named.split(",")) & everyone if named else everyone
             position[job_id] = sum(n for other, n in ahead.items() if other & able)  # competing for its servers
             ahead[able] = ahead.get(able, 0) + 1
             order.append((job_id, able))
             cls = "interactive" if 0 <= score < keys.BATCH_RANK else "batch"
             if f"pause_class:{cls}" not in fleet:
-                open_order.append((job_id, able - stopped))
+                open_order.append((job_id, able - stopped, ckpt or None))
         ranges, running = self._ranges(open_order, fleet, times, spans, now)
         found = {job_id: Plan(position[job_id], *ranges.get(job_id, (None, None))) for job_id, _ in order}
         found.update({job_id: Plan(finish=finish) for job_id, finish in running.items()})
         return found
 
-    def _ranges(self, order: list[tuple[str, frozenset[str]]], fleet: dict[str, str], times: RunTimes,
+    def _ranges(self, order: list[tuple[str, frozenset[str], str | None]], fleet: dict[str, str], times: RunTimes,
                 spans: dict[str, tuple[float, float]], now: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """(job -> (start range, finish range)) for the parked, (job -> finish range) for the watched."""
         if not spans:
@@ -194,7 +231,9 @@ class Planner:
         for side in (0, 1):  # the earliest times, then the latest
             lanes, ends = {}, {}
             for server, cap in self.servers.items():
-                lane = Lane(cap, spans.get(server, fallback)[side])
+                by_ckpt, loads, load_ms = self.ckpts[server][side] if server in self.ckpts else ({}, {}, 0.0)
+                lane = Lane(cap, spans.get(server, fallback)[side], ckpt=fleet.get(f"ckpt:{server}"),
+                            by_ckpt=by_ckpt, loads=loads, load_ms=load_ms)
                 head = times.head.get(server, now)
                 prompts = times.in_flight(server)
                 unseen = max(0, int(fleet.get(f"busy:{server}", 0)) - len(prompts))  # claimed, not yet watched

@@ -156,7 +156,7 @@ class ServerWatch:
             return
         if kind == "execution_start":
             self._running(job_id, heard=True)
-            self.runs.started(job_id)
+            self.runs.started(job_id, self.watched[job_id].get("ckpt"))
         elif kind == "progress":
             entry = self.watched[job_id]
             self.progress.offer(job_id, entry["attempt"], entry["op"], str(data.get("node", "")),

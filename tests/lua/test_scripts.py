@@ -288,10 +288,12 @@ def test_a_claim_hands_back_the_outputs_earlier_attempts_stored(acme: Store) -> 
 def test_the_watch_list_holds_a_job_exactly_while_the_watcher_holds_its_lease(acme: Store) -> None:
     fleet = TenantKeys("acme").shard.fleet
     admit(acme)
+    acme.redis.hset(JobKeys("acme.00000000000000000001").record, "ckpt", "0123456789abcdef")
     worker = claim(acme)
     acme.mark_submit(worker, epoch="e", lease_ms=1000, now_ms=NOW + 10)
     watched = acme.await_provider(worker, lease_ms=1000, now_ms=NOW + 20)
     assert list(acme.watched()) == [worker.job_id]
+    assert acme.watched()[worker.job_id]["ckpt"] == "0123456789abcdef"  # the watcher's run clock keeps it
     collector = acme.collect_claim(worker.job_id, worker="w2", lease_ms=1000, now_ms=NOW + 30).claim
     assert acme.watched() == {}
     with pytest.raises(StaleLease):  # the watcher's generation ended with the collect
@@ -304,6 +306,7 @@ def test_the_watch_list_holds_a_job_exactly_while_the_watcher_holds_its_lease(ac
     worker = claim(acme, job_id="acme.00000000000000000002")
     acme.mark_submit(worker, epoch="e", lease_ms=1000, now_ms=NOW + 60)
     watched = acme.await_provider(worker, lease_ms=1000, now_ms=NOW + 70)
+    assert "ckpt" not in acme.watched()[worker.job_id]  # a job without a checkpoint: none
     acme.store_output(watched, 0, {"sha256": "b" * 64}, now_ms=NOW + 80)
     acme.finish(watched, "completed", now_ms=NOW + 90)  # by the watcher's own generation: the entry goes
     assert acme.watched() == {} and acme.redis.hget(fleet, "busy:sim") == "0"

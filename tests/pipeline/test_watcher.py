@@ -83,8 +83,10 @@ def watched(store: Store, settings: Settings, admit: Callable[..., str]) -> Call
     """Factory: a job claimed, submitted and handed to the watcher of server ``sim``, and that
     server's ServerWatch on a test clock (interval 1 s unless told)."""
 
-    def make(interval: float = 1.0) -> Watched:
+    def make(interval: float = 1.0, ckpt: str = "") -> Watched:
         job_id = admit()
+        if ckpt:  # the digest admission writes for a workflow that names a checkpoint
+            store.redis.hset(JobKeys(job_id).record, "ckpt", ckpt)
         held = store.claim(job_id, worker="w1", lease_ms=30_000, operation_id="op-1", servers={"sim": 4})
         assert held is not None
         store.mark_submit(held, epoch="e1", lease_ms=30_000)
@@ -204,3 +206,13 @@ def test_a_cancel_reaches_the_watcher_on_the_watch_list_without_a_read_of_the_jo
     w.clock.now += 2
     w.watch.tick()
     assert w.published == [(w.job_id, "collect")]  # once per hand-over
+
+
+def test_the_watcher_hands_a_prompts_checkpoint_to_its_run_clock(store, watched) -> None:
+    """The job's ``ckpt`` comes on its watch entry (lua/await.lua): the run clock learns it at the start."""
+    w = watched(ckpt="0123456789abcdef")
+    w.receive("execution_start")
+    assert w.watch.runs.begun[w.job_id][1:] == ("0123456789abcdef", None)  # the first heard: no predecessor
+    w.clock.now += 2
+    w.receive("executing", node=None)
+    assert (w.watch.runs.last, list(w.watch.runs.runs)) == ("0123456789abcdef", [2000])
