@@ -37,18 +37,11 @@ class Admits:
     retention: int | str
     idem_ttl_s: int
 
-    def admit(
-        self, tenant: str, idem_key: str, job_id: str, *, fingerprint: str, ceiling: int,
-        fields: dict[str, str], workflow: bytes, status: int, idem_ttl_s: int,
-        outbox_delay_ms: int, now_ms: int | None = None, supersedes: str = "",
-        limits: FleetLimits = FleetLimits(), replay_only: bool = False, inputs: Sequence[InputName] = (),
-    ) -> Admission:
-        """``inputs``: the uploaded inputs the workflow names; InputUnknown if the tenant lacks one of them."""
-        call = self.admit_call(
-            tenant, idem_key, job_id, fingerprint=fingerprint, ceiling=ceiling, fields=fields, workflow=workflow,
-            status=status, idem_ttl_s=idem_ttl_s, outbox_delay_ms=outbox_delay_ms, now_ms=now_ms,
-            supersedes=supersedes, limits=limits, replay_only=replay_only, inputs=inputs)
-        return admission_of(self.scripts("admit", *call, durable=True), tenant)
+    def admit(self, tenant: str, idem_key: str, job_id: str, **admission: Any) -> Admission:
+        """One job's admission (``admission``: ``admit_call``'s keywords); InputUnknown if the tenant lacks
+        one of the uploaded inputs the workflow names."""
+        return admission_of(self.scripts("admit", *self.admit_call(tenant, idem_key, job_id, **admission),
+                                         durable=True), tenant)
 
     def admit_call(
         self, tenant: str, idem_key: str, job_id: str, *, fingerprint: str, ceiling: int,
